@@ -1,0 +1,117 @@
+"""Core batch types passed between stages.
+
+A rollout engine produces a :class:`RolloutBatch`; the learner enriches it into an :class:`Experience`.
+Shapes: ``B`` samples, ``P`` prompt tokens (left padded), ``R`` response tokens (right padded).
+The full sequence fed to the model for scoring is ``cat([prompt_ids, response_ids], dim=1)`` — ``[B, P+R]``.
+Logits for response token ``t`` come from position ``P - 1 + t``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+import torch
+
+
+@dataclass
+class RolloutBatch:
+    """What a rollout engine returns: sampled responses plus everything needed to train on them."""
+
+    prompt_ids: torch.Tensor  # [B, P] long, left padded with pad_token_id
+    prompt_mask: torch.Tensor  # [B, P] bool, True on real prompt tokens
+    response_ids: torch.Tensor  # [B, R] long, right padded with pad_token_id
+    response_mask: torch.Tensor  # [B, R] bool, True on generated tokens (incl. EOS if emitted)
+    behavior_logprobs: torch.Tensor  # [B, R] float32, log-prob of each sampled token under the engine
+    group_ids: torch.Tensor  # [B] long, samples of one prompt share an id
+    policy_version: torch.Tensor  # [B] long, weight version that generated each sample
+    prompts: list[str]  # [B] prompt text (repeated n times per prompt)
+    completions: list[str]  # [B] decoded response text (stop string / EOS stripped)
+    finish_reasons: list[str]  # [B] "stop" (EOS or stop string) or "length"
+    sample_ids: list[str] = field(default_factory=list)  # [B] globally unique ids
+    extras: list[dict] = field(default_factory=list)  # [B] extra dataset columns per sample (for rewards)
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.response_ids.shape[0])
+
+    @property
+    def response_lengths(self) -> torch.Tensor:  # [B] long
+        return self.response_mask.sum(dim=1)
+
+    def select(self, index: torch.Tensor | list[int]) -> RolloutBatch:
+        """Rows ``index`` of every field (tensors and lists alike)."""
+        return _select(self, index)
+
+
+@dataclass
+class Experience:
+    """A rollout batch enriched by the learner: rewards, log-probs, advantages. All ``[B, R]`` tensors are
+    zero where ``response_mask`` is False."""
+
+    rollout: RolloutBatch
+    scores: torch.Tensor  # [B] float32, sequence reward (after shaping)
+    old_logprobs: torch.Tensor  # [B, R] float32, trainer log-probs before this step's updates (proximal)
+    advantages: torch.Tensor  # [B, R] float32
+    returns: torch.Tensor  # [B, R] float32
+    ref_logprobs: torch.Tensor | None = None  # [B, R] float32, reference policy, if β > 0
+    values: torch.Tensor | None = None  # [B, R] float32, critic values, if a critic is used
+    token_rewards: torch.Tensor | None = None  # [B, R] float32, e.g. KL-in-reward penalty
+
+    @property
+    def batch_size(self) -> int:
+        return self.rollout.batch_size
+
+    def select(self, index: torch.Tensor | list[int]) -> Experience:
+        """Rows ``index`` of every field, for mini- and micro-batching."""
+        idx = torch.as_tensor(index, dtype=torch.long)
+        kwargs = {"rollout": self.rollout.select(idx)}
+        for f in fields(self):
+            if f.name == "rollout":
+                continue
+            v = getattr(self, f.name)
+            kwargs[f.name] = None if v is None else v[idx]
+        return Experience(**kwargs)
+
+
+def _select(batch: RolloutBatch, index: torch.Tensor | list[int]) -> RolloutBatch:
+    idx = torch.as_tensor(index, dtype=torch.long)
+    ilist = idx.tolist()
+    kwargs = {}
+    for f in fields(batch):
+        v = getattr(batch, f.name)
+        if isinstance(v, torch.Tensor):
+            kwargs[f.name] = v[idx]
+        elif isinstance(v, list):
+            kwargs[f.name] = [v[i] for i in ilist] if v else []
+        else:  # pragma: no cover - no other field kinds
+            kwargs[f.name] = v
+    return replace(batch, **kwargs)
+
+
+def concat_rollouts(batches: list[RolloutBatch], pad_token_id: int) -> RolloutBatch:
+    """Concatenate rollout batches, re-padding prompts on the left and responses on the right."""
+    if len(batches) == 1:
+        return batches[0]
+    P = max(b.prompt_ids.shape[1] for b in batches)
+    R = max(b.response_ids.shape[1] for b in batches)
+
+    def lpad(t: torch.Tensor, width: int, value) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (width - t.shape[1], 0), value=value)
+
+    def rpad(t: torch.Tensor, width: int, value) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
+
+    return RolloutBatch(
+        prompt_ids=torch.cat([lpad(b.prompt_ids, P, pad_token_id) for b in batches]),
+        prompt_mask=torch.cat([lpad(b.prompt_mask, P, False) for b in batches]),
+        response_ids=torch.cat([rpad(b.response_ids, R, pad_token_id) for b in batches]),
+        response_mask=torch.cat([rpad(b.response_mask, R, False) for b in batches]),
+        behavior_logprobs=torch.cat([rpad(b.behavior_logprobs, R, 0.0) for b in batches]),
+        group_ids=torch.cat([b.group_ids for b in batches]),
+        policy_version=torch.cat([b.policy_version for b in batches]),
+        prompts=[p for b in batches for p in b.prompts],
+        completions=[c for b in batches for c in b.completions],
+        finish_reasons=[r for b in batches for r in b.finish_reasons],
+        sample_ids=[s for b in batches for s in b.sample_ids],
+        extras=[e for b in batches for e in b.extras],
+    )
