@@ -1,0 +1,249 @@
+"""Training checkpoints: written atomically, found by step, restored exactly.
+
+Layout of ``<ckpt_root>/step-<step:08d>/``::
+
+    model/          Hugging Face folder (save_pretrained, safetensors) plus the tokenizer
+    optimizer.pt    optimizer.state_dict()            (torch.save of tensors/numbers only)
+    scheduler.pt    lr scheduler state_dict, if any
+    rng.pt          tandem.utils.seed.rng_state()
+    state.json      {"step", "extra_state" (data position, metric history, …), "versions", "format"}
+    config.json     the resolved run config
+    COMPLETE        written last; a folder without it is never loaded
+
+The folder is built under a hidden temp name and renamed into place after every file is fsynced
+(:func:`tandem.utils.io.atomic_dir`), so a crash leaves either the previous checkpoints or the new
+complete one. ``.pt`` files are read with ``torch.load(weights_only=True)``: no pickled code runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import sys
+import time
+from collections.abc import Mapping
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+
+from tandem.errors import ModelError
+from tandem.utils.io import atomic_dir
+from tandem.utils.jsonable import to_jsonable
+from tandem.utils.seed import rng_state, set_rng_state
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+COMPLETE_MARKER = "COMPLETE"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def checkpoint_dir(ckpt_root: str | Path, step: int) -> Path:
+    """Path of the checkpoint folder for ``step`` (``step-00000042``)."""
+    return Path(ckpt_root) / f"step-{step:08d}"
+
+
+def save_checkpoint(
+    ckpt_root: str | Path,
+    step: int,
+    *,
+    model: Any,
+    tokenizer: Any | None,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any | None = None,
+    extra_state: Mapping[str, Any],
+    config: Mapping[str, Any] | Any,
+    keep_last: int | None = 3,
+) -> Path:
+    """Write a complete checkpoint for ``step`` atomically and prune old ones; return its folder.
+
+    ``model`` needs ``save_pretrained`` (a Hugging Face model); ``tokenizer`` may be ``None``.
+    ``extra_state`` and ``config`` (a mapping or a pydantic model) must be JSON-serialisable after
+    numpy/torch scalars are converted.
+    ``keep_last`` complete checkpoints are kept (``None`` keeps all). Saving the same step again
+    replaces that checkpoint.
+    """
+    if step < 0:
+        raise ValueError(f"step must be ≥ 0, got {step}")
+    if keep_last is not None and keep_last < 1:
+        raise ValueError(f"keep_last must be ≥ 1 or None, got {keep_last}")
+    final = checkpoint_dir(ckpt_root, step)
+    started = time.perf_counter()
+    with atomic_dir(final) as tmp:
+        _save_model(tmp / "model", model, tokenizer)
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        if scheduler is not None:
+            torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        torch.save(rng_state(), tmp / "rng.pt")
+        _write_json(tmp / "state.json", _state(step, extra_state))
+        _write_json(tmp / "config.json", _plain_config(config))
+        (tmp / COMPLETE_MARKER).write_text(f"step {step}\n", encoding="utf-8")
+    logger.info("saved checkpoint %s in %.2fs", final, time.perf_counter() - started)
+    if keep_last is not None:
+        prune_checkpoints(ckpt_root, keep_last)
+    return final
+
+
+def list_checkpoints(ckpt_root: str | Path) -> list[Path]:
+    """Complete checkpoint folders under ``ckpt_root``, oldest step first (temp and partial ones ignored)."""
+    root = Path(ckpt_root)
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = _STEP_DIR.match(child.name)
+        if match and child.is_dir() and (child / COMPLETE_MARKER).is_file():
+            found.append((int(match.group(1)), child))
+    return [path for _, path in sorted(found)]
+
+
+def latest_checkpoint(ckpt_root: str | Path) -> Path | None:
+    """The complete checkpoint with the highest step, or ``None`` if there is none."""
+    checkpoints = list_checkpoints(ckpt_root)
+    return checkpoints[-1] if checkpoints else None
+
+
+def prune_checkpoints(ckpt_root: str | Path, keep_last: int) -> list[Path]:
+    """Delete all but the newest ``keep_last`` complete checkpoints; return the deleted paths.
+
+    Each folder is first renamed to a hidden name, so an interrupted deletion never leaves a
+    half-deleted folder that still looks like a checkpoint.
+    """
+    doomed = list_checkpoints(ckpt_root)[:-keep_last]
+    for path in doomed:
+        trash = path.with_name(f".{path.name}.deleting-{os.getpid()}")
+        os.replace(path, trash)
+        shutil.rmtree(trash)
+    return doomed
+
+
+def load_checkpoint(
+    path: str | Path,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any | None = None,
+    restore_rng: bool = True,
+) -> dict[str, Any]:
+    """Restore ``model`` weights (strict), optimizer, scheduler and RNG from ``path``; return state.json.
+
+    Raises :class:`ModelError` if the folder is not a complete checkpoint, a file is missing, or the
+    weights do not match the model's parameter names and shapes.
+    """
+    folder = Path(path)
+    if not (folder / COMPLETE_MARKER).is_file():
+        raise ModelError(
+            "not a complete checkpoint (no COMPLETE marker)",
+            where=str(folder),
+            hint="use latest_checkpoint() to find the newest complete one",
+        )
+    load_model_weights(folder / "model", model)
+    if optimizer is not None:
+        optimizer.load_state_dict(_load_pt(folder / "optimizer.pt"))
+    if scheduler is not None:
+        scheduler.load_state_dict(_load_pt(folder / "scheduler.pt"))
+    if restore_rng:
+        set_rng_state(_load_pt(folder / "rng.pt"))
+    return json.loads((folder / "state.json").read_text(encoding="utf-8"))
+
+
+def load_model_weights(model_dir: str | Path, model: torch.nn.Module) -> None:
+    """Copy the safetensors weights in ``model_dir`` into ``model`` in place, strictly.
+
+    Hugging Face drops tied duplicates (e.g. ``lm_head.weight`` tied to the embeddings) when saving;
+    a key missing from the files is accepted only if it shares its tensor with a key that is present.
+    """
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise ModelError("no .safetensors weights found", where=str(model_dir))
+    loaded: dict[str, torch.Tensor] = {}
+    for file in files:
+        loaded.update(safetensors.torch.load_file(str(file), device="cpu"))
+    own = model.state_dict(keep_vars=True)
+    by_storage = {_storage_key(tensor): key for key, tensor in own.items() if key in loaded}
+    for key, tensor in own.items():
+        partner = by_storage.get(_storage_key(tensor))
+        if key not in loaded and partner is not None:
+            loaded[key] = loaded[partner]
+    problem = _mismatch(own, loaded)
+    if problem:
+        raise ModelError(f"weights do not match the model: {problem}", where=str(model_dir))
+    model.load_state_dict(loaded, strict=True)
+
+
+def _mismatch(own: Mapping[str, torch.Tensor], loaded: Mapping[str, torch.Tensor]) -> str:
+    """One-line description of missing, unexpected or wrongly shaped keys ('' if they match)."""
+    missing = sorted(set(own) - set(loaded))
+    unexpected = sorted(set(loaded) - set(own))
+    shapes = sorted(k for k in set(own) & set(loaded) if own[k].shape != loaded[k].shape)
+    parts = []
+    for label, keys in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", shapes)):
+        if keys:
+            more = f" (+{len(keys) - 3} more)" if len(keys) > 3 else ""
+            parts.append(f"{label}: {', '.join(keys[:3])}{more}")
+    return "; ".join(parts)
+
+
+def _save_model(model_dir: Path, model: Any, tokenizer: Any | None) -> None:
+    """save_pretrained the model (and tokenizer) and check that the weights are safetensors."""
+    model.save_pretrained(str(model_dir))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(model_dir))
+    if not any(model_dir.glob("*.safetensors")):
+        raise ModelError(
+            "save_pretrained wrote no .safetensors file",
+            where=str(model_dir),
+            hint="use a Hugging Face model with safetensors serialisation",
+        )
+
+
+def _state(step: int, extra_state: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "format": FORMAT_VERSION,
+        "step": step,
+        "time": time.time(),
+        "extra_state": dict(extra_state),
+        "versions": _versions(),
+    }
+
+
+def _plain_config(config: Any) -> Any:
+    """A pydantic config (anything with ``model_dump``) as plain JSON data; mappings unchanged."""
+    return config.model_dump(mode="json") if hasattr(config, "model_dump") else config
+
+
+def _versions() -> dict[str, str]:
+    versions = {"python": sys.version.split()[0]}
+    for package in ("tandem-rl", "torch", "transformers", "safetensors"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    return versions
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    text = json.dumps(to_jsonable(obj), indent=2, allow_nan=False, ensure_ascii=False)
+    path.write_text(text + "\n", encoding="utf-8")
+
+
+def _load_pt(path: Path) -> Any:
+    """``torch.load`` with ``weights_only=True`` (no arbitrary code); a clear error if missing or unsafe."""
+    if not path.is_file():
+        raise ModelError("checkpoint file is missing", where=str(path))
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # UnpicklingError for unsupported types, or a corrupt file
+        summary = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ModelError(f"cannot load safely: {summary}", where=str(path)) from err
+
+
+def _storage_key(tensor: torch.Tensor) -> tuple[Any, int, int, tuple[int, ...]]:
+    """Identity of a tensor's memory, so tied parameters map to the same key."""
+    return (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
