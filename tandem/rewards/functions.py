@@ -1,0 +1,232 @@
+"""Weighted sets of reward functions in TRL's signature, with validated outputs.
+
+A reward function is ``f(prompts, completions, **columns) -> list[float | None]``; extra dataset columns
+arrive as keyword lists. ``None`` means "not applicable": the value contributes nothing to the sample's
+score. :class:`RewardSet` calls every function once per batch, checks what comes back, and returns the
+weighted sum as a ``[B]`` tensor plus per-function values and metrics.
+
+Bad outputs (wrong length, NaN/inf, non-numbers) always raise :class:`~tandem.errors.RewardError`. A
+function that *raises* stops the step with ``on_error="raise"``; with ``on_error="skip"`` the batch is
+retried one sample at a time, the samples that still raise get 0 from that function, are counted in
+``reward/errors`` and logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from tandem.errors import ConfigError, RewardError
+from tandem.rewards.loading import callable_origin, load_callable
+
+logger = logging.getLogger(__name__)
+
+RewardFn = Callable[..., Sequence[float | None]]
+OnError = Literal["raise", "skip"]
+_RESERVED = ("prompts", "completions")
+
+
+@dataclass(frozen=True)
+class RewardFunction:
+    """A named reward callable and its weight in the total score."""
+
+    name: str
+    fn: RewardFn
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.name or "/" in self.name:
+            raise ConfigError(f"reward name {self.name!r} must be non-empty and contain no '/'")
+        if not callable(self.fn):
+            raise ConfigError(f"reward '{self.name}' is a {type(self.fn).__name__}, not a callable")
+        if isinstance(self.weight, bool) or not isinstance(self.weight, numbers.Real):
+            raise ConfigError(f"reward '{self.name}' weight must be a number, got {self.weight!r}")
+        if not math.isfinite(self.weight):
+            raise ConfigError(f"reward '{self.name}' weight must be finite, got {self.weight}")
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: str,
+        *,
+        weight: float = 1.0,
+        name: str | None = None,
+        key: str | None = None,
+        base_dir: str | Path | None = None,
+    ) -> RewardFunction:
+        """Load ``module:function`` or ``file.py:function``; the name defaults to the attribute name."""
+        fn = load_callable(spec, key=key, base_dir=base_dir)
+        return cls(name=name or spec.rpartition(":")[2].split(".")[-1], fn=fn, weight=weight)
+
+    @property
+    def origin(self) -> str:
+        """``module:qualname`` of the callable, named in error messages."""
+        return callable_origin(self.fn)
+
+
+@dataclass
+class RewardResult:
+    """Scores of one batch.
+
+    ``per_function[name]`` holds that function's raw (unweighted) values, NaN where it returned None.
+    """
+
+    scores: torch.Tensor  # [B] float32, weighted sum over applicable functions (0 where none applies)
+    per_function: dict[str, torch.Tensor]  # name -> [B] float32, NaN = not applicable
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class RewardSet:
+    """Several reward functions with weights, evaluated together on a batch."""
+
+    def __init__(self, functions: Sequence[RewardFunction], *, on_error: OnError = "raise") -> None:
+        if not functions:
+            raise ConfigError("a reward set needs at least one reward function")
+        names = [f.name for f in functions]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ConfigError(
+                f"duplicate reward name(s): {', '.join(dupes)}", hint="give each a distinct name"
+            )
+        if on_error not in ("raise", "skip"):
+            raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        self.functions = list(functions)
+        self.on_error: OnError = on_error
+
+    def __call__(
+        self, prompts: list[str], completions: list[str], columns: Mapping[str, Sequence[Any]] | None = None
+    ) -> RewardResult:
+        """Score a batch. ``columns`` maps extra dataset column names to one value per completion."""
+        columns = dict(columns or {})
+        size = _check_batch(prompts, completions, columns)
+        total = torch.zeros(size, dtype=torch.float64)
+        applicable = torch.zeros(size, dtype=torch.bool)
+        failed = torch.zeros(size, dtype=torch.bool)
+        per_function: dict[str, torch.Tensor] = {}
+        metrics: dict[str, float] = {}
+        for rf in self.functions:
+            values, errors = self._evaluate(rf, prompts, completions, columns)
+            raw = torch.tensor([math.nan if v is None else v for v in values], dtype=torch.float64)
+            used = ~torch.isnan(raw)
+            total += torch.where(used, raw * rf.weight, 0.0)
+            applicable |= used
+            failed |= errors
+            per_function[rf.name] = raw.float()
+            metrics.update(_function_metrics(rf.name, raw, used, errors))
+        none_count = int((~applicable).sum())
+        metrics["reward/none_count"] = float(none_count)
+        metrics["reward/none_frac"] = none_count / size if size else 0.0
+        metrics["reward/errors"] = float(failed.sum())
+        return RewardResult(scores=total.float(), per_function=per_function, metrics=metrics)
+
+    def _evaluate(
+        self,
+        rf: RewardFunction,
+        prompts: list[str],
+        completions: list[str],
+        columns: dict[str, Sequence[Any]],
+    ) -> tuple[list[float | None], torch.Tensor]:
+        """Values of one function for the batch, and a [B] bool mask of samples where it raised."""
+        size = len(completions)
+        try:
+            out = rf.fn(prompts, completions, **columns)
+        except Exception as err:
+            if self.on_error == "raise":
+                raise _raised(rf, err) from err
+            logger.warning("%s; retrying sample by sample", _raised(rf, err))
+        else:
+            return _checked(rf, out, size), torch.zeros(size, dtype=torch.bool)
+        values: list[float | None] = []
+        errors = torch.zeros(size, dtype=torch.bool)
+        first_error: BaseException | None = None
+        for i in range(size):
+            cols = {k: [v[i]] for k, v in columns.items()}
+            try:
+                out = rf.fn([prompts[i]], [completions[i]], **cols)
+            except Exception as err:
+                first_error = first_error or err
+                values.append(0.0)
+                errors[i] = True
+                continue
+            values.append(_checked(rf, out, 1)[0])
+        if first_error is not None:
+            failed = errors.nonzero().flatten().tolist()
+            logger.warning(
+                "%s on %d of %d samples (first: index %d); they score 0 from it",
+                _raised(rf, first_error),
+                len(failed),
+                size,
+                failed[0],
+            )
+        return values, errors
+
+
+def _check_batch(prompts: list[str], completions: list[str], columns: dict[str, Sequence[Any]]) -> int:
+    size = len(completions)
+    if len(prompts) != size:
+        raise ValueError(f"got {len(prompts)} prompts for {size} completions")
+    for name, values in columns.items():
+        if name in _RESERVED:
+            raise RewardError(
+                f"dataset column '{name}' clashes with the reward argument of the same name", hint="rename it"
+            )
+        if len(values) != size:
+            raise ValueError(f"column '{name}' has {len(values)} values for {size} completions")
+    return size
+
+
+def _raised(rf: RewardFunction, err: BaseException) -> RewardError:
+    message = f": {str(err).splitlines()[0]}" if str(err).strip() else ""
+    return RewardError(f"reward '{rf.name}' raised {type(err).__name__}{message} ({rf.origin})")
+
+
+def _checked(rf: RewardFunction, out: Any, size: int) -> list[float | None]:
+    """``out`` as a list of finite floats or None, or a RewardError naming the function and index."""
+    if not isinstance(out, (list, tuple)) and hasattr(out, "tolist"):
+        out = out.tolist()  # torch tensor or numpy array
+    if isinstance(out, (str, bytes)) or not isinstance(out, Sequence):
+        raise RewardError(
+            f"reward '{rf.name}' returned {type(out).__name__}, expected a list of {size} floats ({rf.origin})"
+        )
+    if len(out) != size:
+        raise RewardError(
+            f"reward '{rf.name}' returned {len(out)} values for {size} completions; "
+            f"expected length {size} ({rf.origin})"
+        )
+    values: list[float | None] = []
+    for i, v in enumerate(out):
+        if v is None:
+            values.append(None)
+            continue
+        if isinstance(v, torch.Tensor) and v.numel() == 1:
+            v = v.item()
+        if not isinstance(v, numbers.Real):
+            raise RewardError(
+                f"reward '{rf.name}' returned {type(v).__name__} {v!r:.40} at index {i}, "
+                f"expected a float or None ({rf.origin})"
+            )
+        if not math.isfinite(v):
+            raise RewardError(f"reward '{rf.name}' returned {v} at index {i} ({rf.origin})")
+        values.append(float(v))
+    return values
+
+
+def _function_metrics(
+    name: str, raw: torch.Tensor, used: torch.Tensor, errors: torch.Tensor
+) -> dict[str, float]:
+    """Mean over applicable samples (omitted when none applies), fraction of None, error count."""
+    size = raw.numel()
+    out = {
+        f"reward/{name}/none_frac": float((~used).sum()) / size if size else 0.0,
+        f"reward/{name}/errors": float(errors.sum()),
+    }
+    if bool(used.any()):
+        out[f"reward/{name}/mean"] = float(raw[used].mean())
+    return out

@@ -1,0 +1,223 @@
+"""RewardSet: weighted sums, None handling, output validation, on_error modes; format and shaping helpers."""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tandem.algos.dapo import overlong_penalty
+from tandem.errors import ConfigError, RewardError
+from tandem.rewards import RewardFunction, RewardSet, format_regex, get_task, overlong_shaping
+
+PROMPTS = ["a", "b", "c"]
+COMPLETIONS = ["x", "yy", "zzz"]
+
+
+def const(values):
+    def reward(prompts, completions, **columns):
+        return list(values)
+
+    return reward
+
+
+def length_reward(prompts, completions, **columns):
+    return [float(len(c)) for c in completions]
+
+
+def picky(prompts, completions, **columns):
+    """Raises on any batch that contains 'yy'."""
+    if "yy" in completions:
+        raise ValueError("cannot score 'yy'")
+    return [1.0] * len(completions)
+
+
+def test_weighted_sum_and_columns_are_passed():
+    seen = {}
+
+    def spy(prompts, completions, **columns):
+        seen.update(columns)
+        return [0.5] * len(completions)
+
+    rs = RewardSet([RewardFunction("len", length_reward, 2.0), RewardFunction("spy", spy, -1.0)])
+    out = rs(PROMPTS, COMPLETIONS, {"answer": ["1", "2", "3"]})
+    assert out.scores.dtype == torch.float32 and out.scores.shape == (3,)
+    assert out.scores.tolist() == [1.5, 3.5, 5.5]
+    assert seen == {"answer": ["1", "2", "3"]}
+    assert out.per_function["len"].tolist() == [1.0, 2.0, 3.0]
+    assert out.metrics["reward/len/mean"] == 2.0 and out.metrics["reward/spy/mean"] == 0.5
+    assert out.metrics["reward/errors"] == 0.0 and out.metrics["reward/none_count"] == 0.0
+
+
+def test_none_is_not_applicable():
+    rs = RewardSet(
+        [RewardFunction("a", const([None, 1.0, None])), RewardFunction("b", const([None, None, 2.0]), 3.0)]
+    )
+    out = rs(PROMPTS, COMPLETIONS)
+    assert out.scores.tolist() == [0.0, 1.0, 6.0]
+    assert math.isnan(out.per_function["a"][0]) and out.per_function["a"][1] == 1.0
+    assert out.metrics["reward/none_count"] == 1.0
+    assert out.metrics["reward/none_frac"] == pytest.approx(1 / 3)
+    assert out.metrics["reward/a/mean"] == 1.0 and out.metrics["reward/a/none_frac"] == pytest.approx(2 / 3)
+
+
+def test_all_none_omits_function_mean():
+    out = RewardSet([RewardFunction("a", const([None] * 3))])(PROMPTS, COMPLETIONS)
+    assert out.scores.tolist() == [0.0] * 3 and "reward/a/mean" not in out.metrics
+    assert out.metrics["reward/none_count"] == 3.0
+
+
+def test_accepts_tuples_arrays_tensors_and_numpy_scalars():
+    fns = [
+        RewardFunction("t", const((1, 2, 3))),
+        RewardFunction("np", lambda p, c, **k: np.array([1.0, 2.0, 3.0], dtype=np.float32)),
+        RewardFunction("torch", lambda p, c, **k: torch.tensor([1.0, 2.0, 3.0])),
+        RewardFunction("scalars", const([np.float32(1), torch.tensor(2.0), True])),
+    ]
+    assert RewardSet(fns)(PROMPTS, COMPLETIONS).scores.tolist() == [4.0, 8.0, 10.0]
+
+
+def test_raising_function_names_reward_exception_and_origin():
+    rs = RewardSet([RewardFunction("picky", picky)])
+    with pytest.raises(RewardError) as info:
+        rs(PROMPTS, COMPLETIONS)
+    assert str(info.value) == (f"reward 'picky' raised ValueError: cannot score 'yy' ({__name__}:picky)")
+
+
+def test_exception_without_message():
+    def boom(prompts, completions, **columns):
+        raise KeyError
+
+    with pytest.raises(RewardError, match=r"^reward 'boom' raised KeyError \(.*:.*boom\)$"):
+        RewardSet([RewardFunction("boom", boom)])(PROMPTS, COMPLETIONS)
+
+
+def test_skip_mode_isolates_failing_samples_and_counts_them(caplog):
+    rs = RewardSet([RewardFunction("picky", picky), RewardFunction("len", length_reward)], on_error="skip")
+    with caplog.at_level(logging.WARNING, logger="tandem.rewards.functions"):
+        out = rs(PROMPTS, COMPLETIONS)
+    assert out.per_function["picky"].tolist() == [1.0, 0.0, 1.0]
+    assert out.scores.tolist() == [2.0, 2.0, 4.0]
+    assert out.metrics["reward/errors"] == 1.0 and out.metrics["reward/picky/errors"] == 1.0
+    assert any("on 1 of 3 samples (first: index 1)" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ([1.0, 2.0], "reward 'bad' returned 2 values for 3 completions; expected length 3"),
+        ([1.0, 2.0, 3.0, 4.0], "returned 4 values for 3 completions"),
+        ([1.0, float("nan"), 0.0], "reward 'bad' returned nan at index 1"),
+        ([1.0, 0.0, float("inf")], "returned inf at index 2"),
+        ([1.0, "1", 0.0], "returned str '1' at index 1, expected a float or None"),
+        (1.0, "returned float, expected a list of 3 floats"),
+        ("abc", "returned str, expected a list"),
+        ({"a": 1}, "returned dict, expected a list"),
+    ],
+)
+def test_bad_outputs_always_raise(values, message, on_error):
+    rs = RewardSet(
+        [RewardFunction("bad", const(values) if isinstance(values, list) else lambda p, c, **k: values)],
+        on_error=on_error,
+    )
+    with pytest.raises(RewardError, match=re.escape(message)):
+        rs(PROMPTS, COMPLETIONS)
+
+
+def test_reserved_column_name_and_mismatched_batch():
+    rs = RewardSet([RewardFunction("len", length_reward)])
+    with pytest.raises(RewardError, match="column 'completions' clashes"):
+        rs(PROMPTS, COMPLETIONS, {"completions": [1, 2, 3]})
+    with pytest.raises(ValueError, match="column 'answer' has 2 values for 3"):
+        rs(PROMPTS, COMPLETIONS, {"answer": [1, 2]})
+    with pytest.raises(ValueError, match="2 prompts for 3 completions"):
+        rs(PROMPTS[:2], COMPLETIONS)
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: RewardSet([]), "at least one"),
+        (lambda: RewardSet([RewardFunction("a", length_reward)] * 2), "duplicate reward name(s): a"),
+        (lambda: RewardSet([RewardFunction("a", length_reward)], on_error="ignore"), "on_error must be"),
+        (lambda: RewardFunction("a", 3), "not a callable"),
+        (lambda: RewardFunction("a/b", length_reward), "contain no '/'"),
+        (lambda: RewardFunction("a", length_reward, float("nan")), "weight must be finite"),
+        (lambda: RewardFunction("a", length_reward, "1"), "weight must be a number"),
+    ],
+)
+def test_construction_errors(build, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        build()
+
+
+def test_from_spec_and_task_reward_in_a_set():
+    rf = RewardFunction.from_spec("tandem.rewards.tasks.countdown:is_solution", weight=0.5)
+    assert rf.name == "is_solution" and rf.weight == 0.5
+    task = get_task("arith")
+    rows = task.make_rows("train", 4, 0)
+    rs = RewardSet(
+        [RewardFunction(task.name, task.reward), RewardFunction("fmt", format_regex(r"-?\d+"), 0.1)]
+    )
+    completions = [rows[0]["answer"], "nope", rows[2]["answer"] + "\n", "12"]
+    out = rs([r["prompt"] for r in rows], completions, {"answer": [r["answer"] for r in rows]})
+    expected_fmt = [0.1, 0.0, 0.1, 0.1]
+    expected_task = [1.0, 0.0, 1.0, float(rows[3]["answer"] == "12")]
+    assert out.scores.tolist() == pytest.approx(
+        [a + b for a, b in zip(expected_task, expected_fmt, strict=True)]
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    data=st.lists(
+        st.tuples(st.one_of(st.none(), st.floats(-10, 10)), st.one_of(st.none(), st.floats(-10, 10))),
+        min_size=1,
+        max_size=8,
+    ),
+    w1=st.floats(-3, 3),
+    w2=st.floats(-3, 3),
+)
+def test_scores_equal_loop_reference(data, w1, w2):
+    a, b = [x for x, _ in data], [y for _, y in data]
+    rs = RewardSet([RewardFunction("a", const(a), w1), RewardFunction("b", const(b), w2)])
+    out = rs([""] * len(data), [""] * len(data))
+    ref = [(w1 * x if x is not None else 0.0) + (w2 * y if y is not None else 0.0) for x, y in data]
+    assert out.scores.tolist() == pytest.approx(ref, abs=1e-5)
+    assert out.metrics["reward/none_count"] == sum(x is None and y is None for x, y in data)
+
+
+def test_format_regex():
+    fmt = format_regex(r"\d+")
+    assert fmt([""] * 4, ["12", " 12\n", "12a", ""]) == [1.0, 1.0, 0.0, 0.0]
+    assert format_regex(r"\d+", strip=False)([""], [" 12"]) == [0.0]
+    assert repr(fmt) == "format_regex('\\\\d+')"
+    with pytest.raises(ConfigError, match=r"invalid pattern '\(' "):
+        format_regex("(")
+
+
+def test_overlong_shaping_delegates_to_dapo():
+    lengths = torch.tensor([1, 10, 12, 14, 16, 30])
+    got = overlong_shaping(lengths, max_len=16, buffer=4, factor=0.5)
+    assert torch.equal(got, overlong_penalty(lengths, 16, 4, 0.5))
+    assert got.tolist() == [0.0, 0.0, 0.0, -0.25, -0.5, -0.5]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_len": 0, "buffer": 0}, "max_len must be > 0"),
+        ({"max_len": 8, "buffer": 9}, "buffer must be in 0..max_len"),
+        ({"max_len": 8, "buffer": 2, "factor": -1.0}, "factor must be >= 0"),
+    ],
+)
+def test_overlong_shaping_bad_settings(kwargs, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        overlong_shaping(torch.tensor([1]), **kwargs)
