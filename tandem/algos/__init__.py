@@ -1,0 +1,76 @@
+"""Tandem's algorithm library: pure functions over padded ``[B, T]`` tensors with masks.
+
+Imports torch and the standard library only, so the same code runs in the colocated trainer, the
+decoupled learners and the tests. Pluggable pieces are looked up by name in typed registries; the
+trainer never branches on an algorithm name.
+"""
+
+from tandem.algos.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageInputs,
+    AdvantageSpec,
+    compute_advantages,
+    discounted_returns,
+    gae_scan,
+)
+from tandem.algos.aggregation import AGGREGATIONS, aggregate
+from tandem.algos.core import (
+    entropy_from_logits,
+    group_stats,
+    last_token_mask,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+    selective_log_softmax,
+    sequence_sum,
+)
+from tandem.algos.corrections import CORRECTIONS, correction_weights
+from tandem.algos.dapo import filter_groups, overlong_penalty
+from tandem.algos.kl import KL_ESTIMATORS, AdaptiveKL, FixedKL, kl_penalty
+from tandem.algos.policy import policy_loss
+from tandem.algos.policy_losses import POLICY_LOSSES, PolicyLossInputs, PolicyLossSpec, clipped_surrogate
+from tandem.algos.preference import PREFERENCE_LOSSES, dpo_loss, reward_model_loss
+from tandem.algos.registry import DuplicateNameError, Registry, UnknownNameError
+from tandem.algos.value import explained_variance, value_loss
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "AGGREGATIONS",
+    "CORRECTIONS",
+    "KL_ESTIMATORS",
+    "POLICY_LOSSES",
+    "PREFERENCE_LOSSES",
+    "AdaptiveKL",
+    "AdvantageInputs",
+    "AdvantageSpec",
+    "DuplicateNameError",
+    "FixedKL",
+    "PolicyLossInputs",
+    "PolicyLossSpec",
+    "Registry",
+    "UnknownNameError",
+    "aggregate",
+    "clipped_surrogate",
+    "compute_advantages",
+    "correction_weights",
+    "discounted_returns",
+    "dpo_loss",
+    "entropy_from_logits",
+    "explained_variance",
+    "filter_groups",
+    "gae_scan",
+    "group_stats",
+    "kl_penalty",
+    "last_token_mask",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "overlong_penalty",
+    "policy_loss",
+    "reward_model_loss",
+    "selective_log_softmax",
+    "sequence_sum",
+    "value_loss",
+]

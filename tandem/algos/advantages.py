@@ -1,0 +1,232 @@
+"""Advantage estimators behind one signature.
+
+Every estimator takes the same :class:`AdvantageInputs` and returns ``(advantages [B, T], returns [B, T])``,
+both zero where ``response_mask`` is false, so the trainer calls :func:`compute_advantages` with a name
+from the config and never branches on it. An estimator declares the optional inputs it needs in its
+:class:`AdvantageSpec` (``requires``), e.g. ``gae`` needs ``values`` (a critic).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from tandem.algos.core import group_stats, last_token_mask, masked_mean, masked_whiten
+from tandem.algos.registry import Registry
+
+
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """Everything an estimator may use. Shapes: ``B`` samples, ``T`` response tokens."""
+
+    scores: torch.Tensor  # [B] float, sequence reward
+    response_mask: torch.Tensor  # [B, T] bool
+    group_ids: torch.Tensor  # [B] long, samples of one prompt share an id
+    token_rewards: torch.Tensor | None = None  # [B, T] float, e.g. a per-token KL penalty
+    values: torch.Tensor | None = None  # [B, T] float, critic values V(s_t)
+    baseline_scores: torch.Tensor | None = None  # [B] float, e.g. reward of the greedy sample (ReMax)
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_by_std: bool = True
+    eps: float = 1e-6
+
+
+EstimatorFn = Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class AdvantageSpec:
+    """A registered estimator: the function and the optional inputs it cannot work without."""
+
+    fn: EstimatorFn
+    requires: tuple[str, ...] = ()
+    summary: str = ""
+
+    @property
+    def needs_critic(self) -> bool:
+        return "values" in self.requires
+
+
+ADVANTAGE_ESTIMATORS: Registry[AdvantageSpec] = Registry("advantage estimator")
+
+
+def _register(
+    name: str, requires: tuple[str, ...] = (), summary: str = ""
+) -> Callable[[EstimatorFn], EstimatorFn]:
+    def deco(fn: EstimatorFn) -> EstimatorFn:
+        ADVANTAGE_ESTIMATORS.add(name, AdvantageSpec(fn=fn, requires=requires, summary=summary))
+        return fn
+
+    return deco
+
+
+def compute_advantages(
+    name: str,
+    *,
+    scores: torch.Tensor,
+    response_mask: torch.Tensor,
+    group_ids: torch.Tensor,
+    token_rewards: torch.Tensor | None = None,
+    values: torch.Tensor | None = None,
+    baseline_scores: torch.Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advantages and returns with the estimator registered as ``name``.
+
+    scores ``[B]``, response_mask ``[B, T]``, group_ids ``[B]`` -> (advantages ``[B, T]``,
+    returns ``[B, T]``) float32, zero on masked positions, computed without gradient.
+    Raises ``UnknownNameError`` for an unknown name and ``ValueError`` when a required input is missing.
+    """
+    spec = ADVANTAGE_ESTIMATORS.get(name)
+    inp = AdvantageInputs(
+        scores=scores.detach().float(),
+        response_mask=response_mask.to(torch.bool),
+        group_ids=group_ids,
+        token_rewards=None if token_rewards is None else token_rewards.detach().float(),
+        values=None if values is None else values.detach().float(),
+        baseline_scores=None if baseline_scores is None else baseline_scores.detach().float(),
+        gamma=gamma,
+        lam=lam,
+        norm_by_std=norm_by_std,
+        eps=eps,
+    )
+    _check_inputs(name, spec, inp)
+    with torch.no_grad():
+        adv, ret = spec.fn(inp)
+    m = inp.response_mask.to(adv.dtype)
+    return adv * m, ret * m
+
+
+def _check_inputs(name: str, spec: AdvantageSpec, inp: AdvantageInputs) -> None:
+    b, t = inp.response_mask.shape
+    if inp.scores.shape != (b,) or inp.group_ids.shape != (b,):
+        raise ValueError(
+            f"advantage {name!r}: scores and group_ids must be [B]={b}, got "
+            f"{tuple(inp.scores.shape)} and {tuple(inp.group_ids.shape)}"
+        )
+    for field in spec.requires:
+        if getattr(inp, field) is None:
+            raise ValueError(
+                f"advantage estimator {name!r} needs {field}=...; pass it or pick another estimator"
+            )
+    for field, shape in (("token_rewards", (b, t)), ("values", (b, t)), ("baseline_scores", (b,))):
+        x = getattr(inp, field)
+        if x is not None and tuple(x.shape) != shape:
+            raise ValueError(f"advantage {name!r}: {field} must have shape {shape}, got {tuple(x.shape)}")
+
+
+def _broadcast(per_seq: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B] -> [B, T], zero on masked positions."""
+    return per_seq.unsqueeze(-1) * mask.to(per_seq.dtype)
+
+
+def _token_rewards(inp: AdvantageInputs, per_seq: torch.Tensor) -> torch.Tensor:
+    """Per-token rewards: ``per_seq`` on the last valid token plus ``token_rewards``. ``[B, T]``."""
+    last = last_token_mask(inp.response_mask).to(per_seq.dtype)  # [B, T]
+    rewards = per_seq.unsqueeze(-1) * last
+    if inp.token_rewards is not None:
+        rewards = rewards + inp.token_rewards
+    return rewards * inp.response_mask.to(per_seq.dtype)
+
+
+def discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Return-to-go over valid tokens only: ``G_t = r_t + gamma * G_next`` where ``next`` is the next
+    valid token of the row (masked positions are skipped, their output is 0). ``[B, T]`` -> ``[B, T]``.
+
+    Naive equivalent: per row, ``for t in reversed(valid_positions): g = r[t] + gamma * g; out[t] = g``.
+    Here one backward loop over ``T`` vectorised over ``B``.
+    """
+    return gae_scan(rewards, torch.zeros_like(rewards), mask, gamma, 1.0)
+
+
+def gae_scan(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> torch.Tensor:
+    """Generalised advantage estimation over the valid tokens of each row.
+
+    ``delta_t = r_t + gamma * V_next - V_t``; ``A_t = delta_t + gamma * lam * A_next``, where ``next`` is
+    the next *valid* token (``V_next = 0``, ``A_next = 0`` after the last). Masked positions are skipped
+    and get 0. rewards, values, mask ``[B, T]`` -> advantages ``[B, T]``.
+
+    Naive equivalent: the per-row Python loop over valid positions in reverse; here one backward loop
+    over ``T`` vectorised over ``B``.
+    """
+    m = mask.to(torch.bool)
+    b, t = rewards.shape
+    next_value = rewards.new_zeros(b)  # [B]
+    next_adv = rewards.new_zeros(b)  # [B]
+    out = torch.zeros_like(rewards)
+    for i in range(t - 1, -1, -1):
+        valid = m[:, i]  # [B]
+        delta = rewards[:, i] + gamma * next_value - values[:, i]
+        adv = delta + gamma * lam * next_adv
+        out[:, i] = torch.where(valid, adv, torch.zeros_like(adv))
+        next_value = torch.where(valid, values[:, i], next_value)
+        next_adv = torch.where(valid, adv, next_adv)
+    return out
+
+
+@_register("gae", requires=("values",), summary="GAE(gamma, lambda) with a critic, whitened")
+def _gae(inp: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    assert inp.values is not None
+    values = inp.values * inp.response_mask.to(inp.values.dtype)
+    adv = gae_scan(_token_rewards(inp, inp.scores), values, inp.response_mask, inp.gamma, inp.lam)
+    returns = adv + values
+    if inp.norm_by_std:
+        adv = masked_whiten(adv, inp.response_mask, eps=inp.eps)
+    return adv, returns
+
+
+@_register("grpo", summary="(R - group mean) / (group std + eps)")
+def _grpo(inp: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    mean, std, _ = group_stats(inp.scores, inp.group_ids)
+    adv = inp.scores - mean
+    if inp.norm_by_std:
+        adv = adv / (std + inp.eps)
+    return _broadcast(adv, inp.response_mask), _broadcast(inp.scores, inp.response_mask)
+
+
+@_register("dr_grpo", summary="R - group mean (no std)")
+def _dr_grpo(inp: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    mean, _, _ = group_stats(inp.scores, inp.group_ids)
+    return _broadcast(inp.scores - mean, inp.response_mask), _broadcast(inp.scores, inp.response_mask)
+
+
+@_register("rloo", summary="R - mean of the other samples of the group")
+def _rloo(inp: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    mean, _, n = group_stats(inp.scores, inp.group_ids)
+    # R_i - (n*mean - R_i)/(n-1) == n/(n-1) * (R_i - mean); a group of one has no baseline -> 0.
+    adv = torch.where(n > 1, n / (n - 1).clamp(min=1.0) * (inp.scores - mean), torch.zeros_like(mean))
+    return _broadcast(adv, inp.response_mask), _broadcast(inp.scores, inp.response_mask)
+
+
+def _reinforce_pp_common(inp: AdvantageInputs, per_seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    returns = discounted_returns(_token_rewards(inp, per_seq), inp.response_mask, inp.gamma)
+    if inp.norm_by_std:
+        adv = masked_whiten(returns, inp.response_mask, eps=inp.eps)
+    else:
+        adv = returns - masked_mean(returns, inp.response_mask)
+    return adv, returns
+
+
+@_register("reinforce_pp", summary="REINFORCE++: return-to-go, whitened over the batch")
+def _reinforce_pp(inp: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    return _reinforce_pp_common(inp, inp.scores)
+
+
+@_register("reinforce_pp_baseline", summary="REINFORCE++ with the group mean subtracted first")
+def _reinforce_pp_baseline(inp: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    mean, _, _ = group_stats(inp.scores, inp.group_ids)
+    return _reinforce_pp_common(inp, inp.scores - mean)
+
+
+@_register("remax", requires=("baseline_scores",), summary="R - reward of the greedy sample")
+def _remax(inp: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    assert inp.baseline_scores is not None
+    adv = inp.scores - inp.baseline_scores
+    return _broadcast(adv, inp.response_mask), _broadcast(inp.scores, inp.response_mask)
