@@ -38,6 +38,11 @@ class RolloutBatch:
     def response_lengths(self) -> torch.Tensor:  # [B] long
         return self.response_mask.sum(dim=1)
 
+    def columns(self) -> dict[str, list]:
+        """Extra dataset columns as keyword lists, one entry per sample (TRL's ``**columns``)."""
+        keys = sorted({k for e in self.extras for k in e})
+        return {k: [e.get(k) for e in self.extras] for k in keys}
+
     def select(self, index: torch.Tensor | list[int]) -> RolloutBatch:
         """Rows ``index`` of every field (tensors and lists alike)."""
         return _select(self, index)
@@ -50,7 +55,8 @@ class Experience:
 
     rollout: RolloutBatch
     scores: torch.Tensor  # [B] float32, sequence reward (after shaping)
-    old_logprobs: torch.Tensor  # [B, R] float32, trainer log-probs before this step's updates (proximal)
+    old_logprobs: torch.Tensor | None  # [B, R] float32, trainer log-probs before the update (proximal);
+    # None = on-policy single pass: the update uses its own first forward (ratio 1)
     advantages: torch.Tensor  # [B, R] float32
     returns: torch.Tensor  # [B, R] float32
     ref_logprobs: torch.Tensor | None = None  # [B, R] float32, reference policy, if β > 0

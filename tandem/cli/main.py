@@ -1,0 +1,179 @@
+"""``tandem`` — command-line entry point. Commands print; library code only logs.
+
+Expected bad input (config, data, model, reward) ends in one red line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from tandem.errors import TandemError
+
+app = typer.Typer(
+    name="tandem",
+    help="Align language models with RL and preference optimisation.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+config_app = typer.Typer(help="Inspect configs.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+out = Console()
+err = Console(stderr=True)
+
+
+def user_errors(fn):
+    """Turn a TandemError into one line on stderr and a non-zero exit, without a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        _quiet_transformers()
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+        try:
+            return fn(*args, **kwargs)
+        except TandemError as exc:
+            err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            err.print("[yellow]interrupted[/]")
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+def _quiet_transformers() -> None:
+    """Transformers' own bars ("Loading weights", "Writing model shards") would break up ours."""
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+    except ImportError:  # pragma: no cover - transformers is a core dependency
+        pass
+
+
+Overrides = Annotated[list[str] | None, typer.Argument(help="Dotted overrides, e.g. trainer.lr=5e-6.")]
+
+
+@app.command()
+@user_errors
+def train(
+    config: Annotated[Path, typer.Argument(help="YAML config, e.g. configs/grpo.yaml.")],
+    overrides: Overrides = None,
+    resume: Annotated[bool, typer.Option(help="Continue the run from its latest checkpoint.")] = False,
+    progress: Annotated[bool, typer.Option(help="Show the progress bar.")] = True,
+) -> None:
+    """Train a policy with RL (GRPO, DAPO, RLOO, ...).
+
+    Example: tandem train configs/dapo.yaml algorithm.clip_high=0.28 trainer.lr=5e-6
+    """
+    from tandem.cli.report import print_run_result
+    from tandem.config import load_config
+    from tandem.orchestration.runner import train as run_train
+
+    cfg = load_config(config, overrides or [])
+    result = run_train(cfg, resume=resume, progress=progress)
+    print_run_result(out, result)
+
+
+@config_app.command("show")
+@user_errors
+def config_show(
+    config: Annotated[Path, typer.Argument(help="YAML config.")],
+    overrides: Overrides = None,
+) -> None:
+    """Print the resolved config (presets expanded, overrides applied)."""
+    from tandem.config import config_to_yaml, load_config
+
+    out.print(config_to_yaml(load_config(config, overrides or [])), highlight=False, end="")
+
+
+@app.command("init-model")
+@user_errors
+def init_model(
+    out_dir: Annotated[Path, typer.Argument(help="Folder to create (an ordinary HF model folder).")],
+    hidden_size: Annotated[int, typer.Option(help="Hidden size.")] = 128,
+    num_layers: Annotated[int, typer.Option(help="Transformer layers.")] = 4,
+    num_heads: Annotated[int, typer.Option(help="Attention heads.")] = 4,
+    seed: Annotated[int, typer.Option(help="Initialisation seed.")] = 0,
+) -> None:
+    """Build a tiny Llama-architecture model with a character-level tokenizer.
+
+    Example: tandem init-model models/tiny --hidden-size 128 --num-layers 4
+    """
+    from tandem.models import init_tiny_model
+
+    path = init_tiny_model(
+        out_dir, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads, seed=seed
+    )
+    out.print(f"tiny model written to [bold]{path}[/]")
+
+
+@app.command()
+@user_errors
+def sft(
+    model: Annotated[Path, typer.Argument(help="Starting HF model folder.")],
+    out_dir: Annotated[Path, typer.Option("--out", help="Where to save the fine-tuned model.")],
+    data: Annotated[Path | None, typer.Option(help="JSONL/Parquet with prompt+completion or text.")] = None,
+    task: Annotated[str | None, typer.Option(help="Built-in task whose reference answers to learn.")] = None,
+    train_size: Annotated[int, typer.Option(help="Rows generated from --task.")] = 4096,
+    steps: Annotated[int, typer.Option(help="Optimiser steps.")] = 300,
+    lr: Annotated[float, typer.Option(help="Learning rate.")] = 3e-3,
+    batch_size: Annotated[int, typer.Option(help="Rows per step.")] = 64,
+    seed: Annotated[int, typer.Option(help="Seed.")] = 0,
+) -> None:
+    """Supervised fine-tuning on completions only (warm start for RL).
+
+    Example: tandem sft models/tiny --task arith --steps 300 --out models/arith-sft
+    """
+    from tandem.cli.progress import step_progress
+    from tandem.cli.sft_data import sft_pairs
+    from tandem.models import load_causal_lm, load_tokenizer, save_pretrained_atomic
+    from tandem.train.sft import SFTSettings, run_sft
+
+    pairs = sft_pairs(data=data, task=task, train_size=train_size, seed=seed)
+    policy, tok = load_causal_lm(model), load_tokenizer(model)
+    settings = SFTSettings(steps=steps, lr=lr, batch_size=batch_size, seed=seed)
+    with step_progress("sft", steps, key="sft/loss") as on_step:
+        metrics = run_sft(policy, tok, pairs, settings, on_step=on_step)
+    save_pretrained_atomic(policy, tok, out_dir)
+    out.print(f"SFT done: loss {metrics['sft/loss']:.4f}; model saved to [bold]{out_dir}[/]")
+
+
+@app.command()
+@user_errors
+def demo(
+    overrides: Overrides = None,
+) -> None:
+    """The quickstart: GRPO on arithmetic from a warm start, with before/after held-out accuracy."""
+    from tandem.cli.report import print_run_result
+    from tandem.config import load_config
+    from tandem.orchestration.runner import train as run_train
+
+    config = Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml"
+    if not config.exists():
+        config = Path("configs/quickstart.yaml")
+    cfg = load_config(config, ["run.overwrite=true", *(overrides or [])])
+    out.print(
+        f"[bold]Tandem quickstart[/]: {cfg.algorithm.name} on '{cfg.data.task}', {cfg.trainer.total_steps} steps"
+    )
+    result = run_train(cfg)
+    print_run_result(out, result)
+
+
+def main() -> None:  # pragma: no cover - console entry point
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,20 @@
+"""Print a finished run: before/after held-out metrics as a table, the run folder, how to look inside."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+
+def print_run_result(console: Console, result) -> None:
+    table = Table(title="held-out evaluation", show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("before", justify="right")
+    table.add_column("after", justify="right")
+    for key in sorted(set(result.eval_before) | set(result.eval_after)):
+        b, a = result.eval_before.get(key), result.eval_after.get(key)
+        fmt = (lambda v: f"{100 * v:.1f}%") if key.endswith("accuracy") else (lambda v: f"{v:.3f}")
+        table.add_row(key, "-" if b is None else fmt(b), "-" if a is None else fmt(a))
+    console.print(table)
+    console.print(f"run folder: [bold]{result.run_dir}[/]  ({result.steps} steps)")
+    console.print(f"TensorBoard: [bold]tensorboard --logdir {result.run_dir}/tensorboard[/]")

@@ -1,0 +1,127 @@
+"""Load a config: YAML file + dotted command-line overrides -> validated :class:`TandemConfig`.
+
+Errors are one line naming the key and, where the key came from the file, ``file:line``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from tandem.config.schema import CrossFieldError, TandemConfig
+from tandem.errors import ConfigError
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"trainer.lr=5e-6"`` -> (["trainer", "lr"], 5e-06). Values are parsed as YAML scalars/lists."""
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' is not KEY=VALUE", hint="e.g. trainer.lr=5e-6")
+    key, _, raw = text.partition("=")
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override '{text}' has an empty key part")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Set each dotted key in a nested dict (creating sections as needed)."""
+    for text in overrides:
+        path, value = parse_override(text)
+        node = data
+        for part in path[:-1]:
+            nxt = node.get(part)
+            if nxt is None:
+                nxt = node[part] = {}
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"override '{text}': '{part}' is not a section")
+            node = nxt
+        node[path[-1]] = value
+    return data
+
+
+def _key_lines(text: str) -> dict[str, int]:
+    """Map dotted keys of a YAML mapping to their 1-based line numbers."""
+    out: dict[str, int] = {}
+
+    def walk(node: yaml.Node, prefix: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                key = f"{prefix}{k.value}"
+                out[key] = k.start_mark.line + 1
+                walk(v, key + ".")
+
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        return out
+    if root is not None:
+        walk(root, "")
+    return out
+
+
+def read_yaml(path: str | Path) -> tuple[dict[str, Any], dict[str, int]]:
+    """Read a YAML mapping; returns (data, key -> line)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    text = p.read_text()
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}" if mark else str(p)
+        raise ConfigError(f"invalid YAML ({getattr(exc, 'problem', exc)})", where=where) from None
+    if not isinstance(data, dict):
+        raise ConfigError("top level must be a mapping of sections", where=str(p))
+    return data, _key_lines(text)
+
+
+def build_config(
+    data: dict[str, Any], *, source: str = "<config>", lines: dict[str, int] | None = None
+) -> TandemConfig:
+    """Validate a nested dict; turn the first pydantic error into a one-line :class:`ConfigError`."""
+    lines = lines or {}
+    try:
+        return TandemConfig.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = [str(p) for p in err["loc"] if not isinstance(p, int)]
+        key = ".".join(loc)
+        cause = err.get("ctx", {}).get("error")
+        if isinstance(cause, CrossFieldError):
+            key, msg = cause.key, str(cause)
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key"
+        where = _where(source, lines, key)
+        raise ConfigError(f"{key}: {msg}" if key else msg, where=where) from None
+
+
+def _where(source: str, lines: dict[str, int], key: str) -> str:
+    parts = key.split(".")
+    while parts:
+        line = lines.get(".".join(parts))
+        if line:
+            return f"{source}:{line}"
+        parts.pop()
+    return source
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> TandemConfig:
+    """Load ``path`` (YAML), apply dotted ``overrides`` and validate."""
+    data, lines = read_yaml(path)
+    apply_overrides(data, list(overrides or []))
+    return build_config(data, source=str(path), lines=lines)
+
+
+def config_to_yaml(cfg: TandemConfig) -> str:
+    """The resolved config as YAML (presets expanded), for run folders and `tandem config show`."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

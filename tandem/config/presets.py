@@ -1,0 +1,86 @@
+"""Algorithm presets: named bundles of the three orthogonal choices (advantage, policy loss, aggregation)
+plus their customary hyper-parameters. A preset only fills fields the user left unset.
+
+This is data, not code: the trainer reads the resolved fields and never branches on ``algorithm.name``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_PPO_DEFAULTS: dict[str, Any] = {
+    "clip_low": 0.2,
+    "clip_high": 0.2,
+    "norm_by_std": True,
+    "dynamic_sampling": False,
+}
+
+ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
+    # DeepSeekMath GRPO: group-normalised advantages, PPO clip, per-sequence mean of token means.
+    "grpo": {
+        **_PPO_DEFAULTS,
+        "advantage": "grpo",
+        "policy_loss": "ppo_clip",
+        "aggregation": "seq-mean-token-mean",
+    },
+    # Dr. GRPO: no std normalisation, constant-normalised token sums (no length bias).
+    "dr_grpo": {
+        **_PPO_DEFAULTS,
+        "advantage": "dr_grpo",
+        "policy_loss": "ppo_clip",
+        "aggregation": "seq-mean-token-sum-norm",
+        "norm_by_std": False,
+    },
+    # DAPO: clip-higher, dynamic sampling, token-level mean (overlong shaping lives in reward.overlong).
+    "dapo": {
+        **_PPO_DEFAULTS,
+        "advantage": "grpo",
+        "policy_loss": "ppo_clip",
+        "aggregation": "token-mean",
+        "clip_high": 0.28,
+        "dynamic_sampling": True,
+    },
+    "rloo": {**_PPO_DEFAULTS, "advantage": "rloo", "policy_loss": "ppo_clip", "aggregation": "token-mean"},
+    "reinforce_pp": {
+        **_PPO_DEFAULTS,
+        "advantage": "reinforce_pp",
+        "policy_loss": "ppo_clip",
+        "aggregation": "token-mean",
+    },
+    "reinforce_pp_baseline": {
+        **_PPO_DEFAULTS,
+        "advantage": "reinforce_pp_baseline",
+        "policy_loss": "ppo_clip",
+        "aggregation": "token-mean",
+    },
+    "gspo": {
+        **_PPO_DEFAULTS,
+        "advantage": "grpo",
+        "policy_loss": "gspo",
+        "aggregation": "seq-mean-token-mean",
+        "clip_low": 3e-4,
+        "clip_high": 4e-4,
+    },
+    "cispo": {
+        **_PPO_DEFAULTS,
+        "advantage": "grpo",
+        "policy_loss": "cispo",
+        "aggregation": "token-mean",
+        "clip_high": 4.0,
+    },
+    "decoupled_ppo": {
+        **_PPO_DEFAULTS,
+        "advantage": "grpo",
+        "policy_loss": "decoupled_ppo",
+        "aggregation": "token-mean",
+    },
+    "topr": {**_PPO_DEFAULTS, "advantage": "dr_grpo", "policy_loss": "topr", "aggregation": "token-mean"},
+    "agro": {**_PPO_DEFAULTS, "advantage": "dr_grpo", "policy_loss": "agro", "aggregation": "token-mean"},
+    # Fully explicit: every field must be given.
+    "custom": {**_PPO_DEFAULTS},
+}
+
+# Estimators that compare samples of one prompt and so need rollout.n >= 2.
+GROUP_ESTIMATORS = frozenset({"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"})
+# Estimators that consume per-token rewards (needed for KL in the reward).
+TOKEN_REWARD_ESTIMATORS = frozenset({"gae", "reinforce_pp", "reinforce_pp_baseline"})

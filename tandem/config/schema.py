@@ -1,0 +1,257 @@
+"""The configuration schema: one pydantic model per section, every field described.
+
+The descriptions double as ``--help`` text and as the reference in ``docs/configs.md``. Sections reject
+unknown keys (``extra="forbid"``) so a typo is an error, not a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tandem.config.presets import ALGORITHM_PRESETS, GROUP_ESTIMATORS, TOKEN_REWARD_ESTIMATORS
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunConfig(Section):
+    name: str = Field(
+        "run", description="Run name; the run folder is <output_dir> (or runs/<name> if unset)."
+    )
+    output_dir: str | None = Field(None, description="Folder for metrics, samples, checkpoints and config.")
+    seed: int = Field(0, description="Seed for data order, sampling and initialisation.")
+    overwrite: bool = Field(False, description="Allow writing into a run folder that already holds a run.")
+
+
+class ModelConfig(Section):
+    path: str = Field(..., description="Local Hugging Face causal-LM folder (safetensors weights).")
+    ref_path: str | None = Field(
+        None, description="Reference model folder; defaults to model.path. Loaded only if algorithm.beta > 0."
+    )
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Parameter dtype of the policy.")
+    autocast_bf16: bool = Field(
+        False, description="Run forward passes under bf16 autocast on CPU (faster matmuls)."
+    )
+    init_tiny: bool = Field(
+        False, description="If model.path does not exist, build a tiny char-level Llama there first."
+    )
+    warm_start_sft: dict[str, Any] | None = Field(
+        None,
+        description="If set and model.path does not exist, build it by `tandem sft` with these options "
+        "(task, steps, lr, base) and cache it there.",
+    )
+
+
+class DataConfig(Section):
+    task: str | None = Field(
+        None, description="Built-in task (arith, countdown, reverse); or use train_file."
+    )
+    task_options: dict[str, Any] = Field(
+        default_factory=dict, description="Options of the built-in task, e.g. {digits: 2}."
+    )
+    train_file: str | None = Field(None, description="JSONL/Parquet prompt dataset with a `prompt` column.")
+    eval_file: str | None = Field(None, description="Held-out JSONL/Parquet prompt dataset.")
+    train_size: int = Field(4096, ge=1, description="Number of generated training prompts (built-in tasks).")
+    eval_size: int = Field(200, ge=0, description="Number of held-out prompts evaluated (0 disables eval).")
+    prompts_per_step: int = Field(8, ge=1, description="Prompts sampled per training step.")
+    max_prompt_len: int = Field(128, ge=1, description="Maximum prompt length in tokens.")
+    skip_long_prompts: bool = Field(
+        False, description="Skip (and count) prompts over max_prompt_len instead of failing."
+    )
+
+
+class RewardFunctionConfig(Section):
+    path: str = Field(..., description="Callable `module:function` or `file.py:function`, TRL signature.")
+    weight: float = Field(1.0, description="Weight of this reward in the sum.")
+    name: str | None = Field(None, description="Name used in metrics; defaults to the function name.")
+
+
+class OverlongConfig(Section):
+    enabled: bool = Field(False, description="DAPO soft overlong punishment added to the reward.")
+    max_len: int | None = Field(None, description="Length L_max; defaults to rollout.max_new_tokens.")
+    buffer: int = Field(4, ge=0, description="Buffer L_c: the penalty ramps over the last L_c tokens.")
+    factor: float = Field(1.0, ge=0, description="Penalty at and beyond L_max.")
+
+
+class RewardConfig(Section):
+    task_reward: bool = Field(True, description="Use the built-in task's verifier as a reward (weight 1).")
+    functions: list[RewardFunctionConfig] = Field(default_factory=list, description="Extra reward functions.")
+    format_regex: str | None = Field(
+        None, description="If set, add a 0/1 format reward for completions fully matching it."
+    )
+    format_weight: float = Field(0.1, description="Weight of the format reward.")
+    overlong: OverlongConfig = Field(default_factory=OverlongConfig, description="DAPO overlong shaping.")
+    on_error: Literal["raise", "skip"] = Field(
+        "raise", description="A reward function that raises: fail, or score 0 and count it."
+    )
+
+
+class RolloutConfig(Section):
+    backend: Literal["hf"] = Field("hf", description="Generation engine.")
+    n: int = Field(8, ge=1, description="Samples per prompt (the group size).")
+    max_new_tokens: int = Field(32, ge=1, description="Maximum generated tokens per sample.")
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature (0 = greedy).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    top_k: int = Field(0, ge=0, description="Top-k sampling (0 = off).")
+    stop: list[str] = Field(
+        default_factory=lambda: ["\n"], description="Stop strings (stripped from completions)."
+    )
+
+
+class KLConfig(Section):
+    kind: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator.")
+    where: Literal["loss", "reward"] = Field(
+        "loss", description="Add β·KL to the loss (GRPO) or subtract it from the token reward."
+    )
+
+
+class AlgorithmConfig(Section):
+    name: str = Field("grpo", description=f"Preset filling the fields below: {', '.join(ALGORITHM_PRESETS)}.")
+    advantage: str | None = Field(
+        None, description="Advantage estimator (tandem.algos.ADVANTAGE_ESTIMATORS)."
+    )
+    policy_loss: str | None = Field(None, description="Per-token policy loss (tandem.algos.POLICY_LOSSES).")
+    aggregation: str | None = Field(None, description="Loss aggregation (tandem.algos.AGGREGATIONS).")
+    clip_low: float | None = Field(None, ge=0, description="PPO clip ε_low.")
+    clip_high: float | None = Field(None, ge=0, description="PPO clip ε_high (DAPO clip-higher: 0.28).")
+    dual_clip: float | None = Field(None, gt=1, description="Dual-clip constant c for negative advantages.")
+    norm_by_std: bool | None = Field(None, description="Divide group-relative advantages by the group std.")
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount.")
+    lam: float = Field(1.0, ge=0, le=1, description="GAE λ.")
+    beta: float = Field(
+        0.0, ge=0, description="KL coefficient to the reference policy (0 loads no reference model)."
+    )
+    kl: KLConfig = Field(default_factory=KLConfig, description="KL estimator and placement.")
+    entropy_coef: float = Field(0.0, description="Entropy bonus coefficient (subtracted from the loss).")
+    dynamic_sampling: bool | None = Field(
+        None, description="DAPO: drop groups whose rewards are all equal, resample to fill."
+    )
+    max_resample_rounds: int = Field(
+        3, ge=0, description="Extra generation rounds to fill a dynamic-sampling batch."
+    )
+    correction: Literal["token_tis", "seq_tis", "token_mis", "seq_mis"] | None = Field(
+        None, description="Rollout correction when the sampler's log-probs differ from the trainer's."
+    )
+    correction_low: float | None = Field(None, description="Lower bound for masked IS.")
+    correction_high: float = Field(2.0, description="Cap (TIS) or upper bound (MIS) of the IS weight.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        name = data.get("name", "grpo")
+        if name not in ALGORITHM_PRESETS:
+            raise ValueError(f"unknown algorithm '{name}'; valid: {', '.join(ALGORITHM_PRESETS)}")
+        merged = dict(ALGORITHM_PRESETS[name])
+        merged.update({k: v for k, v in data.items() if v is not None})
+        return merged
+
+
+class TrainerConfig(Section):
+    total_steps: int = Field(100, ge=1, description="Training steps (one rollout batch each).")
+    lr: float = Field(1e-5, gt=0, description="Peak learning rate (AdamW).")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warmup optimiser steps.")
+    lr_schedule: Literal["cosine", "constant"] = Field("cosine", description="Decay after warmup.")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Final LR as a fraction of the peak (cosine).")
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
+    mini_batch_size: int | None = Field(
+        None, ge=1, description="Samples per optimiser step (default: whole batch)."
+    )
+    micro_batch_size: int | None = Field(
+        None, ge=1, description="Samples per forward/backward (gradient accumulation)."
+    )
+    max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping norm (null = off).")
+
+
+class ArchitectureConfig(Section):
+    mode: Literal["colocated", "decoupled"] = Field(
+        "colocated", description="Colocated (lag 0) or decoupled rollout/learner."
+    )
+    staleness: int = Field(0, ge=0, description="η: max policy-version lag of a trained sample (decoupled).")
+
+
+class MonitorConfig(Section):
+    eval_every: int = Field(
+        25, ge=0, description="Evaluate on held-out prompts every N steps (0 = only start/end)."
+    )
+    sample_every: int = Field(
+        25, ge=0, description="Log a sample of prompts/completions/rewards every N steps."
+    )
+    num_samples: int = Field(4, ge=0, description="Completions logged each time.")
+    tensorboard: bool = Field(True, description="Write TensorBoard event files.")
+    progress: bool = Field(True, description="Show a progress bar.")
+
+
+class CheckpointConfig(Section):
+    every: int = Field(0, ge=0, description="Save a checkpoint every N steps (0 = only at the end).")
+    keep_last: int = Field(2, ge=1, description="Keep the last K checkpoints.")
+    save_final: bool = Field(True, description="Save a checkpoint at the end.")
+
+
+class TandemConfig(Section):
+    run: RunConfig = Field(default_factory=RunConfig, description="Run identity and output.")
+    model: ModelConfig = Field(..., description="Policy model.")
+    data: DataConfig = Field(default_factory=DataConfig, description="Prompts.")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="Rewards.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Generation.")
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="RL algorithm.")
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Optimisation.")
+    architecture: ArchitectureConfig = Field(default_factory=ArchitectureConfig, description="Deployment.")
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="Metrics and evaluation.")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> TandemConfig:
+        check_config(self)
+        return self
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.data.prompts_per_step * self.rollout.n
+
+
+class CrossFieldError(ValueError):
+    """A cross-field check failed; ``key`` is the dotted key to blame."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def check_config(cfg: TandemConfig) -> None:
+    """Cross-field checks, each naming the key to change."""
+    a = cfg.algorithm
+    if a.advantage in GROUP_ESTIMATORS and cfg.rollout.n < 2:
+        raise CrossFieldError(
+            "rollout.n",
+            f"advantage '{a.advantage}' is group-relative and needs rollout.n >= 2 (got {cfg.rollout.n})",
+        )
+    if a.kl.where == "reward" and a.beta > 0 and a.advantage not in TOKEN_REWARD_ESTIMATORS:
+        raise CrossFieldError(
+            "algorithm.kl.where",
+            f"KL in the reward needs a token-reward estimator ({', '.join(sorted(TOKEN_REWARD_ESTIMATORS))}), "
+            f"not '{a.advantage}'; use algorithm.kl.where=loss",
+        )
+    if cfg.data.task is None and cfg.data.train_file is None:
+        raise CrossFieldError("data.task", "set data.task (a built-in task) or data.train_file")
+    if not cfg.reward.task_reward and not cfg.reward.functions and cfg.reward.format_regex is None:
+        raise CrossFieldError(
+            "reward.functions", "no reward: enable reward.task_reward or add reward.functions"
+        )
+    if cfg.reward.task_reward and cfg.data.task is None and not cfg.reward.functions:
+        raise CrossFieldError("reward.functions", "a dataset from data.train_file needs reward.functions")
+    batch = cfg.samples_per_step
+    mini = cfg.trainer.mini_batch_size or batch
+    micro = cfg.trainer.micro_batch_size or mini
+    if batch % mini:
+        raise CrossFieldError(
+            "trainer.mini_batch_size", f"{mini} does not divide the batch of {batch} samples"
+        )
+    if mini % micro:
+        raise CrossFieldError("trainer.micro_batch_size", f"{micro} does not divide the mini-batch of {mini}")

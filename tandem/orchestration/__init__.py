@@ -1,0 +1,1 @@
+"""Orchestration: the colocated loop (and, later, the decoupled runtime)."""

@@ -1,0 +1,242 @@
+"""The colocated architecture: one process generates with the very weights it trains (policy lag 0).
+
+One training step, in named and timed phases::
+
+    generate -> reward -> (dynamic-sampling filter) -> logprob -> advantage -> update -> sync
+
+The step asks the algorithm library for estimators and losses by the names in the config; it never
+branches on an algorithm name.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tandem.algos import filter_groups
+from tandem.config.schema import TandemConfig
+from tandem.data import PromptSampler
+from tandem.evaluate import evaluate_prompts
+from tandem.monitor import PhaseTimer
+from tandem.orchestration.build import DataParts
+from tandem.orchestration.scoring import OverlongShaping, score_rollout
+from tandem.rewards import RewardSet
+from tandem.rollout.base import RolloutEngine, SamplingParams
+from tandem.train.experience import ExperienceSettings, make_experience
+from tandem.train.update import UpdateSettings, policy_update
+from tandem.types import RolloutBatch, concat_rollouts
+
+
+@dataclass
+class RunParts:
+    """Everything a training loop needs, built from the config (see ``build.py``)."""
+
+    cfg: TandemConfig
+    policy: torch.nn.Module
+    tokenizer: Any
+    ref_model: torch.nn.Module | None
+    engine: RolloutEngine
+    data: DataParts
+    rewards: RewardSet
+    eval_rewards: RewardSet
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+
+
+def step_seed(seed: int, step: int, round_: int = 0) -> int:
+    """Deterministic per-step sampling seed, so a resumed run samples exactly what the original did."""
+    return (seed * 1_000_003 + step * 9_973 + round_ * 31) % (2**31 - 1)
+
+
+class ColocatedTrainer:
+    """Runs training steps on injected parts; holds only the loop's own state (step, sampler, groups)."""
+
+    def __init__(self, parts: RunParts) -> None:
+        self.parts = parts
+        cfg = parts.cfg
+        self.cfg = cfg
+        self.update_settings = UpdateSettings.from_config(
+            cfg.algorithm,
+            cfg.trainer,
+            temperature=cfg.rollout.temperature,
+            autocast_bf16=cfg.model.autocast_bf16,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+        )
+        self.exp_settings = ExperienceSettings.from_config(
+            cfg.algorithm,
+            temperature=cfg.rollout.temperature,
+            autocast_bf16=cfg.model.autocast_bf16,
+            micro_batch_size=cfg.trainer.micro_batch_size,
+        )
+        ov = cfg.reward.overlong
+        self.overlong = (
+            OverlongShaping(ov.max_len or cfg.rollout.max_new_tokens, ov.buffer, ov.factor)
+            if ov.enabled
+            else None
+        )
+        self.sampler = PromptSampler(
+            parts.data.train, batch_size=cfg.data.prompts_per_step, seed=cfg.run.seed
+        )
+        self.timer = PhaseTimer()
+        self.step = 0
+        self.next_group = 0
+        self.generator = torch.Generator().manual_seed(cfg.run.seed)
+        self._last: tuple[RolloutBatch, torch.Tensor] | None = None
+
+    # -- state for checkpoints -------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "next_group": self.next_group,
+            "sampler": self.sampler.state_dict(),
+            "generator": self.generator.get_state().tolist(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+        self.next_group = int(state["next_group"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.generator.set_state(torch.tensor(state["generator"], dtype=torch.uint8))
+        self.parts.engine.update_weights(None, self.step)
+
+    # -- phases ----------------------------------------------------------------------------------------
+    def sampling_params(self, round_: int = 0) -> SamplingParams:
+        r = self.cfg.rollout
+        return SamplingParams(
+            max_new_tokens=r.max_new_tokens,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            n=r.n,
+            stop=list(r.stop),
+            seed=step_seed(self.cfg.run.seed, self.step, round_),
+        )
+
+    def _generate_and_score(self, round_: int) -> tuple[RolloutBatch, torch.Tensor, dict[str, float]]:
+        rows = self.sampler.next_batch()
+        extras = [{k: v for k, v in row.items() if k != "prompt"} for row in rows]
+        with self.timer.phase("generate"):
+            batch = self.parts.engine.generate(
+                [row["prompt"] for row in rows],
+                self.sampling_params(round_),
+                group_offset=self.next_group,
+                extras=extras,
+            )
+        self.next_group += len(rows)
+        with self.timer.phase("reward"):
+            scores, metrics = score_rollout(batch, self.parts.rewards, self.overlong)
+        return batch, scores, metrics
+
+    def collect(self) -> tuple[RolloutBatch, torch.Tensor, dict[str, float]]:
+        """Generate and score one step's batch. With dynamic sampling, groups whose rewards are all equal
+        are dropped and generation repeats (up to ``max_resample_rounds``) until the batch is full."""
+        algo = self.cfg.algorithm
+        batch, scores, metrics = self._generate_and_score(0)
+        metrics["reward/mean"] = float(scores.mean())
+        metrics["reward/std"] = float(scores.std()) if scores.numel() > 1 else 0.0
+        if not algo.dynamic_sampling:
+            return batch, scores, metrics
+        want = self.cfg.data.prompts_per_step * self.cfg.rollout.n
+        kept_b, kept_s, seen, kept = [], [], 0, 0
+        for round_ in range(algo.max_resample_rounds + 1):
+            if round_ > 0:
+                batch, scores, _ = self._generate_and_score(round_)
+            keep, _ = filter_groups(scores, batch.group_ids)
+            seen += batch.batch_size
+            idx = keep.nonzero().squeeze(1)
+            kept_b.append(batch.select(idx))
+            kept_s.append(scores[idx])
+            kept += idx.numel()
+            if kept >= want:
+                break
+        metrics["dapo/kept_frac"] = kept / max(1, seen)
+        metrics["dapo/rounds"] = round_ + 1
+        if kept == 0:  # nothing informative: train on nothing this step
+            return batch.select(torch.arange(0)), scores[:0], metrics
+        pad = self.parts.tokenizer.pad_token_id
+        out = concat_rollouts(kept_b, pad)
+        return out.select(torch.arange(min(kept, want))), torch.cat(kept_s)[:want], metrics
+
+    def train_step(self) -> dict[str, float]:
+        """One full step; returns its metrics."""
+        self.timer.reset()
+        t0 = time.perf_counter()
+        batch, scores, metrics = self.collect()
+        self._last = (batch, scores)
+        metrics.update(rollout_metrics(batch, self.timer.metrics().get("timing/generate", 0.0)))
+        if batch.batch_size > 0:
+            metrics.update(self._learn(batch, scores))
+        self.step += 1
+        with self.timer.phase("sync"):
+            self.parts.engine.update_weights(None, self.step)  # colocated: same weights, new version
+        metrics.update(self.timer.metrics())
+        metrics["timing/step"] = time.perf_counter() - t0
+        return metrics
+
+    def _learn(self, batch: RolloutBatch, scores: torch.Tensor) -> dict[str, float]:
+        s = self.update_settings
+        with self.timer.phase("logprob"):
+            exp, metrics = make_experience(
+                batch,
+                scores,
+                self.exp_settings,
+                policy=None if s.on_policy_single_pass else self.parts.policy,
+                ref_model=self.parts.ref_model,
+            )
+        with self.timer.phase("update"):
+            metrics.update(
+                policy_update(
+                    self.parts.policy,
+                    self.parts.optimizer,
+                    self.parts.scheduler,
+                    exp,
+                    s,
+                    generator=self.generator,
+                )
+            )
+        tokens = int(batch.prompt_mask.sum() + batch.response_mask.sum())
+        metrics["perf/train_tokens_per_s"] = tokens / max(1e-9, self.timer.metrics()["timing/update"])
+        metrics["actor/kl"] = metrics.get("actor/kl_ref", metrics.get("actor/approx_kl", 0.0))
+        metrics["actor/clipfrac"] = metrics.get("actor/clipfrac", 0.0)
+        return metrics
+
+    def last_samples(self, n: int) -> list[dict[str, Any]]:
+        """A few prompts with their completions and rewards from the last step, to read for reward hacking."""
+        if self._last is None:
+            return []
+        batch, scores = self._last
+        step = max(1, self.cfg.rollout.n)
+        return [
+            {"prompt": batch.prompts[i], "completion": batch.completions[i], "reward": float(scores[i])}
+            for i in range(0, batch.batch_size, step)[:n]
+        ]
+
+    def evaluate(self) -> dict[str, float]:
+        """Greedy accuracy on the held-out prompts."""
+        ev = self.parts.data.eval
+        if ev is None or len(ev) == 0:
+            return {}
+        params = SamplingParams(
+            max_new_tokens=self.cfg.rollout.max_new_tokens,
+            temperature=0.0,
+            n=1,
+            stop=list(self.cfg.rollout.stop),
+        )
+        with self.timer.phase("eval"):
+            return evaluate_prompts(self.parts.engine, ev.rows, self.parts.eval_rewards, params)
+
+
+def rollout_metrics(batch: RolloutBatch, gen_seconds: float) -> dict[str, float]:
+    """Response-length and generation-throughput metrics of one batch."""
+    if batch.batch_size == 0:
+        return {}
+    lengths = batch.response_lengths.float()
+    return {
+        "response/length_mean": float(lengths.mean()),
+        "response/length_max": float(lengths.max()),
+        "response/clip_ratio": sum(r == "length" for r in batch.finish_reasons) / batch.batch_size,
+        "perf/gen_tokens_per_s": float(lengths.sum()) / max(1e-9, gen_seconds),
+    }

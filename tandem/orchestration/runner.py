@@ -1,0 +1,170 @@
+"""Run a training job end to end: run folder, parts, resume, the step loop, evaluation, checkpoints.
+
+The run folder holds ``config.yaml`` (resolved), ``metrics.jsonl``, ``samples.jsonl``, ``tensorboard/``,
+``checkpoints/step-N/`` and — written last, atomically — ``summary.json``. A folder without
+``summary.json`` is an unfinished run (``--resume`` continues it).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tandem.config import config_to_yaml
+from tandem.config.schema import TandemConfig
+from tandem.errors import ConfigError
+from tandem.monitor import MetricsLogger
+from tandem.orchestration.build import (
+    build_data,
+    build_eval_rewards,
+    build_policy,
+    build_reference,
+    build_rewards,
+)
+from tandem.orchestration.colocated import ColocatedTrainer, RunParts
+from tandem.rollout.hf import HFEngine
+from tandem.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from tandem.train.optim import build_optimizer, build_scheduler
+from tandem.utils.io import atomic_write_json, atomic_write_text
+from tandem.utils.seed import seed_everything
+
+log = logging.getLogger(__name__)
+
+KEY_METRICS = ("reward/mean", "eval/accuracy", "actor/kl", "response/length_mean")
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    steps: int
+    eval_before: dict[str, float] = field(default_factory=dict)
+    eval_after: dict[str, float] = field(default_factory=dict)
+    last_metrics: dict[str, float] = field(default_factory=dict)
+
+
+def run_dir_of(cfg: TandemConfig) -> Path:
+    return Path(cfg.run.output_dir) if cfg.run.output_dir else Path("runs") / cfg.run.name
+
+
+def prepare_run_dir(cfg: TandemConfig, *, resume: bool) -> Path:
+    """Create (or reopen on resume) the run folder and write the resolved config into it."""
+    run_dir = run_dir_of(cfg)
+    if run_dir.exists() and any(run_dir.iterdir()) and not (resume or cfg.run.overwrite):
+        raise ConfigError(
+            f"run folder {run_dir} already holds a run",
+            where="run.output_dir",
+            hint="pass --resume to continue it, run.overwrite=true, or another run.output_dir",
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "summary.json").unlink(missing_ok=True)
+    atomic_write_text(run_dir / "config.yaml", config_to_yaml(cfg))
+    return run_dir
+
+
+def build_parts(cfg: TandemConfig) -> RunParts:
+    """Build every component of a colocated run from the config."""
+    seed_everything(cfg.run.seed)
+    policy, tokenizer = build_policy(cfg.model, seed=cfg.run.seed)
+    data = build_data(cfg.data, seed=cfg.run.seed)
+    rewards = build_rewards(cfg.reward, data.task)
+    optimizer = build_optimizer(policy, cfg.trainer)
+    samples = cfg.samples_per_step
+    opt_steps = (
+        cfg.trainer.total_steps
+        * cfg.trainer.ppo_epochs
+        * (samples // (cfg.trainer.mini_batch_size or samples))
+    )
+    return RunParts(
+        cfg=cfg,
+        policy=policy,
+        tokenizer=tokenizer,
+        ref_model=build_reference(cfg.model, cfg.algorithm.beta),
+        engine=HFEngine(policy, tokenizer, max_prompt_len=cfg.data.max_prompt_len),
+        data=data,
+        rewards=rewards,
+        eval_rewards=build_eval_rewards(cfg, data.task, rewards),
+        optimizer=optimizer,
+        scheduler=build_scheduler(optimizer, cfg.trainer, opt_steps),
+    )
+
+
+def train(cfg: TandemConfig, *, resume: bool = False, progress: bool | None = None) -> RunResult:
+    """Train with the colocated architecture; returns the run folder and before/after evaluation."""
+    if cfg.architecture.mode != "colocated":
+        raise ConfigError("the decoupled architecture is not available yet", where="architecture.mode")
+    run_dir = prepare_run_dir(cfg, resume=resume)
+    parts = build_parts(cfg)
+    trainer = ColocatedTrainer(parts)
+    ckpt_root = run_dir / "checkpoints"
+    result = RunResult(run_dir=run_dir, steps=0)
+    latest = latest_checkpoint(ckpt_root) if resume else None
+    if latest is not None:
+        state = load_checkpoint(
+            latest, model=parts.policy, optimizer=parts.optimizer, scheduler=parts.scheduler
+        )
+        trainer.load_state_dict(state["extra_state"]["trainer"])
+        result.eval_before = state["extra_state"].get("eval_before", {})
+        log.info("resumed from %s at step %d", latest, trainer.step)
+    mon = cfg.monitor
+    show = mon.progress if progress is None else progress
+    with MetricsLogger(
+        run_dir,
+        total_steps=cfg.trainer.total_steps,
+        key_metrics=KEY_METRICS,
+        tensorboard=mon.tensorboard,
+        progress=show,
+        start_step=trainer.step,
+    ) as logger:
+        if trainer.step == 0:
+            result.eval_before = trainer.evaluate()
+            logger.log(0, result.eval_before)
+
+        def checkpoint() -> None:
+            extra = {"trainer": trainer.state_dict(), "eval_before": result.eval_before}
+            save_checkpoint(
+                ckpt_root,
+                trainer.step,
+                model=parts.policy,
+                tokenizer=parts.tokenizer,
+                optimizer=parts.optimizer,
+                scheduler=parts.scheduler,
+                extra_state=extra,
+                config=cfg.model_dump(mode="json"),
+                keep_last=cfg.checkpoint.keep_last,
+            )
+
+        while trainer.step < cfg.trainer.total_steps:
+            metrics = trainer.train_step()
+            step = trainer.step
+            last = step == cfg.trainer.total_steps
+            if (mon.eval_every and step % mon.eval_every == 0) or last:
+                metrics.update(trainer.evaluate())
+            if mon.sample_every and (step % mon.sample_every == 0 or step == 1) and mon.num_samples:
+                logger.log_samples(step, trainer.last_samples(mon.num_samples))
+            _check_finite(metrics, step)
+            logger.log(step, metrics)
+            result.last_metrics = metrics
+            if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or (
+                last and cfg.checkpoint.save_final
+            ):
+                checkpoint()
+    result.steps = trainer.step
+    result.eval_after = {k: v for k, v in result.last_metrics.items() if k.startswith("eval/")}
+    summary = {
+        "steps": result.steps,
+        "eval_before": result.eval_before,
+        "eval_after": result.eval_after,
+        "final_metrics": result.last_metrics,
+        "checkpoint": str(latest_checkpoint(ckpt_root) or ""),
+    }
+    atomic_write_json(run_dir / "summary.json", summary)
+    return result
+
+
+def _check_finite(metrics: dict[str, Any], step: int) -> None:
+    bad = [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
+    if any(k in ("actor/pg_loss", "reward/mean") for k in bad):
+        log.warning("step %d: non-finite metrics %s", step, ", ".join(bad))

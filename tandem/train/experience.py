@@ -1,0 +1,114 @@
+"""Turn a scored rollout into an :class:`Experience`: old/ref log-probs, KL-in-reward, advantages.
+
+The estimator is looked up by name in the algorithm library; one signature serves all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tandem.algos import compute_advantages, kl_penalty
+from tandem.config.schema import AlgorithmConfig
+from tandem.models.forward import response_logprobs
+from tandem.train.update import autocast_context
+from tandem.types import Experience, RolloutBatch
+
+
+@dataclass(frozen=True)
+class ExperienceSettings:
+    advantage: str
+    gamma: float
+    lam: float
+    norm_by_std: bool
+    beta: float
+    kl_kind: str
+    kl_in_reward: bool
+    temperature: float
+    autocast_bf16: bool
+    micro_batch_size: int | None
+
+    @classmethod
+    def from_config(
+        cls, algo: AlgorithmConfig, *, temperature: float, autocast_bf16: bool, micro_batch_size: int | None
+    ) -> ExperienceSettings:
+        return cls(
+            advantage=algo.advantage,
+            gamma=algo.gamma,
+            lam=algo.lam,
+            norm_by_std=bool(algo.norm_by_std),
+            beta=algo.beta,
+            kl_kind=algo.kl.kind,
+            kl_in_reward=algo.kl.where == "reward",
+            temperature=temperature if temperature > 0 else 1.0,
+            autocast_bf16=autocast_bf16,
+            micro_batch_size=micro_batch_size,
+        )
+
+
+@torch.no_grad()
+def scoring_logprobs(model: torch.nn.Module, r: RolloutBatch, s: ExperienceSettings) -> torch.Tensor:
+    """Log-probs of the sampled response tokens under ``model`` (no grad, eval mode). ``[B, R]``."""
+    was_training = model.training
+    model.eval()
+    try:
+        with autocast_context(s.autocast_bf16):
+            lp, _ = response_logprobs(
+                model,
+                r.prompt_ids,
+                r.prompt_mask,
+                r.response_ids,
+                r.response_mask,
+                temperature=s.temperature,
+                micro_batch_size=s.micro_batch_size,
+            )
+    finally:
+        model.train(was_training)
+    return lp.float()
+
+
+def make_experience(
+    rollout: RolloutBatch,
+    scores: torch.Tensor,  # [B]
+    s: ExperienceSettings,
+    *,
+    policy: torch.nn.Module | None = None,
+    ref_model: torch.nn.Module | None = None,
+) -> tuple[Experience, dict[str, float]]:
+    """Compute what the update needs. ``policy`` is given only when old log-probs must be recomputed
+    (several epochs or mini-batches); otherwise the update uses its own first forward as the old policy."""
+    mask = rollout.response_mask
+    old = scoring_logprobs(policy, rollout, s) if policy is not None else None
+    ref = scoring_logprobs(ref_model, rollout, s) if ref_model is not None and s.beta > 0 else None
+    metrics: dict[str, float] = {}
+    token_rewards = None
+    if ref is not None:
+        current = old if old is not None else rollout.behavior_logprobs
+        kl = kl_penalty(current, ref, s.kl_kind) * mask  # [B, R]
+        metrics["actor/kl_ref"] = float(kl.sum() / mask.sum().clamp(min=1))
+        if s.kl_in_reward:
+            token_rewards = -s.beta * kl
+    advantages, returns = compute_advantages(
+        s.advantage,
+        scores=scores,
+        response_mask=mask,
+        group_ids=rollout.group_ids,
+        token_rewards=token_rewards,
+        gamma=s.gamma,
+        lam=s.lam,
+        norm_by_std=s.norm_by_std,
+    )
+    exp = Experience(
+        rollout=rollout,
+        scores=scores,
+        old_logprobs=old,
+        advantages=advantages,
+        returns=returns,
+        ref_logprobs=ref,
+        token_rewards=token_rewards,
+    )
+    valid = mask.sum().clamp(min=1)
+    metrics["actor/advantage_mean"] = float((advantages * mask).sum() / valid)
+    metrics["actor/advantage_abs"] = float((advantages.abs() * mask).sum() / valid)
+    return exp, metrics

@@ -1,0 +1,195 @@
+"""The learner's policy update: ``ppo_epochs`` × mini-batches, each one optimiser step accumulated over
+micro-batches. The loss comes from the algorithm library by name; this module never branches on it.
+
+Micro-batch scaling: every micro loss is the micro-batch's share of the mini-batch loss, so accumulated
+gradients equal one backward over the whole mini-batch: the aggregation divides by the mini-batch's
+token and sequence counts (``global_tokens`` / ``global_seqs``), whatever the mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from tandem.algos import aggregate, policy_loss
+from tandem.config.schema import AlgorithmConfig, TrainerConfig
+from tandem.models.forward import response_logprobs
+from tandem.types import Experience
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """Everything the update needs from the config, resolved once."""
+
+    ppo_epochs: int
+    mini_batch_size: int | None
+    micro_batch_size: int | None
+    max_grad_norm: float | None
+    entropy_coef: float
+    temperature: float
+    autocast_bf16: bool
+    loss_name: str
+    loss_kwargs: dict
+
+    @classmethod
+    def from_config(
+        cls,
+        algo: AlgorithmConfig,
+        trainer: TrainerConfig,
+        *,
+        temperature: float,
+        autocast_bf16: bool,
+        max_new_tokens: int,
+    ) -> UpdateSettings:
+        loss_kwargs = {
+            "clip_low": algo.clip_low,
+            "clip_high": algo.clip_high,
+            "dual_clip": algo.dual_clip,
+            "beta": algo.beta if algo.kl.where == "loss" else 0.0,
+            "correction": algo.correction,
+            "correction_low": algo.correction_low,
+            "correction_high": algo.correction_high,
+            "aggregation": algo.aggregation,
+            "kl_kind": algo.kl.kind,
+            "norm_constant": float(max_new_tokens),
+        }
+        return cls(
+            ppo_epochs=trainer.ppo_epochs,
+            mini_batch_size=trainer.mini_batch_size,
+            micro_batch_size=trainer.micro_batch_size,
+            max_grad_norm=trainer.max_grad_norm,
+            entropy_coef=algo.entropy_coef,
+            temperature=max(temperature, 1e-6) if temperature > 0 else 1.0,
+            autocast_bf16=autocast_bf16,
+            loss_name=algo.policy_loss,
+            loss_kwargs=loss_kwargs,
+        )
+
+    @property
+    def on_policy_single_pass(self) -> bool:
+        """One epoch over one mini-batch: the first (and only) forward *is* the old policy, so the separate
+        old-log-prob pass can be skipped (ratio = 1 exactly)."""
+        return self.ppo_epochs == 1 and self.mini_batch_size is None
+
+
+def autocast_context(enabled: bool):
+    """bf16 autocast on CPU when enabled, otherwise a no-op context."""
+    return torch.autocast("cpu", dtype=torch.bfloat16) if enabled else contextlib.nullcontext()
+
+
+def policy_update(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    exp: Experience,
+    settings: UpdateSettings,
+    *,
+    generator: torch.Generator | None = None,
+    on_optimizer_step: Callable[[], None] | None = None,
+) -> dict[str, float]:
+    """Run the PPO-style update on one experience batch; returns averaged ``actor/*`` metrics."""
+    model.train()
+    B = exp.batch_size
+    mini = settings.mini_batch_size or B
+    micro = settings.micro_batch_size or mini
+    sums: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for _ in range(settings.ppo_epochs):
+        order = torch.randperm(B, generator=generator) if mini < B else torch.arange(B)
+        for mini_idx in order.split(mini):
+            metrics = _optimizer_step(model, optimizer, exp.select(mini_idx), micro, settings)
+            if scheduler is not None:
+                scheduler.step()
+            if on_optimizer_step is not None:
+                on_optimizer_step()
+            for k, v in metrics.items():
+                sums[k] += v
+                counts[k] += 1
+    out = {k: sums[k] / counts[k] for k in sums}
+    out["actor/lr"] = optimizer.param_groups[0]["lr"]
+    return out
+
+
+def _optimizer_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, mb: Experience, micro: int, s: UpdateSettings
+) -> dict[str, float]:
+    optimizer.zero_grad(set_to_none=True)
+    n = mb.batch_size
+    mini_tokens = max(1, int(mb.rollout.response_mask.sum()))
+    mini_seqs = max(1, int(mb.rollout.response_mask.any(dim=1).sum()))
+    sums: dict[str, float] = defaultdict(float)
+    for micro_idx in torch.arange(n).split(micro):
+        m = mb.select(micro_idx) if micro < n else mb
+        share = len(micro_idx) / n
+        metrics = _micro_backward(model, m, mini_tokens, mini_seqs, share, s)
+        for k, v in metrics.items():
+            sums[k] += v * share
+    params = [p for p in model.parameters() if p.requires_grad]
+    if s.max_grad_norm is not None:
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm)
+    else:
+        grad_norm = torch.linalg.vector_norm(
+            torch.stack([p.grad.norm() for p in params if p.grad is not None])
+        )
+    sums["actor/grad_norm"] = float(grad_norm)
+    if torch.isfinite(grad_norm):
+        optimizer.step()
+    else:
+        sums["actor/skipped_nonfinite"] = 1.0
+    return dict(sums)
+
+
+def _micro_backward(
+    model: torch.nn.Module, m: Experience, mini_tokens: int, mini_seqs: int, share: float, s: UpdateSettings
+) -> dict[str, float]:
+    r = m.rollout
+    mask = r.response_mask
+    with autocast_context(s.autocast_bf16):
+        logprobs, entropy = response_logprobs(
+            model,
+            r.prompt_ids,
+            r.prompt_mask,
+            r.response_ids,
+            mask,
+            temperature=s.temperature,
+            with_entropy=True,
+        )
+    logprobs = logprobs.float()
+    old = m.old_logprobs if m.old_logprobs is not None else logprobs.detach()
+    loss, metrics = policy_loss(
+        s.loss_name,
+        logprobs=logprobs,
+        old_logprobs=old,
+        advantages=m.advantages,
+        response_mask=mask,
+        behavior_logprobs=r.behavior_logprobs,
+        ref_logprobs=m.ref_logprobs,
+        scores=m.scores,
+        group_ids=r.group_ids,
+        global_tokens=mini_tokens,
+        global_seqs=mini_seqs,
+        **s.loss_kwargs,
+    )
+    if s.entropy_coef:
+        kw = s.loss_kwargs
+        ent = aggregate(
+            entropy.float(),
+            mask,
+            kw["aggregation"],
+            mini_tokens,
+            global_seqs=mini_seqs,
+            norm_constant=kw["norm_constant"],
+        )
+        loss = loss - s.entropy_coef * ent
+    loss.backward()
+    # Metrics are averaged over micro-batches weighted by ``share``; losses are shares of the mini-batch
+    # loss, so divide them back to per-micro-batch values first.
+    out = {f"actor/{k}": float(v) for k, v in metrics.items()}
+    out["actor/pg_loss"] = float(metrics["pg_loss"]) / share
+    out["actor/loss"] = float(loss.detach()) / share
+    out["actor/entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
+    return out

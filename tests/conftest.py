@@ -1,0 +1,28 @@
+"""Shared fixtures: offline HF, quiet transformers, a tiny model folder built once per session."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _quiet_transformers():
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A tiny char-level Llama (hidden 32, 2 layers) saved as an ordinary HF folder."""
+    from tandem.models import init_tiny_model
+
+    return init_tiny_model(
+        tmp_path_factory.mktemp("models") / "tiny", hidden_size=32, num_layers=2, num_heads=2, seed=0
+    )
