@@ -98,6 +98,15 @@ def config_show(
     out.print(config_to_yaml(load_config(config, overrides or [])), highlight=False, end="")
 
 
+@config_app.command("docs")
+@user_errors
+def config_docs() -> None:
+    """Print the config reference (Markdown) generated from the schema: docs/configs.md."""
+    from tandem.config.docs import config_reference
+
+    out.print(config_reference(), highlight=False, markup=False, soft_wrap=True)
+
+
 @app.command("init-model")
 @user_errors
 def init_model(

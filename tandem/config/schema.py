@@ -224,8 +224,44 @@ class CrossFieldError(ValueError):
         self.key = key
 
 
+def _check_algorithm(cfg: TandemConfig) -> None:
+    """Names exist in the algorithm library, and what each entry needs is available in this loop."""
+    from tandem.algos import ADVANTAGE_ESTIMATORS, AGGREGATIONS, POLICY_LOSSES
+
+    a = cfg.algorithm
+    for key, registry, name in (
+        ("algorithm.advantage", ADVANTAGE_ESTIMATORS, a.advantage),
+        ("algorithm.policy_loss", POLICY_LOSSES, a.policy_loss),
+        ("algorithm.aggregation", AGGREGATIONS, a.aggregation),
+    ):
+        if name is None:
+            raise CrossFieldError(
+                key, f"{key} is required with algorithm.name=custom; valid: {', '.join(registry.names())}"
+            )
+        if name not in registry.names():
+            raise CrossFieldError(key, f"unknown name '{name}'; valid: {', '.join(registry.names())}")
+    adv = ADVANTAGE_ESTIMATORS.get(a.advantage)
+    if adv.needs_critic or adv.requires:
+        raise CrossFieldError(
+            "algorithm.advantage",
+            f"'{a.advantage}' needs {', '.join(adv.requires) or 'a critic'}, which this trainer does not provide yet; "
+            "use grpo, dr_grpo, rloo, reinforce_pp or reinforce_pp_baseline",
+        )
+    if POLICY_LOSSES.get(a.policy_loss).needs_whole_groups:
+        for key, size in (
+            ("trainer.mini_batch_size", cfg.trainer.mini_batch_size),
+            ("trainer.micro_batch_size", cfg.trainer.micro_batch_size),
+        ):
+            if size is not None and size % cfg.rollout.n:
+                raise CrossFieldError(
+                    key,
+                    f"'{a.policy_loss}' needs whole groups per batch: {key} must be a multiple of rollout.n",
+                )
+
+
 def check_config(cfg: TandemConfig) -> None:
     """Cross-field checks, each naming the key to change."""
+    _check_algorithm(cfg)
     a = cfg.algorithm
     if a.advantage in GROUP_ESTIMATORS and cfg.rollout.n < 2:
         raise CrossFieldError(

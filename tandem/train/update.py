@@ -99,7 +99,7 @@ def policy_update(
     sums: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)
     for _ in range(settings.ppo_epochs):
-        order = torch.randperm(B, generator=generator) if mini < B else torch.arange(B)
+        order = group_shuffle(exp.rollout.group_ids, generator) if mini < B else torch.arange(B)
         for mini_idx in order.split(mini):
             metrics = _optimizer_step(model, optimizer, exp.select(mini_idx), micro, settings)
             if scheduler is not None:
@@ -112,6 +112,18 @@ def policy_update(
     out = {k: sums[k] / counts[k] for k in sums}
     out["actor/lr"] = optimizer.param_groups[0]["lr"]
     return out
+
+
+def group_shuffle(group_ids: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """A random row order that shuffles whole groups and keeps each group's rows together, so mini- and
+    micro-batches whose size is a multiple of the group size never split a group (losses such as AGRO
+    need every sample of a prompt in one batch). group_ids ``[B]`` -> permutation ``[B]``."""
+    uniq, inverse = torch.unique(group_ids, return_inverse=True)
+    perm = torch.randperm(uniq.numel(), generator=generator)
+    rank = torch.empty_like(perm)
+    rank[perm] = torch.arange(perm.numel())
+    # Stable sort by the group's shuffled rank keeps rows of a group in their original order.
+    return torch.sort(rank[inverse], stable=True).indices
 
 
 def _optimizer_step(

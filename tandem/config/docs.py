@@ -1,0 +1,48 @@
+"""Render the config reference (``docs/configs.md``) from the schema's field descriptions."""
+
+from __future__ import annotations
+
+from typing import Literal, get_args, get_origin
+
+from pydantic import BaseModel
+
+from tandem.config.schema import TandemConfig
+
+
+def _type_name(annotation: object) -> str:
+    if get_origin(annotation) is Literal:
+        text = " / ".join(repr(a) for a in get_args(annotation))
+    else:
+        text = getattr(annotation, "__name__", None) if get_origin(annotation) is None else None
+        text = text or str(annotation)
+    # Escape the pipe of unions: Markdown tables split cells on it even inside code spans.
+    return text.replace("typing.", "").replace("NoneType", "None").replace("|", "\\|")
+
+
+def _rows(model: type[BaseModel], prefix: str) -> list[str]:
+    rows = []
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{name}"
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            rows.extend(_rows(ann, key + "."))
+            continue
+        default = "required" if field.is_required() else repr(field.get_default(call_default_factory=True))
+        rows.append(f"| `{key}` | `{_type_name(ann)}` | `{default}` | {field.description or ''} |")
+    return rows
+
+
+def config_reference() -> str:
+    """Markdown tables, one per section, generated from :class:`TandemConfig`."""
+    out = [
+        "# Config reference",
+        "",
+        "Generated from the pydantic schema by `tandem config docs` — do not edit by hand.",
+        "Every key can be set in YAML or overridden on the command line as `section.key=value`.",
+        "",
+    ]
+    for name, field in TandemConfig.model_fields.items():
+        section = field.annotation
+        out += [f"## `{name}`", "", field.description or "", "", "| key | type | default | description |"]
+        out += ["|---|---|---|---|", *_rows(section, f"{name}."), ""]
+    return "\n".join(out)

@@ -1,0 +1,17 @@
+"""Models (layer L2): load and save Hugging Face causal LMs offline, build tiny models, score responses."""
+
+from tandem.models.forward import positions_from_mask, response_logprobs
+from tandem.models.loading import load_causal_lm, load_tokenizer, save_pretrained_atomic
+from tandem.models.tiny import init_tiny_model, tiny_llama_config
+from tandem.models.tokenizer import build_char_tokenizer
+
+__all__ = [
+    "build_char_tokenizer",
+    "init_tiny_model",
+    "load_causal_lm",
+    "load_tokenizer",
+    "positions_from_mask",
+    "response_logprobs",
+    "save_pretrained_atomic",
+    "tiny_llama_config",
+]

@@ -1,0 +1,126 @@
+"""Load and save Hugging Face causal-LM folders: offline, safetensors only, atomically.
+
+Loading never touches the network (``local_files_only=True``) and refuses folders whose weights exist
+only as pickle files (``pytorch_model.bin``, ``*.pt``, ``*.pth``, ``*.ckpt``): unpickling runs arbitrary
+code. Saving writes to a temporary sibling folder, fsyncs every file, then renames it into place, so a
+crash never leaves a half-written folder that looks complete.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from tandem.errors import ModelError
+from tandem.utils.io import atomic_dir
+
+logger = logging.getLogger(__name__)
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _check_model_folder(path: Path) -> None:
+    """Raise ModelError unless ``path`` is a folder with ``config.json`` and safetensors weights."""
+    if not path.exists():
+        raise ModelError("model folder does not exist", where=str(path), hint="check model.path")
+    if not path.is_dir():
+        raise ModelError("model path is not a folder", where=str(path), hint="point model.path at a folder")
+    if not (path / "config.json").is_file():
+        raise ModelError(
+            "no config.json in model folder",
+            where=str(path),
+            hint="save the model with save_pretrained() or run `tandem init-model`",
+        )
+    if any(path.glob("*.safetensors")):
+        return
+    pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise ModelError(
+            f"refusing pickle weights {', '.join(pickles)} (unsafe to load)",
+            where=str(path),
+            hint="convert to safetensors: model.save_pretrained(path, safe_serialization=True)",
+        )
+    raise ModelError("no *.safetensors weights in model folder", where=str(path))
+
+
+def _check_tokenizer_folder(path: Path) -> None:
+    if not path.is_dir():
+        raise ModelError("tokenizer folder does not exist", where=str(path), hint="check model.path")
+    if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        raise ModelError(
+            "no tokenizer.json or tokenizer_config.json in folder",
+            where=str(path),
+            hint="save the tokenizer with tokenizer.save_pretrained(path)",
+        )
+
+
+def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerBase:
+    """Load the tokenizer of a local model folder, ready for batched generation.
+
+    Guarantees a pad token (falls back to EOS, which is how most decoder-only checkpoints are padded) and
+    left padding (prompts must end at the same column so the next token is sampled at the last one).
+    """
+    folder = Path(path)
+    _check_tokenizer_folder(folder)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, padding_side="left")
+    except (OSError, ValueError) as err:
+        raise ModelError(f"cannot load tokenizer: {_first_line(err)}", where=str(folder)) from err
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token_id is None:
+            raise ModelError(
+                "tokenizer has neither a pad nor an eos token",
+                where=str(folder),
+                hint="set pad_token in tokenizer_config.json",
+            )
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def load_causal_lm(
+    path: str | os.PathLike, *, dtype: str = "float32", device: str | torch.device = "cpu"
+) -> PreTrainedModel:
+    """Load a causal LM from a local Hugging Face folder, offline and from safetensors only.
+
+    ``dtype`` is ``"float32"``, ``"bfloat16"`` or ``"float16"``. The model comes back in eval mode, as
+    ``from_pretrained`` leaves it; the trainer switches it to train mode itself.
+    """
+    folder = Path(path)
+    if dtype not in DTYPES:
+        raise ModelError(f"unknown dtype '{dtype}'", where="model.dtype", hint=f"use one of {sorted(DTYPES)}")
+    _check_model_folder(folder)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(folder), local_files_only=True, dtype=DTYPES[dtype], use_safetensors=True
+        )
+    except (OSError, ValueError, KeyError) as err:
+        raise ModelError(f"cannot load model: {_first_line(err)}", where=str(folder)) from err
+    return model.to(device)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def save_pretrained_atomic(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, out_dir: str | os.PathLike
+) -> Path:
+    """Save ``model`` (safetensors) and ``tokenizer`` as an HF folder at ``out_dir``, atomically.
+
+    Uses :func:`tandem.utils.io.atomic_dir`: written into a temporary sibling, fsynced, then renamed into
+    place; an existing ``out_dir`` is replaced only once the new folder is complete, and a failure leaves
+    it untouched. Returns ``out_dir``.
+    """
+    with atomic_dir(out_dir) as tmp:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))
+    logger.debug("saved model folder %s", out_dir)
+    return Path(out_dir)

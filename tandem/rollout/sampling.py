@@ -1,0 +1,67 @@
+"""Next-token sampling for the decode loop: temperature, top-k, top-p, greedy, and behaviour log-probs.
+
+The log-prob recorded for a sampled token is taken under ``log_softmax(logits / temperature)`` of the
+*untruncated* distribution (raw logits when greedy): that is what the trainer recomputes with
+:func:`tandem.models.forward.response_logprobs`, so behaviour and recomputed log-probs agree. Top-k/top-p
+only decide which token is drawn.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tandem.rollout.base import SamplingParams
+
+
+def filter_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Set every logit below the ``k``-th largest of its row to ``-inf`` (``k == 0``: no-op).
+    logits ``[B, V]`` -> ``[B, V]``."""
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, k, dim=-1).values[:, -1:]  # [B, 1]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def filter_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose probability mass reaches ``p`` (nucleus); the
+    most likely token is always kept. ``p >= 1``: no-op. logits ``[B, V]`` -> ``[B, V]``."""
+    if p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # [B, V]
+    probs = torch.softmax(sorted_logits, dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs  # [B, V] mass of strictly more likely tokens
+    drop_sorted = mass_before >= p
+    drop_sorted[:, 0] = False
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)  # back to vocab order
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def draw_categorical(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One draw per row of ``probs`` ``[B, V]`` by inverting the CDF with one uniform per row -> ``[B]``.
+
+    Naive equivalent: ``torch.multinomial(probs, 1)``, which draws ``V`` exponentials per row (several
+    times slower for a small batch). Picks the first index whose cumulative mass exceeds ``u * total``
+    with ``u`` in [0, 1), so zero-probability tokens are never drawn.
+    """
+    cdf = probs.cumsum(dim=-1)  # [B, V]
+    u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=cdf.dtype)
+    index = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)  # [B, 1]
+    return index.squeeze(-1).clamp(max=probs.shape[-1] - 1)
+
+
+def sample_next(
+    logits: torch.Tensor,  # [B, V] next-token logits
+    params: SamplingParams,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row and its behaviour log-prob: ``([B] long, [B] float32)``."""
+    logits = logits.float()
+    if params.greedy:
+        tokens = logits.argmax(dim=-1)  # [B]
+        logprobs = torch.log_softmax(logits, dim=-1)  # [B, V]
+    else:
+        scaled = logits / params.temperature  # [B, V]
+        logprobs = torch.log_softmax(scaled, dim=-1)
+        filtered = filter_top_p(filter_top_k(scaled, params.top_k), params.top_p)
+        tokens = draw_categorical(torch.softmax(filtered, dim=-1), generator)  # [B]
+    return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
