@@ -6,6 +6,7 @@ BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 # On a CPU-only machine elsewhere, point pip at a CPU wheel index, e.g. TORCH_PIP_ARGS="--index-url URL".
 TORCH_PIP_ARGS ?=
+TEST_WORKERS ?= 2
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 export TOKENIZERS_PARALLELISM := false
@@ -31,8 +32,9 @@ lint: setup
 	$(BIN)/ruff format --check tandem tests bench
 	$(BIN)/lint-imports
 
+# Two workers, one torch thread each: on a 2-core machine more threads than cores thrash (10x slower).
 test: lint
-	$(BIN)/pytest -q -p no:cacheprovider tests
+	OMP_NUM_THREADS=1 $(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --timeout 600 tests
 
 bench: setup
 	$(BIN)/pip install -q -e ".[dev,bench]"

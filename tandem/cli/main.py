@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from tandem.errors import TandemError
 
@@ -42,7 +43,8 @@ def user_errors(fn):
         try:
             return fn(*args, **kwargs)
         except TandemError as exc:
-            err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            # Escaped: the message quotes user text (overrides, paths) that may look like rich markup.
+            err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             err.print("[yellow]interrupted[/]")
@@ -82,6 +84,7 @@ def train(
     from tandem.orchestration.runner import train as run_train
 
     cfg = load_config(config, overrides or [])
+    _ensure_warm_start(cfg)
     result = run_train(cfg, resume=resume, progress=progress)
     print_run_result(out, result)
 
@@ -95,7 +98,7 @@ def config_show(
     """Print the resolved config (presets expanded, overrides applied)."""
     from tandem.config import config_to_yaml, load_config
 
-    out.print(config_to_yaml(load_config(config, overrides or [])), highlight=False, end="")
+    out.print(config_to_yaml(load_config(config, overrides or [])), highlight=False, markup=False, end="")
 
 
 @config_app.command("docs")
@@ -176,8 +179,22 @@ def demo(
     out.print(
         f"[bold]Tandem quickstart[/]: {cfg.algorithm.name} on '{cfg.data.task}', {cfg.trainer.total_steps} steps"
     )
+    _ensure_warm_start(cfg)
     result = run_train(cfg)
     print_run_result(out, result)
+
+
+def _ensure_warm_start(cfg) -> None:
+    """Build the cached warm-start model (model.warm_start_sft) with a visible progress bar."""
+    if cfg.model.warm_start_sft is None or Path(cfg.model.path).exists():
+        return
+    from tandem.cli.progress import step_progress
+    from tandem.train.sft import build_warm_start
+
+    opts = dict(cfg.model.warm_start_sft)
+    out.print(f"building warm-start model [bold]{cfg.model.path}[/] (tandem sft, cached for later runs)")
+    with step_progress("warm-start sft", int(opts.get("steps", 300)), key="sft/loss") as on_step:
+        build_warm_start(cfg.model.path, seed=cfg.run.seed, on_step=on_step, **opts)
 
 
 def main() -> None:  # pragma: no cover - console entry point

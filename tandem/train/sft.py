@@ -92,7 +92,7 @@ def run_sft(
         opt.step()
         sched.step()
         metrics = {
-            "sft/loss": float(loss),
+            "sft/loss": float(loss.detach()),
             "sft/grad_norm": float(grad_norm),
             "sft/lr": sched.get_last_lr()[0],
         }
@@ -113,6 +113,7 @@ def build_warm_start(
     base: str | None = None,
     seed: int = 0,
     model_options: dict[str, Any] | None = None,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
 ) -> Path:
     """Build a warm-start policy: a tiny char-level Llama (or ``base``) fine-tuned on a built-in task's
     reference answers, saved atomically to ``out_dir``. Equivalent CLI::
@@ -132,7 +133,9 @@ def build_warm_start(
     model, tok = load_causal_lm(base_dir), load_tokenizer(base_dir)
     rows = rows_from_task(get_task(task, **(task_options or {})), "train", train_size, seed).rows
     pairs = [sft_pair(r, f"task {task} row {i}") for i, r in enumerate(rows)]
-    run_sft(model, tok, pairs, SFTSettings(steps=steps, lr=lr, batch_size=batch_size, seed=seed))
+    run_sft(
+        model, tok, pairs, SFTSettings(steps=steps, lr=lr, batch_size=batch_size, seed=seed), on_step=on_step
+    )
     save_pretrained_atomic(model, tok, out_dir)
     if not base:
         import shutil
