@@ -73,7 +73,10 @@ def train(
     config: Annotated[Path, typer.Argument(help="YAML config, e.g. configs/grpo.yaml.")],
     overrides: Overrides = None,
     resume: Annotated[bool, typer.Option(help="Continue the run from its latest checkpoint.")] = False,
-    progress: Annotated[bool, typer.Option(help="Show the progress bar.")] = True,
+    progress: Annotated[
+        bool | None,
+        typer.Option(help="Show the progress bar (default: monitor.progress).", show_default=False),
+    ] = None,
 ) -> None:
     """Train a policy with RL (GRPO, DAPO, RLOO, ...).
 
@@ -128,7 +131,7 @@ def init_model(
     path = init_tiny_model(
         out_dir, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads, seed=seed
     )
-    out.print(f"tiny model written to [bold]{path}[/]")
+    out.print(f"tiny model written to [bold]{escape(str(path))}[/]")
 
 
 @app.command()
@@ -159,7 +162,7 @@ def sft(
     with step_progress("sft", steps, key="sft/loss") as on_step:
         metrics = run_sft(policy, tok, pairs, settings, on_step=on_step)
     save_pretrained_atomic(policy, tok, out_dir)
-    out.print(f"SFT done: loss {metrics['sft/loss']:.4f}; model saved to [bold]{out_dir}[/]")
+    out.print(f"SFT done: loss {metrics['sft/loss']:.4f}; model saved to [bold]{escape(str(out_dir))}[/]")
 
 
 @app.command()
@@ -191,9 +194,11 @@ def _ensure_warm_start(cfg) -> None:
     from tandem.cli.progress import step_progress
     from tandem.train.sft import build_warm_start
 
-    opts = dict(cfg.model.warm_start_sft)
-    out.print(f"building warm-start model [bold]{cfg.model.path}[/] (tandem sft, cached for later runs)")
-    with step_progress("warm-start sft", int(opts.get("steps", 300)), key="sft/loss") as on_step:
+    opts = cfg.model.warm_start_sft.model_dump()
+    out.print(
+        f"building warm-start model [bold]{escape(cfg.model.path)}[/] (tandem sft, cached for later runs)"
+    )
+    with step_progress("warm-start sft", opts["steps"], key="sft/loss") as on_step:
         build_warm_start(cfg.model.path, seed=cfg.run.seed, on_step=on_step, **opts)
 
 

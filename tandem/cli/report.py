@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 
@@ -16,5 +17,5 @@ def print_run_result(console: Console, result) -> None:
         fmt = (lambda v: f"{100 * v:.1f}%") if key.endswith("accuracy") else (lambda v: f"{v:.3f}")
         table.add_row(key, "-" if b is None else fmt(b), "-" if a is None else fmt(a))
     console.print(table)
-    console.print(f"run folder: [bold]{result.run_dir}[/]  ({result.steps} steps)")
-    console.print(f"TensorBoard: [bold]tensorboard --logdir {result.run_dir}/tensorboard[/]")
+    console.print(f"run folder: [bold]{escape(str(result.run_dir))}[/]  ({result.steps} steps)")
+    console.print(f"TensorBoard: [bold]tensorboard --logdir {escape(str(result.run_dir))}/tensorboard[/]")

@@ -5,6 +5,7 @@ Errors are one line naming the key and, where the key came from the file, ``file
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,8 @@ from pydantic import ValidationError
 
 from tandem.config.schema import CrossFieldError, TandemConfig
 from tandem.errors import ConfigError
+
+_EXPONENT_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -27,6 +30,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError:
         value = raw
+    if isinstance(value, str) and _EXPONENT_NUMBER.match(value):
+        value = float(value)  # YAML 1.1 reads "5e-6" (no dot) as text; every user means the number.
     return key.split("."), value
 
 
@@ -71,7 +76,10 @@ def read_yaml(path: str | Path) -> tuple[dict[str, Any], dict[str, int]]:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
-    text = p.read_text()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not UTF-8 text (byte {exc.start})", where=str(p)) from None
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:

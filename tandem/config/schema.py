@@ -26,6 +26,19 @@ class RunConfig(Section):
     overwrite: bool = Field(False, description="Allow writing into a run folder that already holds a run.")
 
 
+class WarmStartConfig(Section):
+    task: str = Field(..., description="Built-in task whose reference answers the warm start learns.")
+    task_options: dict[str, Any] = Field(default_factory=dict, description="Options of that task.")
+    steps: int = Field(300, ge=1, description="SFT optimiser steps.")
+    lr: float = Field(3e-3, gt=0, description="SFT learning rate.")
+    batch_size: int = Field(64, ge=1, description="SFT rows per step.")
+    train_size: int = Field(4096, ge=1, description="Rows generated from the task's train split.")
+    base: str | None = Field(None, description="Start from this HF folder instead of a new tiny model.")
+    model_options: dict[str, Any] = Field(
+        default_factory=dict, description="init_tiny_model options (hidden_size, ...)."
+    )
+
+
 class ModelConfig(Section):
     path: str = Field(..., description="Local Hugging Face causal-LM folder (safetensors weights).")
     ref_path: str | None = Field(
@@ -38,7 +51,7 @@ class ModelConfig(Section):
     init_tiny: bool = Field(
         False, description="If model.path does not exist, build a tiny char-level Llama there first."
     )
-    warm_start_sft: dict[str, Any] | None = Field(
+    warm_start_sft: WarmStartConfig | None = Field(
         None,
         description="If set and model.path does not exist, build it by `tandem sft` with these options "
         "(task, steps, lr, base) and cache it there.",

@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 from tandem.config.schema import DataConfig, ModelConfig, RewardConfig, TandemConfig
-from tandem.data import PromptDataset, load_prompt_dataset, rows_from_task
+from tandem.data import PromptDataset, check_prompt_lengths, load_prompt_dataset, rows_from_task
+from tandem.errors import DataError
 from tandem.models import init_tiny_model, load_causal_lm, load_tokenizer
 from tandem.rewards import RewardFunction, RewardSet, format_regex, get_task, load_callable
 from tandem.rewards.tasks.base import Task
@@ -27,6 +28,7 @@ class DataParts:
     task: Task | None
     train: PromptDataset
     eval: PromptDataset | None
+    skipped_long_prompts: int = 0  # rows dropped by data.skip_long_prompts (train + eval)
 
 
 def ensure_model(cfg: ModelConfig, *, seed: int = 0) -> Path:
@@ -38,7 +40,7 @@ def ensure_model(cfg: ModelConfig, *, seed: int = 0) -> Path:
         from tandem.train.sft import build_warm_start
 
         log.info("building warm-start model at %s (tandem sft, cached)", path)
-        build_warm_start(path, seed=seed, **cfg.warm_start_sft)
+        build_warm_start(path, seed=seed, **cfg.warm_start_sft.model_dump())
     elif cfg.init_tiny:
         init_tiny_model(path, seed=seed)
     return path
@@ -71,6 +73,64 @@ def build_data(cfg: DataConfig, *, seed: int) -> DataParts:
     train = load_prompt_dataset(cfg.train_file)
     ev = load_prompt_dataset(cfg.eval_file) if cfg.eval_file else None
     return DataParts(task=None, train=train, eval=ev)
+
+
+def enforce_prompt_lengths(
+    data: DataParts, tokenizer: Any, cfg: DataConfig, *, add_special_tokens: bool = True
+) -> DataParts:
+    """Check every training and held-out prompt against ``data.max_prompt_len`` before the run starts.
+
+    Lengths are counted as the rollout engine tokenises (same tokenizer, same ``add_special_tokens``), so
+    a prompt that passes here never fails mid-run. A longer prompt is a DataError naming its row
+    (``file:LINE`` or ``task:NAME/SPLIT:row I``) and the key; with ``data.skip_long_prompts`` such rows are
+    dropped instead, counted in ``DataParts.skipped_long_prompts`` and logged.
+    """
+    train, n_train = _fit_prompts(data.train, "train", tokenizer, cfg, add_special_tokens)
+    ev, n_eval = (None, 0)
+    if data.eval is not None:
+        ev, n_eval = _fit_prompts(data.eval, "eval", tokenizer, cfg, add_special_tokens)
+    return DataParts(task=data.task, train=train, eval=ev, skipped_long_prompts=n_train + n_eval)
+
+
+def _fit_prompts(
+    ds: PromptDataset, split: str, tokenizer: Any, cfg: DataConfig, add_special_tokens: bool
+) -> tuple[PromptDataset, int]:
+    """``ds`` without its over-long rows (and how many were dropped), or DataError at the first one."""
+    limit = cfg.max_prompt_len
+    lengths = [_prompt_tokens(tokenizer, p, add_special_tokens) for p in ds.prompts]
+    if not cfg.skip_long_prompts:
+        check_prompt_lengths(ds, lengths, limit, key="data.max_prompt_len")
+        return ds, 0
+    keep = [i for i, n in enumerate(lengths) if n <= limit]
+    if len(keep) == len(ds):
+        return ds, 0
+    if not keep:
+        raise DataError(
+            f"all {len(ds)} {split} prompts are longer than data.max_prompt_len={limit} tokens",
+            where=ds.source,
+            hint="raise data.max_prompt_len",
+        )
+    first = next(i for i, n in enumerate(lengths) if n > limit)
+    dropped = len(ds) - len(keep)
+    log.warning(
+        "skipped %d of %d %s prompts longer than data.max_prompt_len=%d tokens (first: %s, %d tokens)",
+        *(dropped, len(ds), split, limit, ds.locations[first], lengths[first]),
+    )
+    rows, locations = [ds.rows[i] for i in keep], [ds.locations[i] for i in keep]
+    return PromptDataset(rows=rows, source=ds.source, locations=locations), dropped
+
+
+def _prompt_tokens(tokenizer: Any, prompt: str | list[dict[str, str]], add_special_tokens: bool) -> int:
+    """Token count of one prompt: a string as the engine encodes it; messages through the chat template."""
+    if isinstance(prompt, str):
+        return len(tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"])
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(
+            prompt, tokenize=True, add_generation_prompt=True, return_dict=False
+        )
+        return len(ids)
+    text = "\n".join(m["content"] for m in prompt)  # no template: the contents are a lower bound
+    return len(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 
 
 def build_rewards(cfg: RewardConfig, task: Task | None) -> RewardSet:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from tandem.orchestration.build import (
     build_policy,
     build_reference,
     build_rewards,
+    enforce_prompt_lengths,
 )
 from tandem.orchestration.colocated import ColocatedTrainer, RunParts
 from tandem.rollout.hf import HFEngine
@@ -58,6 +60,9 @@ def prepare_run_dir(cfg: TandemConfig, *, resume: bool) -> Path:
             where="run.output_dir",
             hint="pass --resume to continue it, run.overwrite=true, or another run.output_dir",
         )
+    if run_dir.exists() and not resume and cfg.run.overwrite:
+        # A fresh run must not inherit the old run's checkpoints (a later --resume would pick them up).
+        shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "summary.json").unlink(missing_ok=True)
     atomic_write_text(run_dir / "config.yaml", config_to_yaml(cfg))
@@ -68,7 +73,7 @@ def build_parts(cfg: TandemConfig) -> RunParts:
     """Build every component of a colocated run from the config."""
     seed_everything(cfg.run.seed)
     policy, tokenizer = build_policy(cfg.model, seed=cfg.run.seed)
-    data = build_data(cfg.data, seed=cfg.run.seed)
+    data = enforce_prompt_lengths(build_data(cfg.data, seed=cfg.run.seed), tokenizer, cfg.data)
     rewards = build_rewards(cfg.reward, data.task)
     optimizer = build_optimizer(policy, cfg.trainer)
     samples = cfg.samples_per_step

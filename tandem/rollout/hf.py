@@ -135,7 +135,7 @@ class HFEngine:
                 raise DataError(
                     f"prompt {i} has {len(ids)} tokens, more than max_prompt_len={self.max_prompt_len}",
                     where=f"prompts[{i}]",
-                    hint="shorten the prompt or raise rollout.max_prompt_len",
+                    hint="shorten the prompt or raise data.max_prompt_len",
                 )
         P = max(len(ids) for ids in encoded)
         prompt_ids = torch.full((len(encoded), P), self.tokenizer.pad_token_id, dtype=torch.long)
