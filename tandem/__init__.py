@@ -1,7 +1,7 @@
 """Tandem: align language models with RL and preference optimisation.
 
 The top-level namespace is small and lazy (importing ``tandem`` loads no torch): ``load_config`` and
-``train`` for scripts; everything else lives in its layer (``tandem.algos``, ``tandem.rollout``, ...).
+``run_training`` for scripts; everything else lives in its layer (``tandem.algos``, ``tandem.rollout``, ...).
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["TandemError", "__version__", "load_config", "train"]
+__all__ = ["TandemError", "__version__", "load_config", "run_training"]
 
 _LAZY = {
     "load_config": ("tandem.config", "load_config"),
-    "train": ("tandem.orchestration.runner", "train"),
+    "run_training": ("tandem.orchestration.runner", "train"),
     "TandemError": ("tandem.errors", "TandemError"),
 }
 
