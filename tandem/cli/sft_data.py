@@ -9,7 +9,9 @@ from tandem.errors import ConfigError, DataError
 from tandem.train.sft import sft_pair
 
 
-def sft_pairs(*, data: Path | None, task: str | None, train_size: int, seed: int) -> list[tuple[str, str]]:
+def sft_pairs(
+    *, data: Path | None, task: str | None, train_size: int, seed: int, task_options: dict | None = None
+) -> list[tuple[str, str]]:
     """(prompt, completion) pairs from ``--data`` (JSONL/Parquet) or ``--task`` (reference answers)."""
     if (data is None) == (task is None):
         raise ConfigError("give exactly one of --data or --task")
@@ -17,7 +19,7 @@ def sft_pairs(*, data: Path | None, task: str | None, train_size: int, seed: int
         from tandem.data import rows_from_task
         from tandem.rewards import get_task
 
-        rows = rows_from_task(get_task(task), "train", train_size, seed).rows
+        rows = rows_from_task(get_task(task, **(task_options or {})), "train", train_size, seed).rows
         return [sft_pair(r, f"task {task} row {i}") for i, r in enumerate(rows)]
     if not data.is_file():
         raise DataError(f"data file not found: {data}")

@@ -110,6 +110,7 @@ def build_warm_start(
     lr: float = 3e-3,
     batch_size: int = 64,
     train_size: int = 4096,
+    weight_decay: float = 0.0,
     base: str | None = None,
     seed: int = 0,
     model_options: dict[str, Any] | None = None,
@@ -118,7 +119,8 @@ def build_warm_start(
     """Build a warm-start policy: a tiny char-level Llama (or ``base``) fine-tuned on a built-in task's
     reference answers, saved atomically to ``out_dir``. Equivalent CLI::
 
-        tandem init-model /tmp/base && tandem sft /tmp/base --task arith --steps 300 --out OUT
+        tandem init-model BASE --seed SEED && \\
+        tandem sft BASE --task arith --task-option digits=2 --steps 300 --weight-decay 0.0 --seed SEED --out OUT
     """
     from tandem.data import rows_from_task
     from tandem.models import init_tiny_model, load_causal_lm, load_tokenizer, save_pretrained_atomic
@@ -134,7 +136,11 @@ def build_warm_start(
     rows = rows_from_task(get_task(task, **(task_options or {})), "train", train_size, seed).rows
     pairs = [sft_pair(r, f"task {task} row {i}") for i, r in enumerate(rows)]
     run_sft(
-        model, tok, pairs, SFTSettings(steps=steps, lr=lr, batch_size=batch_size, seed=seed), on_step=on_step
+        model,
+        tok,
+        pairs,
+        SFTSettings(steps=steps, lr=lr, batch_size=batch_size, weight_decay=weight_decay, seed=seed),
+        on_step=on_step,
     )
     save_pretrained_atomic(model, tok, out_dir)
     if not base:
