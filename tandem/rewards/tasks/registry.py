@@ -12,6 +12,7 @@ from tandem.rewards.tasks.arith import ArithTask
 from tandem.rewards.tasks.base import Task
 from tandem.rewards.tasks.countdown import CountdownTask
 from tandem.rewards.tasks.reverse import ReverseTask
+from tandem.rewards.tasks.safety import SafetyTask
 
 TaskFactory = Callable[..., Task]
 
@@ -19,6 +20,7 @@ TASKS: Registry[TaskFactory] = Registry("task")
 TASKS.add(ArithTask.name, ArithTask)
 TASKS.add(CountdownTask.name, CountdownTask)
 TASKS.add(ReverseTask.name, ReverseTask)
+TASKS.add(SafetyTask.name, SafetyTask)
 
 
 def get_task(name: str, **options: Any) -> Task:

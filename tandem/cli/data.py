@@ -1,0 +1,214 @@
+"""``tandem data``: validate, split, dedup, describe, aggregate and generate preference data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from tandem.cli.main import app, user_errors
+
+data_app = typer.Typer(
+    help="Preference data: validate, split, stats, dedup, aggregate, make-safety.", no_args_is_help=True
+)
+out = Console()
+
+InputFile = Annotated[
+    str, typer.Argument(help="JSONL, Parquet, datasets.save_to_disk folder, or fsspec URL.")
+]
+SkipInvalid = Annotated[
+    bool,
+    typer.Option("--skip-invalid", help="Write invalid rows (with reasons) to a sidecar file and go on."),
+]
+Sidecar = Annotated[
+    str | None, typer.Option(help="Sidecar for invalid rows (default <input>.invalid.jsonl).")
+]
+MaxLength = Annotated[int | None, typer.Option(help="Max characters of prompt + completion.")]
+
+
+def _load(path: str, skip_invalid: bool, sidecar: str | None, max_length: int | None):
+    """Validated pairs of ``path`` (local or URL). Invalid rows of a remote input go to a sidecar in the
+    current folder (``<name>.invalid.jsonl``), not into the temporary download folder."""
+    from tandem.data.preference import default_sidecar, load_preferences
+    from tandem.data.storage import is_remote, local_input
+
+    with local_input(path) as local:
+        if sidecar is None:
+            sidecar = str(
+                Path(local.name).with_suffix(".invalid.jsonl") if is_remote(path) else default_sidecar(local)
+            )
+        data = load_preferences(local, skip_invalid=skip_invalid, sidecar=sidecar, max_length=max_length)
+    if data.invalid:
+        out.print(f"[yellow]{len(data.invalid)} invalid rows[/] written to {escape(sidecar)}")
+    return data
+
+
+@data_app.command("validate")
+@user_errors
+def validate(
+    path: InputFile, skip_invalid: SkipInvalid = False, sidecar: Sidecar = None, max_length: MaxLength = None
+) -> None:
+    """Check every row; the first bad one is reported as file:line: reason (exit 2).
+
+    Example: tandem data validate data/prefs.jsonl --skip-invalid
+    """
+    data = _load(path, skip_invalid, sidecar, max_length)
+    out.print(f"{len(data.pairs)} valid pairs, {len(data.invalid)} invalid rows in {escape(path)}")
+
+
+@data_app.command("stats")
+@user_errors
+def stats(path: InputFile, skip_invalid: SkipInvalid = False, sidecar: Sidecar = None) -> None:
+    """Counts, lengths, margin and category balance as a table."""
+    from tandem.data.preference_ops import preference_stats
+
+    s = preference_stats(_load(path, skip_invalid, sidecar, None).pairs)
+    table = Table(title=f"preference data: {path}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("pairs", str(s["pairs"]))
+    table.add_row("distinct prompts", str(s["prompts"]))
+    for part in ("prompt", "chosen", "rejected"):
+        v = s[f"length/{part}"]
+        table.add_row(
+            f"{part} length (mean / p50 / max chars)", f"{v['mean']:.1f} / {v['p50']:.0f} / {v['max']:.0f}"
+        )
+    table.add_row("chosen longer than rejected", f"{100 * s['chosen_longer_fraction']:.1f}%")
+    if s["margin"]:
+        table.add_row("pairs with margin (mean)", f"{s['margin']['count']} ({s['margin']['mean']:.2f})")
+    for name, count in s["categories"].items():
+        table.add_row(f"category {escape(name)}", f"{count} ({100 * count / max(1, s['pairs']):.1f}%)")
+    out.print(table)
+
+
+@data_app.command("dedup")
+@user_errors
+def dedup_cmd(
+    path: InputFile,
+    out_file: Annotated[str, typer.Option("--out", help="Deduplicated JSONL (local path or fsspec URL).")],
+    near_threshold: Annotated[
+        float, typer.Option(help="Jaccard of character 5-grams counted as near duplicate.")
+    ] = 0.9,
+    exact_only: Annotated[bool, typer.Option("--exact-only", help="Remove exact duplicates only.")] = False,
+    skip_invalid: SkipInvalid = False,
+    sidecar: Sidecar = None,
+) -> None:
+    """Remove exact and near-duplicate pairs (first occurrence kept)."""
+    from tandem.data.preference_ops import dedup
+    from tandem.data.storage import write_pairs_url
+
+    data = _load(path, skip_invalid, sidecar, None)
+    result = dedup(data.pairs, near_threshold=None if exact_only else near_threshold)
+    write_pairs_url(result.kept, out_file)
+    out.print(
+        f"kept {len(result.kept)} of {len(data.pairs)} pairs: {len(result.exact)} exact and "
+        f"{len(result.near)} near duplicates removed -> {escape(out_file)}"
+    )
+
+
+@data_app.command("split")
+@user_errors
+def split_cmd(
+    path: InputFile,
+    out_dir: Annotated[
+        str, typer.Option("--out-dir", help="Folder (or fsspec URL) for train.jsonl and val.jsonl.")
+    ],
+    val_fraction: Annotated[float, typer.Option(help="Share of prompts held out.")] = 0.2,
+    seed: Annotated[int, typer.Option(help="Split seed.")] = 0,
+    augment: Annotated[
+        str | None, typer.Option(help="Hook 'module:function' applied to the train split only.")
+    ] = None,
+    rebalance: Annotated[
+        bool, typer.Option("--rebalance", help="Resample train categories to equal counts.")
+    ] = False,
+    skip_invalid: SkipInvalid = False,
+    sidecar: Sidecar = None,
+) -> None:
+    """Seeded split by prompt: no prompt appears in both train and validation.
+
+    Example: tandem data split prefs.jsonl --out-dir data/split --val-fraction 0.2 --seed 0
+    """
+    from tandem.data import preference_ops as ops
+    from tandem.data.storage import join_url, write_pairs_url
+
+    data = _load(path, skip_invalid, sidecar, None)
+    train, val = ops.split_by_prompt(data.pairs, val_fraction=val_fraction, seed=seed)
+    if rebalance:
+        train = ops.rebalance(train, seed=seed)
+    if augment:
+        train = ops.augment(train, ops.load_hook(augment))
+    write_pairs_url(train, join_url(out_dir, "train.jsonl"))
+    write_pairs_url(val, join_url(out_dir, "val.jsonl"))
+    out.print(f"train {len(train)} pairs, val {len(val)} pairs -> {escape(out_dir)}")
+
+
+@data_app.command("aggregate")
+@user_errors
+def aggregate_cmd(
+    path: InputFile,
+    out_file: Annotated[str, typer.Option("--out", help="Aggregated preference pairs (JSONL).")],
+    method: Annotated[str, typer.Option(help="majority or unanimous.")] = "majority",
+) -> None:
+    """Several annotators per pair: print agreement (Fleiss' / Cohen's kappa) and aggregate the votes."""
+    from tandem.data.annotators import aggregate, agreement
+    from tandem.data.preference import iter_raw_rows
+    from tandem.data.storage import local_input, write_rows_url
+    from tandem.errors import DataError
+
+    if method not in ("majority", "unanimous"):
+        raise DataError(f"unknown method '{method}'", where="--method", hint="use majority or unanimous")
+    with local_input(path) as local:
+        raw = list(iter_raw_rows(local))
+    bad = [row for _, row in raw if not isinstance(row, dict)]
+    if bad:
+        raise DataError(bad[0].reason, where=bad[0].where)
+    rows = [row for _, row in raw]
+    report = agreement(rows)
+    kept, dropped = aggregate(rows, method=method)  # type: ignore[arg-type]
+    write_rows_url(kept, out_file)
+    fk = "n/a" if report.fleiss_kappa is None else f"{report.fleiss_kappa:.3f}"
+    out.print(f"{report.items} items, unanimous {100 * report.raw_agreement:.1f}%, Fleiss' kappa {fk}")
+    for name, kappa in report.pairwise_cohen.items():
+        out.print(f"  Cohen's kappa {escape(name)}: {kappa:.3f}")
+    out.print(f"kept {len(kept)} pairs, dropped {dropped} (no {method} preference) -> {escape(out_file)}")
+
+
+@data_app.command("make-safety")
+@user_errors
+def make_safety(
+    out_dir: Annotated[Path, typer.Option("--out-dir", help="Folder for train.jsonl and val.jsonl.")],
+    train_size: Annotated[int, typer.Option(help="Training pairs.")] = 2000,
+    val_size: Annotated[int, typer.Option(help="Held-out pairs (prompts disjoint from train).")] = 300,
+    noise: Annotated[float, typer.Option(help="Share of training labels flipped (annotator noise).")] = 0.0,
+    seed: Annotated[int, typer.Option(help="Seed.")] = 0,
+) -> None:
+    """Generate the shipped preference set from the `safety` task (held-out labels are never noised)."""
+    from tandem.data.storage import write_rows_url
+    from tandem.rewards.tasks.safety import SafetyTask, make_preference_rows
+
+    task = SafetyTask()
+    train = make_preference_rows(task, "train", train_size, seed, noise=noise)
+    val = make_preference_rows(task, "test", val_size, seed, noise=0.0)
+    write_rows_url(train, str(out_dir / "train.jsonl"))
+    write_rows_url(val, str(out_dir / "val.jsonl"))
+    flipped = sum(r["flipped"] for r in train)
+    out.print(
+        f"safety preferences: train {len(train)} ({flipped} flipped), val {len(val)} -> {escape(str(out_dir))}"
+    )
+
+
+def register(main_app: typer.Typer) -> None:
+    """Add the ``data`` commands; if another module already registered a ``data`` group (e.g.
+    ``data export-feedback`` from serving), merge into it instead of shadowing it."""
+    for group in main_app.registered_groups:
+        if group.name == "data" and group.typer_instance is not None and group.typer_instance is not data_app:
+            group.typer_instance.registered_commands.extend(data_app.registered_commands)
+            return
+    main_app.add_typer(data_app, name="data")
+
+
+register(app)

@@ -1,0 +1,327 @@
+"""``tandem rm``, ``tandem dpo`` and ``tandem label``: reward model, offline DPO, RLAIF labelling."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from tandem.cli.main import Overrides, app, user_errors
+
+out = Console()
+ConfigPath = Annotated[Path, typer.Argument(help="YAML config, e.g. configs/rm.yaml.")]
+
+
+def _pairs(data_cfg: Any, tokenizer: Any, seed: int) -> tuple[list, list]:
+    """Train and held-out pairs per the config's ``data`` section (split by prompt when no val_file)."""
+    from tandem.data.preference import load_preferences
+    from tandem.data.preference_ops import split_by_prompt
+    from tandem.data.storage import local_input
+
+    def length(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def load(url: str) -> list:
+        with local_input(url) as local:
+            data = load_preferences(
+                local, skip_invalid=data_cfg.skip_invalid, max_length=data_cfg.max_length, length_fn=length
+            )
+        if data.invalid:
+            out.print(f"[yellow]{len(data.invalid)} invalid rows skipped[/] ({escape(url)})")
+        return data.pairs
+
+    train = load(data_cfg.train_file)
+    if data_cfg.val_file:
+        return train, load(data_cfg.val_file)
+    return split_by_prompt(train, val_fraction=data_cfg.val_fraction, seed=seed)
+
+
+def _save_to(out_dir: str, save: Any) -> None:
+    """Run ``save(local_dir)`` atomically and upload when ``out_dir`` is an fsspec URL."""
+    from tandem.data.storage import local_output
+
+    with local_output(out_dir) as local:
+        save(local)
+
+
+@user_errors
+def rm(config: ConfigPath, overrides: Overrides = None) -> None:
+    """Train a Bradley–Terry reward model; prints held-out pairwise accuracy per epoch.
+
+    Example: tandem rm configs/rm.yaml epochs=3 out_dir=runs/rm
+    """
+    import math
+
+    from tandem.cli.progress import step_progress
+    from tandem.config.rlhf import RMConfig, load_command_config
+    from tandem.data.storage import local_input
+    from tandem.train import rm as rmlib
+
+    cfg = load_command_config(RMConfig, config, overrides)
+    with local_input(cfg.model) as model_dir:
+        model, tok = rmlib.load_reward_model(model_dir, init_head=True)
+    train, val = _pairs(cfg.data, tok, cfg.seed)
+    out.print(f"reward model: {len(train)} train / {len(val)} held-out pairs")
+    settings = rmlib.RMSettings(
+        epochs=cfg.epochs, lr=cfg.lr, batch_size=cfg.batch_size, use_margin=cfg.use_margin,
+        center_coef=cfg.center_coef, seed=cfg.seed,
+    )  # fmt: skip
+    steps = cfg.epochs * math.ceil(len(train) / cfg.batch_size)
+    with step_progress("rm", steps, key="rm/loss") as on_step:
+        history = rmlib.train_reward_model(model, tok, train, val, settings, on_step=on_step)
+    table = Table(title="reward model")
+    for col in ("epoch", "loss", "train acc", "held-out acc"):
+        table.add_column(col, justify="right")
+    for row in history:
+        table.add_row(
+            f"{row['epoch']:.0f}", f"{row['rm/loss']:.4f}",
+            f"{100 * row['rm/train_accuracy']:.1f}%", f"{100 * row['rm/val_accuracy']:.1f}%",
+        )  # fmt: skip
+    out.print(table)
+    stats = rmlib.reward_stats(model, tok, train) | {"history": history, "config": cfg.model_dump()}
+    _save_to(cfg.out_dir, lambda d: rmlib.save_reward_model(model, tok, d, stats))
+    out.print(f"reward model saved to [bold]{escape(cfg.out_dir)}[/] (use as reward.model.path)")
+
+
+@user_errors
+def dpo(config: ConfigPath, overrides: Overrides = None) -> None:
+    """Offline DPO with reference log-probs computed once and cached (no reference model in memory).
+
+    Example: tandem dpo configs/dpo.yaml beta=0.1 out_dir=runs/dpo
+    """
+    from tandem.cli.progress import step_progress
+    from tandem.config.rlhf import DPOConfig, load_command_config
+    from tandem.data.storage import local_input
+    from tandem.models import load_causal_lm, load_tokenizer, save_pretrained_atomic
+    from tandem.train import dpo as dpolib
+
+    cfg = load_command_config(DPOConfig, config, overrides)
+    with local_input(cfg.model) as model_dir:
+        tok = load_tokenizer(model_dir)
+        train, val = _pairs(cfg.data, tok, cfg.seed)
+        out.print(f"DPO: {len(train)} train / {len(val)} held-out pairs")
+        if not cfg.online_rounds:  # online rounds use each round's policy as reference
+            ref_train, ref_val = _reference(cfg, str(model_dir), tok, train, val)
+        policy = load_causal_lm(model_dir)
+    before = _verifier_score(cfg, policy, tok) if cfg.eval_task else None
+    settings = dpolib.DPOSettings(
+        beta=cfg.beta, loss_type=cfg.loss_type, label_smoothing=cfg.label_smoothing, lr=cfg.lr,
+        batch_size=cfg.batch_size, epochs=cfg.epochs, max_steps=cfg.max_steps,
+        warmup_steps=cfg.warmup_steps, sft_coef=cfg.sft_coef, seed=cfg.seed,
+    )  # fmt: skip
+    if cfg.online_rounds:
+        _online(cfg, policy, tok, train, settings)
+        after = _verifier_score(cfg, policy, tok) if cfg.eval_task else None
+        if before is not None and after is not None:
+            out.print(f"verifier accuracy {100 * before:.1f}% -> {100 * after:.1f}%")
+        _save_to(cfg.out_dir, lambda d: save_pretrained_atomic(policy, tok, d))
+        out.print(f"policy saved to [bold]{escape(cfg.out_dir)}[/]")
+        return
+    start = dpolib.implicit_reward_metrics(policy, tok, val, ref_val, cfg.beta)
+    with step_progress("dpo", dpolib.total_steps(len(train), settings), key="loss") as on_step:
+        dpolib.train_dpo(policy, tok, train, ref_train, settings, on_step=on_step)
+    end = dpolib.implicit_reward_metrics(policy, tok, val, ref_val, cfg.beta)
+    after = _verifier_score(cfg, policy, tok) if cfg.eval_task else None
+    _print_dpo(start, end, before, after)
+    _save_to(cfg.out_dir, lambda d: save_pretrained_atomic(policy, tok, d))
+    out.print(f"policy saved to [bold]{escape(cfg.out_dir)}[/]")
+
+
+def _reference(cfg: Any, model_dir: str, tok: Any, train: list, val: list) -> tuple[Any, Any]:
+    """Reference log-probs of train and held-out pairs, from the on-disk cache beside ``out_dir`` when it
+    matches (data + reference fingerprint), else computed with a reference loaded just for that."""
+    from tandem.data.storage import is_remote
+    from tandem.models import load_causal_lm
+    from tandem.train import dpo as dpolib
+
+    ref_dir = cfg.ref_model or model_dir
+    cache = None if is_remote(cfg.out_dir) else Path(cfg.out_dir + ".ref_logps.safetensors")
+    val_cache = None if cache is None else cache.with_name(cache.name.replace(".ref_logps", ".ref_logps_val"))
+    with _count_bar("reference log-probs", len(train) + len(val)) as on_progress:
+        ref_train = dpolib.cached_reference_logps(
+            cache, lambda: load_causal_lm(ref_dir), tok, train, ref_dir, on_progress=on_progress
+        )
+        ref_val = dpolib.cached_reference_logps(
+            val_cache, lambda: load_causal_lm(ref_dir), tok, val, ref_dir,
+            on_progress=lambda done, m: on_progress(len(train) + done, m),
+        )  # fmt: skip
+    return ref_train, ref_val
+
+
+@contextlib.contextmanager
+def _count_bar(label: str, total: int) -> Iterator[Callable[..., None]]:
+    """A progress bar with ETA over ``total`` items; yields ``update(done, *_)``."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = (TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("eta"), TimeRemainingColumn())
+    with Progress(*columns, console=out) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda done, *_: bar.update(task, completed=done)
+
+
+def _online(cfg: Any, policy: Any, tok: Any, train: list, settings: Any) -> None:
+    """Iterative DPO on the distinct prompts of the training pairs (their extra columns reach the judge)."""
+    from types import SimpleNamespace
+
+    from tandem.errors import ConfigError
+    from tandem.train import dpo as dpolib
+
+    if not cfg.online_judge:
+        raise ConfigError(
+            "online DPO needs online_judge (task:NAME or module:function)", where="online_judge"
+        )
+    judge = _judge(SimpleNamespace(judge="rule", rule=cfg.online_judge))
+    seen: dict[str, dict] = {}
+    for p in train:
+        if isinstance(p.prompt, str):
+            seen.setdefault(p.prompt, {"prompt": p.prompt, **p.extra})
+    online = dpolib.OnlineDPOSettings(rounds=cfg.online_rounds, max_new_tokens=cfg.online_max_new_tokens)
+    table = Table(title="online DPO")
+    for col in ("round", "kept", "ties", "disagree", "rewards/accuracies"):
+        table.add_column(col, justify="right")
+    with step_rounds(cfg.online_rounds) as on_round:
+        history = dpolib.online_dpo(
+            policy, tok, list(seen.values()), judge, settings, online, on_round=on_round
+        )
+    for h in history:
+        table.add_row(
+            f"{h['round']:.0f}", f"{h['label/kept']:.0f}", f"{h['label/tie']:.0f}",
+            f"{h['label/disagree']:.0f}", f"{h.get('rewards/accuracies', float('nan')):.3f}",
+        )  # fmt: skip
+    out.print(table)
+
+
+def step_rounds(total: int) -> Any:
+    """A progress bar over online rounds."""
+    from tandem.cli.progress import step_progress
+
+    return step_progress("online dpo", total, key="rewards/accuracies")
+
+
+def _verifier_score(cfg: Any, policy: Any, tok: Any) -> float:
+    """Greedy held-out verifier accuracy of ``policy`` on ``cfg.eval_task``."""
+    from tandem.evaluate.heldout import evaluate_prompts
+    from tandem.rewards import RewardFunction, RewardSet, get_task
+    from tandem.rollout import HFEngine, SamplingParams
+
+    task = get_task(cfg.eval_task)
+    rows = task.make_rows("test", cfg.eval_size, cfg.seed)
+    rewards = RewardSet([RewardFunction(name=task.name, fn=task.reward)], on_error="raise")
+    engine = HFEngine(policy, tok, add_special_tokens=False)
+    metrics = evaluate_prompts(engine, rows, rewards, SamplingParams(max_new_tokens=32, temperature=0.0))
+    return metrics["eval/accuracy"]
+
+
+def _print_dpo(start: dict, end: dict, before: float | None, after: float | None) -> None:
+    table = Table(title="DPO held-out")
+    for col in ("metric", "start", "end"):
+        table.add_column(col, justify="right")
+    for key in ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies"):
+        if key in end:
+            table.add_row(key, f"{start[key]:.4f}", f"{end[key]:.4f}")
+    if before is not None and after is not None:
+        table.add_row("verifier accuracy", f"{100 * before:.1f}%", f"{100 * after:.1f}%")
+    out.print(table)
+
+
+def _judge(cfg: Any) -> Any:
+    """The judge named by a LabelConfig."""
+    import os
+
+    from tandem.errors import ConfigError
+    from tandem.train import labeling
+
+    if cfg.judge == "rule":
+        if not cfg.rule:
+            raise ConfigError("the rule judge needs 'rule' (task:NAME or module:function)", where="rule")
+        if cfg.rule.startswith("task:"):
+            from tandem.rewards import get_task
+
+            return labeling.RuleJudge(labeling.task_rule(get_task(cfg.rule.removeprefix("task:"))))
+        from tandem.rewards import load_callable
+
+        return labeling.RuleJudge(load_callable(cfg.rule))
+    if cfg.judge == "hf":
+        from tandem.models import load_causal_lm, load_tokenizer
+
+        if not cfg.model:
+            raise ConfigError("the hf judge needs 'model' (a local HF folder)", where="model")
+        return labeling.HFJudge(load_causal_lm(cfg.model), load_tokenizer(cfg.model))
+    if not cfg.base_url or not cfg.model:
+        raise ConfigError("the http judge needs 'base_url' and 'model'", where="base_url")
+    return labeling.HTTPJudge(
+        cfg.base_url, cfg.model, api_key=os.environ.get(cfg.api_key_env), timeout_s=cfg.timeout_s,
+        max_retries=cfg.max_retries, backoff_s=cfg.backoff_s,
+    )  # fmt: skip
+
+
+def _with_policy_samples(cfg: Any, rows: list) -> list:
+    """Rows without responses get two samples from ``cfg.policy`` (seeded)."""
+    need = [i for i, (_, r) in enumerate(rows) if "response_a" not in r and "completions" not in r]
+    if not need or not cfg.policy:
+        return rows
+    from tandem.models import load_causal_lm, load_tokenizer
+    from tandem.rollout import HFEngine, SamplingParams
+
+    engine = HFEngine(load_causal_lm(cfg.policy), load_tokenizer(cfg.policy), add_special_tokens=False)
+    params = SamplingParams(
+        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, n=2, seed=cfg.seed
+    )
+    batch = engine.generate([rows[i][1]["prompt"] for i in need], params)
+    for k, i in enumerate(need):
+        rows[i] = (rows[i][0], {**rows[i][1], "completions": batch.completions[2 * k : 2 * k + 2]})
+    return rows
+
+
+@user_errors
+def label(config: ConfigPath, overrides: Overrides = None) -> None:
+    """RLAIF: judge response pairs in both orders, keep agreeing verdicts; resumable.
+
+    Example: tandem label configs/rlaif_dpo.yaml judge=rule rule=task:safety noise=0.2
+    """
+    from tandem.config.rlhf import LabelConfig, load_command_config
+    from tandem.data.preference import InvalidRow, iter_raw_rows
+    from tandem.data.storage import local_input
+    from tandem.errors import DataError
+    from tandem.train.labeling import label_rows
+
+    cfg = load_command_config(LabelConfig, config, overrides)
+    with local_input(cfg.input_file) as local:
+        rows = list(iter_raw_rows(local))
+    bad = [r for _, r in rows if isinstance(r, InvalidRow)]
+    if bad:
+        raise DataError(bad[0].reason, where=bad[0].where)
+    rows = _with_policy_samples(cfg, rows)
+    judge = _judge(cfg)
+    with _count_bar("label", len(rows)) as on_row:
+        stats = label_rows(
+            rows,
+            judge,
+            cfg.out_file,
+            both_orders=cfg.both_orders,
+            noise=cfg.noise,
+            seed=cfg.seed,
+            on_row=on_row,
+        )
+    table = Table(title="labelling")
+    table.add_column("count")
+    table.add_column("value", justify="right")
+    for name in ("rows", "resumed", "kept", "disagreements", "ties", "parse_failures", "timeouts"):
+        table.add_row(name, str(getattr(stats, name)))
+    table.add_row("agreement rate", f"{100 * stats.agreement_rate:.1f}%")
+    if stats.gold_rows:
+        table.add_row("label accuracy, single verdict", f"{100 * stats.accuracy_single:.1f}%")
+        table.add_row("label accuracy, swap-consistent", f"{100 * stats.accuracy_kept:.1f}%")
+    out.print(table)
+    out.print(f"{stats.kept} pairs -> [bold]{escape(cfg.out_file)}[/]")
+
+
+app.command("rm")(rm)
+app.command("dpo")(dpo)
+app.command("label")(label)

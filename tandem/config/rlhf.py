@@ -1,0 +1,132 @@
+"""Configs of the preference commands (``tandem rm``, ``tandem dpo``, ``tandem label``).
+
+Kept apart from the RL :class:`~tandem.config.schema.TandemConfig`: these commands train or label from
+a preference file and share nothing with the RL loop but the model folder. Same conventions: pydantic,
+``extra="forbid"``, a description on every field, YAML with dotted overrides, one-line errors naming
+``file:line`` and the key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tandem.config.loader import _where, apply_overrides, read_yaml
+from tandem.errors import ConfigError
+
+
+class _Flat(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class PreferenceDataConfig(_Flat):
+    train_file: str = Field(
+        description="Preference pairs (JSONL, Parquet or a datasets.save_to_disk folder)."
+    )
+    val_file: str | None = Field(None, description="Held-out pairs; if unset, split train_file by prompt.")
+    val_fraction: float = Field(0.2, ge=0.0, lt=1.0, description="Held-out share when val_file is unset.")
+    skip_invalid: bool = Field(False, description="Write invalid rows to a sidecar file instead of failing.")
+    max_length: int | None = Field(
+        None, ge=1, description="Max tokens of prompt + completion; longer rows are invalid."
+    )
+
+
+class RMConfig(_Flat):
+    model: str = Field(description="Starting HF folder (causal LM or sequence classifier).")
+    out_dir: str = Field(description="Where the reward model (HF folder) is saved.")
+    data: PreferenceDataConfig = Field(description="Preference data.")
+    epochs: int = Field(3, ge=1, description="Passes over the training pairs.")
+    lr: float = Field(1e-3, gt=0, description="AdamW learning rate.")
+    batch_size: int = Field(32, ge=1, description="Pairs per optimiser step.")
+    use_margin: bool = Field(False, description="Subtract each pair's 'margin' column inside the sigmoid.")
+    center_coef: float | None = Field(0.01, ge=0, description="Reward centring coefficient c (None: off).")
+    seed: int = Field(0, ge=0, description="Seed for init, shuffling and splitting.")
+
+
+class DPOConfig(_Flat):
+    model: str = Field(description="Starting policy (HF causal-LM folder).")
+    ref_model: str | None = Field(None, description="Reference policy folder (default: the starting policy).")
+    out_dir: str = Field(description="Where the trained policy is saved; ref log-probs are cached beside it.")
+    data: PreferenceDataConfig = Field(description="Preference data.")
+    beta: float = Field(0.1, gt=0, description="DPO temperature β.")
+    loss_type: str = Field(
+        "sigmoid", description="Preference loss from the algorithm library (sigmoid, ipo, hinge, robust)."
+    )
+    label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="cDPO / robust label-flip rate ε.")
+    lr: float = Field(5e-4, gt=0, description="AdamW learning rate.")
+    batch_size: int = Field(16, ge=1, description="Pairs per optimiser step.")
+    epochs: int = Field(1, ge=1, description="Passes over the training pairs.")
+    max_steps: int | None = Field(None, ge=1, description="Stop after this many steps.")
+    warmup_steps: int = Field(10, ge=0, description="Linear warm-up steps.")
+    sft_coef: float = Field(
+        0.0, ge=0, description="RPO: weight of the chosen completions' per-token NLL added to the loss."
+    )
+    seed: int = Field(0, ge=0, description="Seed.")
+    online_rounds: int = Field(
+        0,
+        ge=0,
+        description="Iterative (online) DPO: rounds of sample two -> judge -> train (0: offline DPO).",
+    )
+    online_judge: str | None = Field(
+        None, description="Online DPO rule judge: 'task:NAME' or 'module:function(prompt, completion, row)'."
+    )
+    online_max_new_tokens: int = Field(32, ge=1, description="Online DPO: max new tokens per sample.")
+    eval_task: str | None = Field(
+        None,
+        description="Built-in task whose held-out verifier score is reported before/after (e.g. safety).",
+    )
+    eval_size: int = Field(200, ge=1, description="Held-out prompts for eval_task.")
+
+
+class LabelConfig(_Flat):
+    input_file: str = Field(
+        description="Rows with 'prompt' plus 'response_a'/'response_b' (or 'completions')."
+    )
+    out_file: str = Field(description="Labelled preference pairs (JSONL, appended to; resumable).")
+    judge: Literal["rule", "hf", "http"] = Field("rule", description="Judge kind.")
+    rule: str | None = Field(
+        None, description="rule judge: 'task:NAME' or 'module:function' scoring (prompt, completion, row)."
+    )
+    model: str | None = Field(
+        None, description="hf judge: local HF causal-LM folder; http judge: model name."
+    )
+    base_url: str | None = Field(
+        None, description="http judge: OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1."
+    )
+    api_key_env: str = Field(
+        "OPENAI_API_KEY", description="http judge: environment variable holding the API key."
+    )
+    timeout_s: float = Field(30.0, gt=0, description="http judge: per-request timeout.")
+    max_retries: int = Field(3, ge=0, description="http judge: retries on timeouts, 429 and 5xx.")
+    backoff_s: float = Field(0.5, ge=0, description="http judge: first retry delay, doubled each retry.")
+    both_orders: bool = Field(
+        True, description="Judge (a, b) and (b, a); keep a pair only if the verdicts agree."
+    )
+    noise: float = Field(
+        0.0, ge=0, le=1, description="Flip a seeded share of verdicts (for noise experiments)."
+    )
+    policy: str | None = Field(
+        None, description="Policy folder: sample two responses per prompt for rows without responses."
+    )
+    max_new_tokens: int = Field(32, ge=1, description="policy sampling: max new tokens.")
+    temperature: float = Field(1.0, gt=0, description="policy sampling: temperature.")
+    seed: int = Field(0, ge=0, description="Seed for noise injection and policy sampling.")
+
+
+C = TypeVar("C", bound=BaseModel)
+
+
+def load_command_config(cls: type[C], path: str | Path, overrides: list[str] | None = None) -> C:
+    """``path`` (YAML) + dotted ``overrides`` validated as ``cls``; the first error is a one-line
+    ConfigError ``file:line: key: message``."""
+    data, lines = read_yaml(path)
+    apply_overrides(data, list(overrides or []))
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = ".".join(str(p) for p in err["loc"] if not isinstance(p, int))
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+        raise ConfigError(f"{key}: {msg}" if key else msg, where=_where(str(path), lines, key)) from None

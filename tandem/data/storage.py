@@ -1,0 +1,112 @@
+"""Object storage through fsspec: read inputs from and write outputs to any URL (``s3://``, ``gs://``,
+``memory://``, local paths).
+
+Training code works on local files; a remote input is first copied to a temporary local folder and a
+remote output is written locally (atomically) and then uploaded. Local paths never touch fsspec, so the
+common case has no extra dependency. ``s3://`` needs the ``s3fs`` package (extra ``storage``); the
+endpoint of an S3-compatible server comes from the usual ``AWS_ENDPOINT_URL`` / ``FSSPEC_S3_*`` variables.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from tandem.errors import DataError, MissingDependencyError
+
+
+def is_remote(url: str | os.PathLike[str]) -> bool:
+    """True for ``scheme://`` URLs other than ``file://``."""
+    text = str(url)
+    return "://" in text and not text.startswith("file://")
+
+
+def join_url(base: str, name: str) -> str:
+    """``base/name`` for a URL or a local path."""
+    return f"{base.rstrip('/')}/{name}" if is_remote(base) else str(Path(base) / name)
+
+
+def _filesystem(url: str) -> tuple[Any, str]:
+    try:
+        import fsspec
+    except ImportError:
+        raise MissingDependencyError("fsspec", "storage") from None
+    try:
+        fs, path = fsspec.core.url_to_fs(url, **_storage_options(url))
+    except ImportError as err:
+        raise MissingDependencyError(
+            str(err).split("'")[1] if "'" in str(err) else "s3fs", "storage"
+        ) from None
+    return fs, path
+
+
+def _storage_options(url: str) -> dict[str, Any]:
+    """S3 endpoint from ``AWS_ENDPOINT_URL`` (boto's own variable), for S3-compatible servers."""
+    if url.startswith("s3://") and os.environ.get("AWS_ENDPOINT_URL"):
+        return {"client_kwargs": {"endpoint_url": os.environ["AWS_ENDPOINT_URL"]}}
+    return {}
+
+
+@contextlib.contextmanager
+def local_input(url: str | os.PathLike[str]) -> Iterator[Path]:
+    """A local path for ``url``: the path itself, or a temporary copy of a remote file or folder
+    (deleted on exit)."""
+    if not is_remote(url):
+        yield Path(str(url).removeprefix("file://"))
+        return
+    fs, path = _filesystem(str(url))
+    try:
+        exists, is_dir = fs.exists(path), fs.isdir(path)
+    except Exception as err:  # botocore / network errors vary by backend
+        raise DataError(f"cannot reach storage ({type(err).__name__}: {err})", where=str(url)) from None
+    if not exists:
+        raise DataError("object does not exist", where=str(url))
+    with tempfile.TemporaryDirectory(prefix="tandem-in-") as tmp:
+        local = Path(tmp) / Path(path.rstrip("/")).name
+        fs.get(path, str(local), recursive=is_dir)
+        yield local
+
+
+def upload(local: str | os.PathLike[str], url: str) -> None:
+    """Copy a local file or folder to ``url`` (a folder's files go under ``url/``). For a local
+    ``url`` nothing happens — the caller already wrote there atomically."""
+    if not is_remote(url):
+        return
+    fs, path = _filesystem(url)
+    src = Path(local)
+    if src.is_dir():
+        for file in sorted(p for p in src.rglob("*") if p.is_file()):
+            fs.put_file(str(file), f"{path.rstrip('/')}/{file.relative_to(src).as_posix()}")
+    else:
+        fs.put_file(str(src), path)
+
+
+@contextlib.contextmanager
+def local_output(url: str | os.PathLike[str]) -> Iterator[Path]:
+    """A local path to write ``url`` to: the path itself, or a temporary one uploaded on success."""
+    if not is_remote(url):
+        yield Path(url)
+        return
+    with tempfile.TemporaryDirectory(prefix="tandem-out-") as tmp:
+        local = Path(tmp) / Path(str(url).rstrip("/")).name
+        yield local
+        upload(local, str(url))
+
+
+def write_rows_url(rows: Sequence[dict[str, Any]], url: str) -> None:
+    """Write rows as JSONL to a local path (atomically) or a URL."""
+    from tandem.utils.io import atomic_write_text
+
+    text = "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in rows)
+    with local_output(url) as local:
+        atomic_write_text(local, text)
+
+
+def write_pairs_url(pairs: Sequence[Any], url: str) -> None:
+    """Write preference pairs (TRL explicit-prompt rows) to a local path or a URL."""
+    write_rows_url([p.to_row() for p in pairs], url)

@@ -1,0 +1,297 @@
+"""Offline DPO (and IPO / hinge / robust variants) with cached reference log-probs.
+
+The reference policy is used exactly once: :func:`reference_logps` scores every pair's chosen and
+rejected completion (summed log-probs) before training, the numbers are cached (in memory and, from the
+CLI, on disk next to the output), and the reference model is released. Each training step is then one
+forward/backward of the policy over the ``2B`` stacked chosen+rejected rows — TRL's default computes a
+second, reference forward at every step. Losses come from :func:`tandem.algos.dpo_loss`; metrics use
+TRL's names: ``rewards/chosen``, ``rewards/rejected``, ``rewards/margins``, ``rewards/accuracies``
+(implicit rewards ``beta * (log pi - log pi_ref)``).
+
+``sft_coef > 0`` adds the chosen completions' per-token NLL to the loss (RPO, Pang et al. 2024): plain DPO
+can lower the likelihood of chosen answers along with rejected ones ("likelihood displacement"), which on
+the safety scenario turns a correct SFT policy into one that answers neither way; the NLL term anchors it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tandem.algos import dpo_loss
+from tandem.data.preference import PreferencePair
+from tandem.errors import DataError
+from tandem.models.forward import response_logprobs
+from tandem.train.preference_batch import encode_preference_batch
+from tandem.utils.seed import seed_everything
+
+
+@dataclass(frozen=True)
+class DPOSettings:
+    beta: float = 0.1
+    loss_type: str = "sigmoid"
+    label_smoothing: float = 0.0
+    lr: float = 5e-4
+    batch_size: int = 16
+    epochs: int = 1
+    max_steps: int | None = None  # stop early after this many optimiser steps
+    warmup_steps: int = 10
+    max_grad_norm: float = 1.0
+    sft_coef: float = 0.0  # RPO: + sft_coef * mean per-token NLL of the chosen completions
+    seed: int = 0
+
+
+def sequence_logps(
+    model: torch.nn.Module, tokenizer: Any, pairs: Sequence[PreferencePair]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed completion log-probs of chosen and rejected ``([B], [B])`` in one forward of ``2B`` rows
+    (gradients flow; wrap in ``no_grad`` to score)."""
+    summed, _ = _summed_logps(model, tokenizer, pairs)
+    return summed[: len(pairs)], summed[len(pairs) :]
+
+
+def _summed_logps(
+    model: torch.nn.Module, tokenizer: Any, pairs: Sequence[PreferencePair]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed log-probs ``[2B]`` (chosen rows then rejected rows) and completion token counts ``[2B]``."""
+    p_ids, p_mask, r_ids, r_mask = encode_preference_batch(tokenizer, pairs)  # [2B, P], [2B, R]
+    logps, _ = response_logprobs(model, p_ids, p_mask, r_ids, r_mask)  # [2B, R]
+    return (logps * r_mask).sum(dim=1), r_mask.sum(dim=1)  # [2B], [2B]
+
+
+def reference_logps(
+    ref: torch.nn.Module,
+    tokenizer: Any,
+    pairs: Sequence[PreferencePair],
+    *,
+    batch_size: int = 64,
+    on_progress: Callable[[int, dict[str, float]], None] | None = None,
+) -> torch.Tensor:
+    """Reference log-probs of every pair ``[N, 2]`` (column 0 chosen, 1 rejected), computed once.
+    ``on_progress(pairs_done, {})`` after every batch (progress bars)."""
+    ref.eval()
+    out = []
+    with torch.no_grad():
+        for i in range(0, len(pairs), batch_size):
+            c, r = sequence_logps(ref, tokenizer, pairs[i : i + batch_size])
+            out.append(torch.stack([c, r], dim=1))  # [b, 2]
+            if on_progress is not None:
+                on_progress(min(i + batch_size, len(pairs)), {})
+    return torch.cat(out) if out else torch.zeros(0, 2)
+
+
+def pairs_fingerprint(pairs: Sequence[PreferencePair], ref_id: str) -> str:
+    """Hash of the pairs' content and the reference model's identity: the key of a ref-logp cache."""
+    h = hashlib.blake2b(ref_id.encode(), digest_size=16)
+    for p in pairs:
+        h.update(json.dumps([p.prompt, p.chosen, p.rejected], sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def cached_reference_logps(
+    cache_file: str | Path | None,
+    load_ref: Callable[[], torch.nn.Module],
+    tokenizer: Any,
+    pairs: Sequence[PreferencePair],
+    ref_id: str,
+    *,
+    on_progress: Callable[[int, dict[str, float]], None] | None = None,
+) -> torch.Tensor:
+    """Reference log-probs from ``cache_file`` when its fingerprint matches, else computed with a
+    freshly loaded reference (released afterwards) and written to the cache atomically."""
+    from safetensors.torch import load_file, save_file
+
+    key = pairs_fingerprint(pairs, ref_id)
+    path = Path(cache_file) if cache_file else None
+    if path is not None and path.is_file():
+        data = load_file(str(path))
+        if "fingerprint" in data and bytes(data["fingerprint"].tolist()).decode() == key:
+            return data["logps"]
+    ref = load_ref()
+    logps = reference_logps(ref, tokenizer, pairs, on_progress=on_progress)
+    del ref  # no reference model in memory while training
+    if path is not None:
+        from tandem.utils.io import atomic_write_bytes
+
+        tmp = path.with_name(path.name + ".partial")
+        save_file(
+            {"logps": logps.contiguous(), "fingerprint": torch.tensor(list(key.encode()), dtype=torch.uint8)},
+            str(tmp),
+        )
+        atomic_write_bytes(path, tmp.read_bytes())
+        tmp.unlink()
+    return logps
+
+
+def implicit_reward_metrics(
+    policy: torch.nn.Module,
+    tokenizer: Any,
+    pairs: Sequence[PreferencePair],
+    ref_logps: torch.Tensor,  # [N, 2]
+    beta: float,
+    *,
+    batch_size: int = 64,
+) -> dict[str, float]:
+    """Held-out ``rewards/*`` means over ``pairs`` (no gradients); accuracy = share with chosen reward
+    strictly above rejected."""
+    if not pairs:
+        return {}
+    was_training = policy.training
+    policy.eval()
+    chosen, rejected = [], []
+    with torch.no_grad():
+        for i in range(0, len(pairs), batch_size):
+            c, r = sequence_logps(policy, tokenizer, pairs[i : i + batch_size])
+            chosen.append(beta * (c - ref_logps[i : i + batch_size, 0]))
+            rejected.append(beta * (r - ref_logps[i : i + batch_size, 1]))
+    policy.train(was_training)
+    rc, rr = torch.cat(chosen), torch.cat(rejected)  # [N], [N]
+    return _reward_metrics(rc, rr)
+
+
+def _reward_metrics(rc: torch.Tensor, rr: torch.Tensor) -> dict[str, float]:
+    return {
+        "rewards/chosen": float(rc.mean()),
+        "rewards/rejected": float(rr.mean()),
+        "rewards/margins": float((rc - rr).mean()),
+        "rewards/accuracies": float((rc > rr).float().mean()),
+    }
+
+
+def train_dpo(
+    policy: torch.nn.Module,
+    tokenizer: Any,
+    pairs: Sequence[PreferencePair],
+    ref_logps: torch.Tensor,  # [N, 2] from reference_logps
+    settings: DPOSettings,
+    *,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+) -> list[dict[str, float]]:
+    """Train ``policy`` in place; returns per-step metrics (``loss``, ``rewards/*``, ``grad_norm``)."""
+    if not pairs:
+        raise DataError("DPO training set is empty")
+    if ref_logps.shape != (len(pairs), 2):
+        raise DataError(
+            f"reference log-probs have shape {tuple(ref_logps.shape)}, expected ({len(pairs)}, 2)"
+        )
+    seed_everything(settings.seed)
+    rng = random.Random(settings.seed)
+    opt = torch.optim.AdamW(policy.parameters(), lr=settings.lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / max(1, settings.warmup_steps))
+    )
+    total = total_steps(len(pairs), settings)
+    policy.train()
+    history: list[dict[str, float]] = []
+    order: list[int] = []
+    for step in range(1, total + 1):
+        if not order:
+            order = list(range(len(pairs)))
+            rng.shuffle(order)
+        idx, order = order[: settings.batch_size], order[settings.batch_size :]
+        batch = [pairs[i] for i in idx]
+        ref = ref_logps[idx]  # [b, 2]
+        summed, lengths = _summed_logps(policy, tokenizer, batch)  # [2b], [2b]
+        pc, pr = summed[: len(batch)], summed[len(batch) :]  # [b], [b]
+        losses, rc, rr = dpo_loss(
+            pc, pr, ref[:, 0], ref[:, 1], settings.beta, settings.loss_type, settings.label_smoothing
+        )
+        loss = losses.mean()
+        nll = -(pc / lengths[: len(batch)].clamp_min(1)).mean()  # chosen per-token NLL
+        if settings.sft_coef:
+            loss = loss + settings.sft_coef * nll
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), settings.max_grad_norm)
+        opt.step()
+        sched.step()
+        metrics = {"loss": float(loss.detach()), "grad_norm": float(grad_norm), **_reward_metrics(rc, rr)}
+        metrics["logps/chosen"] = float(pc.detach().mean())
+        metrics["logps/rejected"] = float(pr.detach().mean())
+        metrics["nll/chosen"] = float(nll.detach())
+        history.append(metrics)
+        if on_step is not None:
+            on_step(step, metrics)
+    policy.eval()
+    return history
+
+
+def total_steps(n_pairs: int, settings: DPOSettings) -> int:
+    """Optimiser steps for ``epochs`` passes at ``batch_size`` (last partial batch included), capped by
+    ``max_steps``."""
+    steps = settings.epochs * math.ceil(n_pairs / settings.batch_size)
+    return min(steps, settings.max_steps) if settings.max_steps else steps
+
+
+@dataclass(frozen=True)
+class OnlineDPOSettings:
+    rounds: int = 3
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    both_orders: bool = True  # keep a sampled pair only if the judge agrees with itself in both orders
+
+
+def online_dpo(
+    policy: torch.nn.Module,
+    tokenizer: Any,
+    prompt_rows: Sequence[dict[str, Any]],
+    judge: Callable[[str, str, str, dict[str, Any]], str | None],
+    settings: DPOSettings,
+    online: OnlineDPOSettings,
+    *,
+    on_round: Callable[[int, dict[str, float]], None] | None = None,
+) -> list[dict[str, float]]:
+    """Iterative (online) DPO: each round samples two responses per prompt from the current policy,
+    labels them with ``judge`` (a rule/verifier, a reward model wrapped as a rule, an LLM judge), and
+    trains DPO on the kept pairs with the round's starting policy as the reference — whose log-probs are
+    computed once per round from the policy itself, so no second model is ever loaded."""
+    from tandem.rollout import HFEngine, SamplingParams
+    from tandem.train.labeling import judge_row
+
+    history: list[dict[str, float]] = []
+    for rnd in range(1, online.rounds + 1):
+        engine = HFEngine(policy, tokenizer, add_special_tokens=False)
+        params = SamplingParams(
+            max_new_tokens=online.max_new_tokens,
+            temperature=online.temperature,
+            n=2,
+            seed=settings.seed + rnd,
+        )
+        batch = engine.generate([r["prompt"] for r in prompt_rows], params)
+        pairs: list[PreferencePair] = []
+        counts = {"kept": 0, "disagree": 0, "tie": 0, "parse_failure": 0, "timeout": 0}
+        for i, row in enumerate(prompt_rows):
+            a, b = batch.completions[2 * i], batch.completions[2 * i + 1]
+            if not a.strip() or not b.strip() or a == b:  # nothing to compare: no preference
+                counts["tie"] += 1
+                continue
+            sample = {**row, "response_a": a, "response_b": b}
+            rec = judge_row(
+                judge, sample, f"round {rnd} row {i}", both_orders=online.both_orders, noise=0.0, seed=0
+            )
+            counts[rec["status"]] += 1
+            if rec["status"] == "kept":
+                p = rec["pair"]
+                pairs.append(
+                    PreferencePair(p["prompt"], p["chosen"], p["rejected"], where=f"round {rnd} row {i}")
+                )
+        metrics: dict[str, float] = {
+            "round": float(rnd),
+            **{f"label/{k}": float(v) for k, v in counts.items()},
+        }
+        if pairs:
+            ref = reference_logps(policy, tokenizer, pairs)  # the round's starting policy is the reference
+            steps = train_dpo(policy, tokenizer, pairs, ref, settings)
+            metrics.update({k: v for k, v in steps[-1].items() if k.startswith(("loss", "rewards/"))})
+        history.append(metrics)
+        if on_round is not None:
+            on_round(rnd, metrics)
+    return history
