@@ -1,0 +1,76 @@
+"""The trajectory-channel interface between rollout workers (producers) and the learner (consumer).
+
+A channel moves :class:`TrajectoryMessage` objects — one scored batch of samples each — serialised
+explicitly (:mod:`tandem.channels.serialize`: safetensors bytes + JSON, never pickled tensors). Each backend
+is one module implementing :class:`TrajectoryChannel` and one line in ``BACKENDS``
+(``tandem/channels/__init__.py``); a Kafka backend would be a new ``kafka.py`` whose ``put`` produces to a
+topic, ``get`` polls a consumer group and ``ack`` commits offsets after the checkpoint.
+
+Delivery semantics: ``get`` returns a :class:`Delivery` whose ``delivery_id`` the learner passes to ``ack``
+once the update that used the sample is durable (checkpointed). Non-durable backends (the in-process
+queue) treat ``ack`` as a no-op; durable ones (Redis Streams) re-deliver un-acknowledged messages to the
+next consumer after a crash and report them through ``redelivered``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from tandem.types import RolloutBatch
+
+
+@dataclass
+class TrajectoryMessage:
+    """One scored batch produced by a rollout worker.
+
+    ``ticket`` is the batch's index in the admission order (see ``tandem.orchestration.staleness``): the
+    learner never trains the same ticket twice. Every sample also carries its own id, policy version and
+    behaviour log-probs inside ``batch``.
+    """
+
+    batch: RolloutBatch
+    scores: torch.Tensor  # [B] float32, sequence rewards after shaping
+    ticket: int
+    worker_id: int
+    meta: dict[str, float] = field(default_factory=dict)  # worker timings and reward metrics
+
+    @property
+    def num_samples(self) -> int:
+        return self.batch.batch_size
+
+
+@dataclass
+class Delivery:
+    """A message as handed to the consumer; ``delivery_id`` is what ``ack`` takes."""
+
+    message: TrajectoryMessage
+    delivery_id: str
+    redelivered: bool = False  # True when a previous consumer received it but never acknowledged it
+
+
+@runtime_checkable
+class TrajectoryChannel(Protocol):
+    """Producer/consumer channel of trajectory messages (see the module docstring for semantics)."""
+
+    def put(self, message: TrajectoryMessage) -> None:
+        """Append one message (called by rollout workers; must be safe from several processes)."""
+        ...
+
+    def get(self, timeout: float) -> Delivery | None:
+        """The next message, or ``None`` after ``timeout`` seconds without one."""
+        ...
+
+    def ack(self, delivery_ids: list[str]) -> None:
+        """Mark messages as durably consumed (after the checkpoint of the update that used them)."""
+        ...
+
+    def depth(self) -> int:
+        """Messages waiting to be consumed (-1 when the backend cannot tell)."""
+        ...
+
+    def close(self) -> None:
+        """Release this process's handles (idempotent)."""
+        ...

@@ -1,0 +1,222 @@
+"""Embedded decoupled runtime: one learner (this process) and N rollout worker processes on one machine.
+
+Wiring: a trajectory channel (``architecture.channel.backend``) carries scored batches from the workers to
+the learner; a shared-memory weight channel carries versioned weights back; a
+:class:`~tandem.orchestration.decoupled.coordination.Coordination` admits batches under the staleness
+bound η; a :class:`~tandem.orchestration.decoupled.supervisor.LocalSupervisor` restarts dead workers.
+The run folder, metrics, evaluation and checkpoints are those of the colocated runner. With a durable
+channel (Redis Streams) consumed messages are acknowledged only after the checkpoint that contains their
+update; a restarted learner re-reads the un-acknowledged ones first.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.context import BaseContext
+from typing import Any
+
+import torch
+
+from tandem.channels import TrajectoryChannel, open_channel
+from tandem.channels.weights import SharedMemoryWeights
+from tandem.config.schema import TandemConfig
+from tandem.monitor import MetricsLogger, PhaseTimer
+from tandem.orchestration.colocated import RunParts, evaluate_heldout
+from tandem.orchestration.decoupled.coordination import Coordination
+from tandem.orchestration.decoupled.learner import DecoupledLearner
+from tandem.orchestration.decoupled.ledger import TicketLedger
+from tandem.orchestration.decoupled.supervisor import LocalSupervisor
+from tandem.orchestration.learner import LearnerStep
+from tandem.orchestration.runner import (
+    KEY_METRICS,
+    RunResult,
+    _check_finite,
+    build_parts,
+    finish_run,
+    prepare_run_dir,
+)
+from tandem.orchestration.staleness import StalenessController
+from tandem.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DecoupledRun:
+    """The live parts of a decoupled run, handed to hooks (tests, elasticity policies)."""
+
+    cfg: TandemConfig
+    parts: RunParts
+    channel: TrajectoryChannel
+    weights: SharedMemoryWeights
+    coord: Coordination
+    supervisor: LocalSupervisor
+    learner: DecoupledLearner
+
+
+@dataclass
+class RunHooks:
+    """Optional callbacks; ``on_step(run, step)`` runs after each step is logged and checkpointed."""
+
+    on_step: Callable[[DecoupledRun, int], None] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def channel_options(cfg: TandemConfig, ctx: BaseContext) -> dict[str, Any]:
+    """Constructor options of the configured trajectory channel backend."""
+    ch = cfg.architecture.channel
+    if ch.backend == "queue":
+        return {"ctx": ctx}
+    return {
+        "url": ch.redis_url,
+        "stream": ch.stream or f"tandem:{cfg.run.name}",
+        "max_len": ch.max_len,
+        "trim_acked": ch.trim_acked,
+    }
+
+
+def train_decoupled(
+    cfg: TandemConfig, *, resume: bool = False, progress: bool | None = None, hooks: RunHooks | None = None
+) -> RunResult:
+    """Train with the decoupled architecture; same run folder and result as the colocated ``train``."""
+    hooks = hooks or RunHooks()
+    run_dir = prepare_run_dir(cfg, resume=resume)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.architecture.learner.threads)
+    parts = build_parts(cfg)
+    ckpt_root = run_dir / "checkpoints"
+    result = RunResult(run_dir=run_dir, steps=0)
+    state = _restore(parts, ckpt_root) if resume else None
+    version = int(state["step"]) if state else 0
+    result.eval_before = state.get("eval_before", {}) if state else {}
+    ledger = TicketLedger.from_state(state["ledger"]) if state else TicketLedger()
+    generator = torch.Generator().manual_seed(cfg.run.seed)
+    if state:
+        generator.set_state(torch.tensor(state["generator"], dtype=torch.uint8))
+
+    ctx = mp.get_context("spawn")
+    controller = StalenessController(cfg.architecture.staleness, cfg.samples_per_step)
+    coord = Coordination(ctx, controller)
+    weights = SharedMemoryWeights(parts.policy.state_dict(), ctx)
+    channel = open_channel(cfg.architecture.channel.backend, **channel_options(cfg, ctx))
+    supervisor = LocalSupervisor(ctx, cfg, str(cfg.model.path), channel, weights, coord)
+    try:
+        learn = LearnerStep.from_config(
+            cfg,
+            policy=parts.policy,
+            ref_model=parts.ref_model,
+            optimizer=parts.optimizer,
+            scheduler=parts.scheduler,
+            timer=PhaseTimer(),
+            generator=generator,
+        )
+        learner = DecoupledLearner(
+            learn,
+            channel,
+            weights,
+            coord,
+            controller,
+            version=version,
+            ledger=ledger,
+            poll_workers=supervisor.poll,
+            timeout_s=cfg.architecture.learner_timeout_s,
+        )
+        weights.publish(parts.policy.state_dict(), version)
+        _admit_after_restart(learner, coord)
+        supervisor.start(cfg.architecture.num_workers)
+        run = DecoupledRun(cfg, parts, channel, weights, coord, supervisor, learner)
+        _loop(run, result, ckpt_root, progress, hooks)
+    finally:  # each step runs even if an earlier one fails (e.g. a second Ctrl-C)
+        try:
+            supervisor.shutdown()
+        finally:
+            channel.close()
+            weights.unlink()
+            torch.set_num_threads(threads)
+    result.steps = learner.version
+    return finish_run(result, ckpt_root, accounting=ledger.state_dict()["counts"])
+
+
+def _restore(parts: RunParts, ckpt_root: Any) -> dict[str, Any] | None:
+    latest = latest_checkpoint(ckpt_root)
+    if latest is None:
+        return None
+    state = load_checkpoint(latest, model=parts.policy, optimizer=parts.optimizer, scheduler=parts.scheduler)
+    log.info("resumed from %s", latest)
+    return {**state["extra_state"]["decoupled"], "eval_before": state["extra_state"].get("eval_before", {})}
+
+
+def _admit_after_restart(learner: DecoupledLearner, coord: Coordination) -> None:
+    """Set the admission counters. Fresh run: 0/0. Restart: un-acknowledged messages of a durable channel
+    are buffered first; tickets up to the newest one known exist already, and the buffered ones are the
+    only ones still to consume, so capacity is ``η + 1 − buffered`` (see ``staleness``)."""
+    recovered = learner.recover() if getattr(learner.channel, "durable", False) else []
+    known = learner.ledger.consumed | set(recovered)
+    issued = max(known) + 1 if known else 0
+    coord.set_counters(issued=issued, consumed=issued - len(recovered))
+    if recovered:
+        log.info("re-read %d un-acknowledged batches after restart: tickets %s", len(recovered), recovered)
+
+
+def _loop(
+    run: DecoupledRun, result: RunResult, ckpt_root: Any, progress: bool | None, hooks: RunHooks
+) -> None:
+    cfg, learner, parts = run.cfg, run.learner, run.parts
+    mon = cfg.monitor
+    with MetricsLogger(
+        result.run_dir,
+        total_steps=cfg.trainer.total_steps,
+        key_metrics=(*KEY_METRICS, "perf/samples_per_s"),
+        tensorboard=mon.tensorboard,
+        progress=mon.progress if progress is None else progress,
+        start_step=learner.version,
+    ) as logger:
+        if learner.version == 0:
+            result.eval_before = evaluate_heldout(parts)
+            logger.log(0, result.eval_before)
+        while learner.version < cfg.trainer.total_steps:
+            metrics = learner.step()
+            step = learner.version
+            last = step == cfg.trainer.total_steps
+            if (mon.eval_every and step % mon.eval_every == 0) or last:
+                metrics.update(evaluate_heldout(parts))
+            if mon.sample_every and (step % mon.sample_every == 0 or step == 1) and mon.num_samples:
+                logger.log_samples(step, learner.last_samples(mon.num_samples, cfg.rollout.n))
+            metrics["decoupled/workers_alive"] = float(run.supervisor.num_alive)
+            metrics["decoupled/worker_restarts"] = float(run.supervisor.total_restarts)
+            _check_finite(metrics, step)
+            logger.log(step, metrics)
+            result.last_metrics = metrics
+            if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or (
+                last and cfg.checkpoint.save_final
+            ):
+                _checkpoint(run, result, ckpt_root)
+                learner.acknowledge()  # only now is the update that used these samples durable
+            if hooks.on_step is not None:
+                hooks.on_step(run, step)
+
+
+def _checkpoint(run: DecoupledRun, result: RunResult, ckpt_root: Any) -> None:
+    learner, parts = run.learner, run.parts
+    extra = {
+        "decoupled": {
+            "step": learner.version,
+            "ledger": learner.ledger.state_dict(),
+            "generator": learner.learn.generator.get_state().tolist(),
+        },
+        "eval_before": result.eval_before,
+    }
+    save_checkpoint(
+        ckpt_root,
+        learner.version,
+        model=parts.policy,
+        tokenizer=parts.tokenizer,
+        optimizer=parts.optimizer,
+        scheduler=parts.scheduler,
+        extra_state=extra,
+        config=run.cfg.model_dump(mode="json"),
+        keep_last=run.cfg.checkpoint.keep_last,
+    )

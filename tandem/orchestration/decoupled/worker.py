@@ -1,0 +1,151 @@
+"""A rollout worker process: owns an engine and a reward set; generates, scores and publishes batches.
+
+Loop: take a ticket (blocks under the staleness bound) -> load the newest published weights
+(``sync`` time) -> generate the ticket's prompts with the ticket's seed (``generate``) -> score
+(``reward``) -> put a :class:`~tandem.channels.base.TrajectoryMessage` on the channel. Ticket ``k`` always
+maps to the same prompts (the ``k``-th batch of the seeded sampler), sampling seed and group ids as step
+``k`` of the colocated trainer, so η = 0 with one worker reproduces a colocated run.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import signal
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tandem.channels.base import TrajectoryChannel, TrajectoryMessage
+from tandem.channels.weights import SharedMemoryWeights
+from tandem.config.schema import TandemConfig
+from tandem.data import PromptSampler
+from tandem.errors import TandemError
+from tandem.models import load_causal_lm, load_tokenizer
+from tandem.monitor import PhaseTimer
+from tandem.orchestration.build import build_data, build_rewards, enforce_prompt_lengths
+from tandem.orchestration.colocated import step_seed
+from tandem.orchestration.decoupled.coordination import Coordination
+from tandem.orchestration.scoring import OverlongShaping, score_rollout
+from tandem.rollout.base import SamplingParams
+from tandem.rollout.hf import HFEngine
+
+log = logging.getLogger(__name__)
+
+EXIT_USER_ERROR = 3  # a TandemError (bad reward function, data): restarting would not help
+
+
+@dataclass
+class WorkerSpec:
+    """What a worker process needs (picklable)."""
+
+    slot: int
+    cfg: TandemConfig
+    model_path: str
+    channel: TrajectoryChannel
+    weights: SharedMemoryWeights
+    coord: Coordination
+    errors: Any  # multiprocessing queue of one-line error strings
+
+
+def sampling_params(cfg: TandemConfig, ticket: int) -> SamplingParams:
+    """Sampling parameters of batch ``ticket`` — the colocated trainer's for step ``ticket``, round 0."""
+    r = cfg.rollout
+    return SamplingParams(
+        max_new_tokens=r.max_new_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        n=r.n,
+        stop=list(r.stop),
+        seed=step_seed(cfg.run.seed, ticket, 0),
+    )
+
+
+class TicketPrompts:
+    """Rows of batch ``k``: the ``k``-th draw of a fresh seeded :class:`PromptSampler` (fast-forwarded)."""
+
+    def __init__(self, dataset: Any, batch_size: int, seed: int) -> None:
+        self._args = (dataset, batch_size, seed)
+        self._sampler = PromptSampler(*self._args)
+        self._next = 0
+
+    def rows(self, ticket: int) -> list[dict[str, Any]]:
+        if ticket < self._next:  # e.g. a re-assigned older ticket: restart the stream
+            self._sampler, self._next = PromptSampler(*self._args), 0
+        while self._next < ticket:
+            self._sampler.next_indices()
+            self._next += 1
+        self._next += 1
+        return self._sampler.next_batch()
+
+
+def worker_main(spec: WorkerSpec) -> None:
+    """Process entry point: one torch thread (by default), Ctrl-C left to the parent."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner process handles Ctrl-C and stops us
+    torch.set_num_threads(spec.cfg.architecture.worker.threads)
+    try:
+        _run(spec)
+    except TandemError as err:
+        spec.errors.put(f"rollout worker {spec.slot}: {err}")
+        raise SystemExit(EXIT_USER_ERROR) from None
+    except Exception:
+        spec.errors.put(f"rollout worker {spec.slot} crashed:\n{traceback.format_exc()}")
+        raise
+    finally:
+        spec.channel.close()
+        spec.weights.close()
+
+
+def _parent_alive() -> bool:
+    """False once the learner process is gone (e.g. SIGKILL), so orphaned workers exit on their own."""
+    parent = mp.parent_process()
+    return parent is None or parent.is_alive()
+
+
+def _run(spec: WorkerSpec) -> None:
+    cfg, coord = spec.cfg, spec.coord
+    model = load_causal_lm(spec.model_path, dtype=cfg.model.dtype)
+    tokenizer = load_tokenizer(spec.model_path)
+    engine = HFEngine(model, tokenizer, max_prompt_len=cfg.data.max_prompt_len, version=-1)
+    data = enforce_prompt_lengths(build_data(cfg.data, seed=cfg.run.seed), tokenizer, cfg.data)
+    rewards = build_rewards(cfg.reward, data.task)
+    ov = cfg.reward.overlong
+    overlong = (
+        OverlongShaping(ov.max_len or cfg.rollout.max_new_tokens, ov.buffer, ov.factor)
+        if ov.enabled
+        else None
+    )
+    prompts = TicketPrompts(data.train, cfg.data.prompts_per_step, cfg.run.seed)
+    timer = PhaseTimer()
+    while True:
+        t0 = time.perf_counter()
+        ticket = coord.acquire(spec.slot, alive=_parent_alive)
+        idle = time.perf_counter() - t0  # blocked by the staleness bound before this batch
+        if ticket is None:
+            return
+        timer.reset()
+        with timer.phase("sync"):
+            fetched = spec.weights.fetch(engine.version)
+            if fetched is not None:
+                engine.update_weights(*fetched)
+        rows = prompts.rows(ticket)
+        extras = [{k: v for k, v in row.items() if k != "prompt"} for row in rows]
+        with timer.phase("generate"):
+            batch = engine.generate(
+                [row["prompt"] for row in rows],
+                sampling_params(cfg, ticket),
+                group_offset=ticket * cfg.data.prompts_per_step,
+                extras=extras,
+            )
+        with timer.phase("reward"):
+            scores, reward_metrics = score_rollout(batch, rewards, overlong)
+        meta = {**reward_metrics, **{f"worker/{k}": v for k, v in timer.metrics().items()}}
+        meta["worker/idle_ratio"] = idle / max(1e-9, time.perf_counter() - t0)
+        spec.channel.put(
+            TrajectoryMessage(batch=batch, scores=scores, ticket=ticket, worker_id=spec.slot, meta=meta)
+        )
+        coord.done(spec.slot)

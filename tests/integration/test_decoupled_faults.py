@@ -1,0 +1,167 @@
+"""Decoupled runtime faults and elasticity: a killed worker is restarted and the run finishes; workers join
+and leave mid-run without stalling the learner; Ctrl-C (KeyboardInterrupt) stops every process cleanly.
+Every test checks the exact sample accounting and that no ticket is trained twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from tandem.config import build_config
+from tandem.orchestration.decoupled.runtime import RunHooks, train_decoupled
+
+DIGITS = f"{Path(__file__).parents[1] / 'e2e' / 'digits_reward.py'}:digit_share"
+pytestmark = pytest.mark.slow
+
+
+def _cfg(model_dir, out, *, steps=5, workers=1, eta=1):
+    return build_config(
+        {
+            "run": {"output_dir": str(out), "seed": 2},
+            "model": {"path": str(model_dir)},
+            "data": {"task": "arith", "prompts_per_step": 2, "eval_size": 0, "train_size": 32},
+            "rollout": {"n": 4, "max_new_tokens": 4},
+            "reward": {"task_reward": False, "functions": [{"path": DIGITS}]},
+            "algorithm": {"name": "decoupled_ppo"},
+            "trainer": {"total_steps": steps, "lr": 1e-3},
+            "architecture": {"mode": "decoupled", "staleness": eta, "num_workers": workers},
+            "monitor": {"eval_every": 0, "sample_every": 0, "tensorboard": False, "progress": False},
+        }
+    )
+
+
+def _rows(run_dir):
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["step"] >= 1]
+
+
+def _check_accounting(result, steps, batch=8):
+    acc = json.loads((result.run_dir / "summary.json").read_text())["accounting"]
+    assert acc["trained_samples"] == steps * batch and acc["trained_batches"] == steps
+    assert (
+        acc["received_samples"] == acc["trained_samples"] + acc["dropped_samples"] + acc["duplicate_samples"]
+    )
+    tickets = [r["decoupled/ticket"] for r in _rows(result.run_dir)]
+    assert len(tickets) == len(set(tickets)) == steps, "a ticket was trained twice"
+    return acc
+
+
+def _alive(pid: int, grace_s: float = 5.0) -> bool:
+    """True when ``pid`` still runs after ``grace_s`` seconds (a zombie awaiting its reaper counts as gone)."""
+    import time
+
+    deadline = time.monotonic() + grace_s
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+        if state == "Z":
+            return False
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.1)
+
+
+def test_killed_worker_is_restarted_and_the_run_finishes(tiny_model_dir, tmp_path):
+    torch.set_num_threads(1)
+    killed = []
+
+    def kill_worker(run, step):
+        if step == 2:
+            pid = run.supervisor.pids()[0]
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    result = train_decoupled(_cfg(tiny_model_dir, tmp_path / "run"), hooks=RunHooks(on_step=kill_worker))
+    assert result.steps == 5 and killed
+    last = _rows(result.run_dir)[-1]
+    assert last["decoupled/worker_restarts"] >= 1
+    assert all(r["staleness/step_lag"] <= 1 for r in _rows(result.run_dir))
+    _check_accounting(result, 5)
+    assert not _alive(killed[0])
+
+
+def test_workers_join_and_leave_mid_run(tiny_model_dir, tmp_path):
+    torch.set_num_threads(1)
+    events = {}
+
+    def scale(run, step):
+        if step == 1:
+            events["added"] = run.supervisor.add_worker()
+        if step == 4:
+            events["removed"] = run.supervisor.remove_worker(0)
+            events["pids"] = run.supervisor.pids()
+
+    result = train_decoupled(_cfg(tiny_model_dir, tmp_path / "run", steps=8), hooks=RunHooks(on_step=scale))
+    assert result.steps == 8 and events["added"] == 1 and events["removed"] == 0
+    rows = _rows(result.run_dir)
+    assert any(r["decoupled/worker"] == 1 for r in rows), "the added worker contributed no samples"
+    assert rows[-1]["decoupled/workers_alive"] == 1  # the removed worker exited; the learner did not stall
+    assert rows[-1]["decoupled/worker_restarts"] == 0  # a retired worker is not "restarted"
+    _check_accounting(result, 8)
+
+
+def test_keyboard_interrupt_stops_every_process(tiny_model_dir, tmp_path):
+    torch.set_num_threads(1)
+    seen = {}
+
+    def interrupt(run, step):
+        if step == 2:
+            seen["pids"] = run.supervisor.pids()
+            seen["shm"] = run.weights._shm.name
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_decoupled(_cfg(tiny_model_dir, tmp_path / "run", workers=2), hooks=RunHooks(on_step=interrupt))
+    assert len(seen["pids"]) == 2
+    assert not any(_alive(pid) for pid in seen["pids"])
+    assert not Path("/dev/shm", seen["shm"].lstrip("/")).exists()
+    assert not (tmp_path / "run" / "summary.json").exists()  # an interrupted run is marked unfinished
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def test_ctrl_c_on_the_cli_exits_130_and_leaves_no_process(tiny_model_dir, tmp_path):
+    """A real SIGINT to ``tandem train`` (what Ctrl-C sends) while the decoupled run trains."""
+    import subprocess
+    import sys
+    import time
+
+    cfg = _cfg(tiny_model_dir, tmp_path / "run", steps=10_000, workers=2)
+    cfg_file = tmp_path / "cfg.yaml"
+    from tandem.config import config_to_yaml
+
+    cfg_file.write_text(config_to_yaml(cfg))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cli = [sys.executable, "-c", "from tandem.cli.main import app; app()", "train", str(cfg_file)]
+    proc = subprocess.Popen(cli, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.2)
+    workers = _children(proc.pid)
+    assert proc.poll() is None, proc.stderr.read()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert workers, "no worker processes were seen"
+    assert not [pid for pid in workers if _alive(pid)], "processes left behind after Ctrl-C"

@@ -1,0 +1,65 @@
+"""Config side of staleness: the unsafe-algorithm warning, rejected combinations, shipped decoupled presets."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from tandem.config import build_config, load_config
+from tandem.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _data(algorithm: dict, eta: int, mode: str = "decoupled") -> dict:
+    return {
+        "model": {"path": "models/tiny"},
+        "data": {"task": "arith", "prompts_per_step": 2},
+        "rollout": {"n": 4},
+        "algorithm": algorithm,
+        "architecture": {"mode": mode, "staleness": eta},
+    }
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "eta", "mode", "warns"),
+    [
+        ({"name": "grpo"}, 2, "decoupled", True),
+        ({"name": "grpo"}, 1, "decoupled", False),  # one step off-policy: PPO's clip copes
+        ({"name": "grpo"}, 3, "colocated", False),  # staleness only matters when decoupled
+        ({"name": "grpo", "correction": "token_tis"}, 4, "decoupled", False),
+        ({"name": "decoupled_ppo"}, 4, "decoupled", False),
+        ({"name": "agro"}, 4, "decoupled", False),
+        ({"name": "topr"}, 4, "decoupled", False),
+        ({"name": "cispo"}, 2, "decoupled", True),
+    ],
+)
+def test_unsafe_algorithm_warning(caplog, algorithm, eta, mode, warns):
+    with caplog.at_level(logging.WARNING, logger="tandem.config"):
+        build_config(_data(algorithm, eta, mode))
+    text = " ".join(r.getMessage() for r in caplog.records)
+    assert ("unsafe for η ≥ 2 without correction" in text) is warns
+    if warns:
+        assert "decoupled_ppo, agro, topr" in text and "algorithm.correction=token_tis" in text
+
+
+def test_dynamic_sampling_is_rejected_when_decoupled():
+    with pytest.raises(ConfigError, match="algorithm.dynamic_sampling"):
+        build_config(_data({"name": "dapo"}, 1))
+
+
+def test_unknown_channel_backend_names_the_key():
+    data = _data({"name": "decoupled_ppo"}, 1)
+    data["architecture"]["channel"] = {"backend": "kafka"}
+    with pytest.raises(ConfigError, match="architecture.channel.backend"):
+        build_config(data)
+
+
+@pytest.mark.parametrize("name", ["decoupled_ppo", "decoupled_agro", "decoupled_topr", "decoupled_grpo_tis"])
+def test_shipped_decoupled_presets_load_without_warning(caplog, name):
+    with caplog.at_level(logging.WARNING, logger="tandem.config"):
+        cfg = load_config(REPO / "configs" / f"{name}.yaml")
+    assert cfg.architecture.mode == "decoupled" and cfg.architecture.staleness == 2
+    assert not caplog.records
