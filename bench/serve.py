@@ -1,0 +1,195 @@
+"""Dynamic batching vs batch-size-1 serving: 32 concurrent clients on loopback against `tandem serve`.
+
+Both servers are the same `tandem serve` process (own process, 1 torch thread... or --threads) on the same
+tiny model; only --max-batch-size differs (32 vs 1). Rounds alternate between them (interleaved) and each
+round runs for --seconds. Sampled requests (temperature 0.8) so the greedy cache never answers.
+Prints a table and a final ratio line.
+
+    .venv/bin/python bench/serve.py --seconds 20 --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def mean_batch(url: str) -> float:
+    """Mean rows per generated batch, from the server's Prometheus metrics."""
+    values = {}
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(("tandem_batch_size_sum", "tandem_batch_size_count")):
+            values[line.split("{")[0]] = float(line.split()[-1])
+    return values.get("tandem_batch_size_sum", 0.0) / max(values.get("tandem_batch_size_count", 0.0), 1.0)
+
+
+def start_server(model: str, batch: int, threads: int, wait_ms: float) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    cmd = [
+        str(Path(sys.executable).parent / "tandem"),
+        "serve",
+        model,
+        "--port",
+        str(port),
+        "--max-batch-size",
+        str(batch),
+        "--max-wait-ms",
+        str(wait_ms),
+        "--max-queue",
+        "1024",
+        "--threads",
+        str(threads),
+        "--cache-size",
+        "0",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            if httpx.get(url + "/ready", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"server did not start: {proc.stderr.read().decode()[-500:]}")
+
+
+async def load(url: str, clients: int, seconds: float, max_tokens: int) -> dict:
+    """``clients`` closed-loop clients for ``seconds``: latencies and status counts."""
+    latencies: list[float] = []
+    errors: dict[str, int] = {}
+    stop_at = time.perf_counter() + seconds
+
+    async def client(i: int, http: httpx.AsyncClient) -> None:
+        n = 0
+        while time.perf_counter() < stop_at:
+            body = {"prompt": f"{i}+{n}=", "max_tokens": max_tokens, "temperature": 0.8}
+            started = time.perf_counter()
+            try:
+                r = await http.post("/v1/completions", json=body)
+                key = None if r.status_code == 200 else str(r.status_code)
+            except httpx.HTTPError as err:
+                key = type(err).__name__
+            if key is None:
+                latencies.append(time.perf_counter() - started)
+            else:
+                errors[key] = errors.get(key, 0) + 1
+            n += 1
+
+    limits = httpx.Limits(max_connections=clients)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as http:
+        started = time.perf_counter()
+        await asyncio.gather(*(client(i, http) for i in range(clients)))
+        elapsed = time.perf_counter() - started
+    q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [float("nan")] * 99
+    return {
+        "ok": len(latencies),
+        "qps": len(latencies) / elapsed,
+        "p50": q[49],
+        "p99": q[98],
+        "errors": sum(errors.values()),
+        "by_status": errors,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--max-wait-ms", type=float, default=20.0)
+    parser.add_argument("--hidden-size", type=int, default=128)
+    parser.add_argument("--num-layers", type=int, default=4)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="tandem-bench-serve-") as tmp:
+        bench(args, tmp)
+
+
+def bench(args: argparse.Namespace, tmp: str) -> None:
+    """Start both servers on a fresh tiny model in ``tmp``, load them interleaved, print the table."""
+    from tandem.models import init_tiny_model
+
+    model = str(
+        init_tiny_model(
+            Path(tmp) / "tiny", hidden_size=args.hidden_size, num_layers=args.num_layers, num_heads=4, seed=0
+        )
+    )
+    servers = {
+        name: start_server(model, batch, args.threads, args.max_wait_ms)
+        for name, batch in (("batch-1", 1), ("dynamic-32", 32))
+    }
+    rows: dict[str, list[dict]] = {name: [] for name in servers}
+    batch_means: dict[str, float] = {}
+    rss = {name: [_rss_mb(p.pid)] for name, (p, _) in servers.items()}
+    try:
+        for name, (_, url) in servers.items():  # warm-up
+            asyncio.run(load(url, args.clients, 2.0, args.max_tokens))
+            rss[name].append(_rss_mb(servers[name][0].pid))
+        for r in range(args.rounds):
+            order = list(servers) if r % 2 == 0 else list(reversed(servers))
+            for name in order:
+                rows[name].append(
+                    asyncio.run(load(servers[name][1], args.clients, args.seconds, args.max_tokens))
+                )
+                print(f"round {r + 1} {name}: {rows[name][-1]['qps']:.1f} QPS", file=sys.stderr)
+        for name, (proc, url) in servers.items():
+            rss[name].append(_rss_mb(proc.pid))
+            batch_means[name] = mean_batch(url)
+    finally:
+        for proc, _ in servers.values():
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=30)
+    print("| server | QPS | p50 ms | p99 ms | ok | errors | mean batch | RSS start/warm/end MB |")
+    print("|---|---|---|---|---|---|---|---|")
+    summary = {}
+    for name, results in rows.items():
+        qps = statistics.mean(x["qps"] for x in results)
+        p50 = statistics.mean(x["p50"] for x in results) * 1000
+        p99 = max(x["p99"] for x in results) * 1000
+        errs = sum(x["errors"] for x in results)
+        summary[name] = (qps, p99)
+        start, warm, end = rss[name]
+        print(
+            f"| {name} | {qps:.1f} | {p50:.0f} | {p99:.0f} | {sum(x['ok'] for x in results)} | {errs} "
+            f"| {batch_means[name]:.1f} | {start:.0f} / {warm:.0f} / {end:.0f} |"
+        )
+    ratio = summary["dynamic-32"][0] / summary["batch-1"][0]
+    print(
+        f"ratio: dynamic batching {ratio:.2f}x the QPS of batch-size-1; p99 {summary['dynamic-32'][1]:.0f} "
+        f"ms vs {summary['batch-1'][1]:.0f} ms ({args.clients} clients, {args.seconds:.0f} s x "
+        f"{args.rounds} rounds each)"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""``tandem export``: HF, ONNX, TorchScript or dynamic-INT8 folders with parity, size and accuracy deltas."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from tandem.cli.main import app, out, user_errors
+
+
+def _fmt(value, unit: str = "", digits: int = 3) -> str:
+    return (
+        "-"
+        if value is None
+        else f"{value:.{digits}f}{unit}"
+        if isinstance(value, float)
+        else f"{value}{unit}"
+    )
+
+
+@app.command("export")
+@user_errors
+def export_cmd(
+    model: Annotated[str, typer.Argument(help="Run folder, checkpoint folder or HF model folder.")],
+    format: Annotated[str, typer.Option("--format", "-f", help="hf | onnx | torchscript | int8.")] = "hf",
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="Output folder (default: exports/<name>-<fmt>).")
+    ] = None,
+    task: Annotated[
+        str | None, typer.Option(help="Task for INT8 held-out accuracy (default: the run's).")
+    ] = None,
+    task_option: Annotated[
+        list[str] | None, typer.Option(help="Task option KEY=VALUE (repeatable), e.g. digits=2.")
+    ] = None,
+    eval_size: Annotated[int, typer.Option(help="Held-out prompts for the INT8 accuracy check.")] = 64,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Also write the report as JSON here.")
+    ] = None,
+) -> None:
+    """Export a model; prints size before/after, logits parity (max abs diff), latency and INT8 accuracy.
+
+    Example: tandem export runs/grpo --format int8 --task arith
+    """
+    from tandem.cli.evaluate import parse_options
+    from tandem.export.api import export_model
+    from tandem.utils.io import atomic_write_json
+
+    task_opts = parse_options(task_option, "--task-option") if task_option else None
+    target = out_dir or Path("exports") / f"{Path(model).resolve().name}-{format}"
+    with out.status(f"exporting {escape(model)} as {format} ..."):
+        report = export_model(model, target, format, task=task, task_options=task_opts, eval_size=eval_size)
+    table = Table(title=f"tandem export --format {format}")
+    table.add_column("metric")
+    table.add_column("source")
+    table.add_column("export")
+    table.add_column("delta")
+    mb = 1 / 2**20
+    table.add_row(
+        "weights MB",
+        _fmt(report.size_before * mb),
+        _fmt(report.size_after * mb),
+        _fmt((report.size_after - report.size_before) * mb),
+    )
+    table.add_row(
+        "forward latency ms [4x24]",
+        _fmt(report.latency_eager_ms, digits=2),
+        _fmt(report.latency_export_ms, digits=2),
+        "",
+    )
+    if report.parity_max_abs_diff is not None:
+        table.add_row("logits max abs diff", "", f"{report.parity_max_abs_diff:.3g}", "")
+    if report.accuracy_before is not None:
+        table.add_row(
+            f"held-out accuracy (n={report.eval_prompts})",
+            _fmt(report.accuracy_before),
+            _fmt(report.accuracy_after),
+            _fmt(report.accuracy_after - report.accuracy_before),
+        )
+    elif format == "int8":
+        table.add_row("held-out accuracy", "skipped (pass --task NAME)", "", "")
+    out.print(table)
+    out.print(f"export folder: {escape(str(target))}")
+    if json_out is not None:
+        atomic_write_json(json_out, report.as_dict())
+        out.print(f"report: {escape(str(json_out))}")

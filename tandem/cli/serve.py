@@ -1,0 +1,200 @@
+"""``tandem serve`` (OpenAI-compatible server) and ``tandem data export-feedback``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from tandem.cli.data import data_app  # noqa: E402  (the `tandem data` group; we add export-feedback)
+from tandem.cli.main import app, out, user_errors
+from tandem.errors import ConfigError
+
+
+def _arms(model: str, arm: list[str] | None) -> dict[str, str]:
+    """``MODEL_OR_RUN`` is arm ``main``; ``--arm name=path`` adds more (A/B)."""
+    arms = {"main": model}
+    for item in arm or []:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ConfigError(f"'{item}' is not NAME=PATH", where="--arm")
+        arms[name] = path
+    return arms
+
+
+def _split(split: str | None) -> dict[str, float] | None:
+    if not split:
+        return None
+    weights = {}
+    for item in split.split(","):
+        name, sep, value = item.partition("=")
+        try:
+            weights[name] = float(value)
+        except ValueError:
+            raise ConfigError(f"'{item}' is not NAME=WEIGHT", where="--split") from None
+        if not sep:
+            raise ConfigError(f"'{item}' is not NAME=WEIGHT", where="--split")
+    return weights
+
+
+@app.command()
+@user_errors
+def serve(
+    model: Annotated[str, typer.Argument(help="HF model folder, int8 export folder, or a run folder.")],
+    host: Annotated[str, typer.Option(help="Bind address (non-loopback needs API keys).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port.")] = 8000,
+    api_key: Annotated[
+        list[str] | None, typer.Option(help="API key (repeatable); also TANDEM_API_KEYS.")
+    ] = None,
+    admin_key: Annotated[str | None, typer.Option(help="Admin API key; also TANDEM_ADMIN_KEY.")] = None,
+    arm: Annotated[list[str] | None, typer.Option(help="Extra A/B arm NAME=PATH (repeatable).")] = None,
+    split: Annotated[str | None, typer.Option(help="Traffic split, e.g. main=0.9,b=0.1.")] = None,
+    name: Annotated[str | None, typer.Option(help="Model id clients send (default: folder name).")] = None,
+    max_batch_size: Annotated[int, typer.Option(help="Rows generated together at most.")] = 32,
+    max_wait_ms: Annotated[float, typer.Option(help="How long a batch waits for more requests.")] = 10.0,
+    max_queue: Annotated[int, typer.Option(help="Waiting rows before answering 429.")] = 256,
+    cache_size: Annotated[int, typer.Option(help="LRU entries for temperature-0 responses (0: off).")] = 1024,
+    max_tokens_limit: Annotated[int, typer.Option(help="Largest max_tokens accepted.")] = 512,
+    max_body_bytes: Annotated[int, typer.Option(help="Largest request body (413 beyond).")] = 1 << 20,
+    feedback_db: Annotated[str | None, typer.Option(help="SQLite file for /v1/feedback.")] = None,
+    ssl_certfile: Annotated[str | None, typer.Option(help="TLS certificate (PEM).")] = None,
+    ssl_keyfile: Annotated[str | None, typer.Option(help="TLS private key (PEM).")] = None,
+    threads: Annotated[int, typer.Option(help="torch threads for generation.")] = 0,
+    workers: Annotated[int, typer.Option(help="Replicas: uvicorn worker processes behind one port.")] = 1,
+) -> None:
+    """Serve a model with the OpenAI API (completions, chat, streaming), /predict, /metrics and A/B arms.
+
+    Example: tandem serve runs/grpo --port 8000   then   curl -X POST localhost:8000/predict -d '{"text": "1+2="}'
+    """
+    from tandem.serve import require_serve_deps
+
+    require_serve_deps()
+    import torch
+
+    from tandem.serve.app import ServeSettings
+    from tandem.serve.server import build_state, check_bind, run_server
+
+    if threads:
+        torch.set_num_threads(threads)
+    keys = list(api_key or []) + [k for k in os.environ.get("TANDEM_API_KEYS", "").split(",") if k]
+    settings = ServeSettings(
+        max_batch_size=max_batch_size,
+        max_wait_ms=max_wait_ms,
+        max_queue=max_queue,
+        cache_size=cache_size,
+        max_tokens_limit=max_tokens_limit,
+        max_body_bytes=max_body_bytes,
+        api_keys=keys,
+        admin_key=admin_key or os.environ.get("TANDEM_ADMIN_KEY") or None,
+        feedback_db=feedback_db,
+    )
+    check_bind(host, bool(keys))
+    if workers > 1:
+        from tandem.serve.server import run_replicas
+
+        out.print(f"serving {escape(model)} with {workers} replicas on {host}:{port}")
+        display = name or Path(model).resolve().name
+        run_replicas(
+            _arms(model, arm),
+            settings,
+            display,
+            _split(split),
+            host,
+            port,
+            workers,
+            ssl_certfile,
+            ssl_keyfile,
+        )
+        return
+    state = build_state(_arms(model, arm), settings, name=name, split=_split(split))
+    scheme = "https" if ssl_certfile else "http"
+    out.print(
+        f"serving [bold]{escape(state.name)}[/] arms={dict(state.router.split)} on {scheme}://{host}:{port}"
+    )
+    run_server(state, host, port, ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile)
+
+
+@data_app.command("export-feedback")
+@user_errors
+def export_feedback(
+    db: Annotated[Path, typer.Argument(help="The SQLite file given to tandem serve --feedback-db.")],
+    out_file: Annotated[Path, typer.Option("--out", help="Preference JSONL (prompt/chosen/rejected).")],
+    threshold: Annotated[float, typer.Option(help="Ratings >= this are good, below bad.")] = 0.5,
+) -> None:
+    """Write user feedback as a preference dataset that tandem dpo / tandem rm read."""
+    from tandem.serve.feedback import export_preferences
+
+    if not db.is_file():
+        raise ConfigError("feedback database does not exist", where=str(db))
+    n = export_preferences(db, out_file, threshold)
+    out.print(f"wrote {n} preference rows to {escape(str(out_file))}")
+
+
+@app.command()
+@user_errors
+def loadtest(
+    url: Annotated[str, typer.Argument(help="Server base URL, e.g. http://127.0.0.1:8000.")],
+    concurrency: Annotated[int, typer.Option(help="Concurrent closed-loop clients.")] = 8,
+    requests: Annotated[int, typer.Option(help="Stop after this many requests.")] = 200,
+    duration: Annotated[float, typer.Option(help="Stop after this many seconds.")] = 30.0,
+    prompt: Annotated[str, typer.Option(help="Prompt of every request.")] = "12+34=",
+    max_tokens: Annotated[int, typer.Option(help="max_tokens of every request.")] = 16,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature (0 hits the cache).")] = 0.8,
+    api_key: Annotated[str | None, typer.Option(help="API key; also TANDEM_API_KEY.")] = None,
+    allow_host: Annotated[str | None, typer.Option(help="Allow this non-loopback host.")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the result as JSON.")] = None,
+) -> None:
+    """Load-test a tandem (or any OpenAI-compatible) server: QPS, p50/p95/p99 and errors by status.
+
+    Example: tandem loadtest http://127.0.0.1:8000 --concurrency 32 --requests 1000 --duration 60
+    """
+    import asyncio
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+    from rich.table import Table
+
+    from tandem.serve.loadtest import check_target, run_load
+    from tandem.utils.io import atomic_write_json
+
+    check_target(url, allow_host)
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature}
+    key = api_key or os.environ.get("TANDEM_API_KEY")
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=out,
+    ) as bar:
+        task = bar.add_task("requests", total=requests)
+        result = asyncio.run(
+            run_load(
+                url,
+                concurrency=concurrency,
+                max_requests=requests,
+                duration_s=duration,
+                body=body,
+                api_key=key,
+                on_done=lambda n: bar.advance(task, n),
+            )
+        )
+    table = Table(title=f"tandem loadtest {escape(url)}")
+    for col in ("concurrency", "requests", "ok", "QPS", "p50 ms", "p95 ms", "p99 ms", "errors by status"):
+        table.add_column(col)
+    errors = ", ".join(f"{k}: {v}" for k, v in sorted(result.errors_by_status.items())) or "none"
+    table.add_row(
+        str(result.concurrency),
+        str(result.requests),
+        str(result.ok),
+        f"{result.qps:.1f}",
+        f"{result.p50_ms:.0f}",
+        f"{result.p95_ms:.0f}",
+        f"{result.p99_ms:.0f}",
+        errors,
+    )
+    out.print(table)
+    if json_out is not None:
+        atomic_write_json(json_out, result.as_dict())

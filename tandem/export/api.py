@@ -1,0 +1,142 @@
+"""``tandem export``: turn a run, checkpoint or model folder into an HF, ONNX, TorchScript or INT8 folder.
+
+Every export reports what changed: weight size (bytes on disk) before and after, logits parity for graph
+exports (max abs difference, exported vs eager), forward latency exported vs eager, and for INT8 the
+held-out accuracy of the eager and the quantised model on the same prompts (greedy).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tandem.errors import ConfigError
+from tandem.evaluate.heldout import evaluate_prompts
+from tandem.evaluate.targets import eval_data, resolve_target
+from tandem.export import FORMATS
+from tandem.models import load_causal_lm, load_tokenizer, save_pretrained_atomic
+from tandem.rollout import HFEngine, SamplingParams
+
+
+@dataclass
+class ExportReport:
+    """What ``tandem export`` prints (and writes as JSON with ``--json``)."""
+
+    format: str
+    source: str
+    out_dir: str
+    size_before: int
+    size_after: int
+    parity_max_abs_diff: float | None = None
+    latency_eager_ms: float | None = None
+    latency_export_ms: float | None = None
+    accuracy_before: float | None = None
+    accuracy_after: float | None = None
+    eval_prompts: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def folder_bytes(folder: Path, suffixes: tuple[str, ...] = (".safetensors", ".onnx", ".torchscript")) -> int:
+    """Bytes of the weight files in ``folder``."""
+    return sum(p.stat().st_size for p in Path(folder).iterdir() if p.suffix in suffixes and p.is_file())
+
+
+def _latency_ms(fn, batch: tuple[torch.Tensor, ...], repeats: int = 10) -> float:
+    """Median wall time of ``fn(*batch)`` in ms (after one warm-up call)."""
+    with torch.no_grad():
+        fn(*batch)
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            fn(*batch)
+            times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+def _accuracy(model, tokenizer, data) -> float:
+    engine = HFEngine(model, tokenizer, fast_decode=None)
+    params = SamplingParams(max_new_tokens=data.max_new_tokens, temperature=0.0, stop=data.stop)
+    return evaluate_prompts(engine, data.rows, data.rewards, params)["eval/accuracy"]
+
+
+def export_model(
+    path: str | Path,
+    out_dir: str | Path,
+    fmt: str,
+    *,
+    task: str | None = None,
+    task_options: dict[str, Any] | None = None,
+    eval_size: int = 64,
+) -> ExportReport:
+    """Export ``path`` (run, checkpoint or model folder) as ``fmt`` into ``out_dir`` (atomic)."""
+    if fmt not in FORMATS:
+        raise ConfigError(
+            f"unknown format '{fmt}'", where="--format", hint=f"use one of {', '.join(FORMATS)}"
+        )
+    target = resolve_target(path)
+    model, tokenizer = load_causal_lm(target.model_dir).eval(), load_tokenizer(target.model_dir)
+    report = ExportReport(fmt, str(target.model_dir), str(out_dir), folder_bytes(target.model_dir), 0)
+    from tandem.export.graph import LogitsForward, sample_batch
+
+    batch = sample_batch(tokenizer, ["12+34=" * 4] * 4)
+    eager = LogitsForward(model)
+    report.latency_eager_ms = _latency_ms(eager, batch)
+    if fmt == "hf":
+        save_pretrained_atomic(model, tokenizer, out_dir)
+    elif fmt == "onnx":
+        from tandem.export.graph import ONNX_FILE, export_onnx
+
+        report.parity_max_abs_diff = export_onnx(model, tokenizer, out_dir, str(target.model_dir))
+        report.latency_export_ms = _onnx_latency(Path(out_dir) / ONNX_FILE, batch)
+    elif fmt == "torchscript":
+        from tandem.export.graph import TS_FILE, export_torchscript
+
+        report.parity_max_abs_diff = export_torchscript(model, tokenizer, out_dir, str(target.model_dir))
+        report.latency_export_ms = _latency_ms(torch.jit.load(str(Path(out_dir) / TS_FILE)), batch)
+    else:
+        _export_int8(model, tokenizer, target, out_dir, report, batch, task, task_options, eval_size)
+    report.size_after = folder_bytes(Path(out_dir))
+    return report
+
+
+def _export_int8(
+    model, tokenizer, target, out_dir, report: ExportReport, batch, task, task_options, eval_size
+) -> None:
+    from tandem.export.int8 import load_int8, quantize_int8, save_int8
+
+    quantized = quantize_int8(model)
+    save_int8(quantized, tokenizer, out_dir, str(target.model_dir))
+    reloaded = load_int8(out_dir)  # measure what will be served, not the in-memory copy
+    from tandem.export.graph import LogitsForward
+
+    report.latency_export_ms = _latency_ms(LogitsForward(reloaded), batch)
+    with torch.no_grad():
+        ids, mask, pos = batch
+        report.parity_max_abs_diff = float(
+            (LogitsForward(reloaded)(ids, mask, pos) - LogitsForward(model)(ids, mask, pos)).abs().max()
+        )
+    if task is None and (target.config is None or target.config.data.task is None):
+        return
+    data = eval_data(target.config, task=task, task_options=task_options, size=eval_size)
+    report.eval_prompts = len(data.rows)
+    report.accuracy_before = _accuracy(model, tokenizer, data)
+    report.accuracy_after = _accuracy(reloaded, tokenizer, data)
+
+
+def _onnx_latency(path: Path, batch: tuple[torch.Tensor, ...]) -> float:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = max(1, torch.get_num_threads())
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    feeds = dict(
+        zip(("input_ids", "attention_mask", "position_ids"), (t.numpy() for t in batch), strict=True)
+    )
+    return _latency_ms(lambda *_: session.run(None, feeds), batch)

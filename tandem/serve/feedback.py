@@ -1,0 +1,128 @@
+"""Durable user feedback in SQLite (WAL journal, synchronous=FULL): ratings and pairwise choices.
+
+Every completion the server answers is remembered (response id, arm, prompt, responses) in the same
+database, so ``POST /v1/feedback`` can refer to it by id alone and the feedback row keeps the text even
+after a restart. With WAL and ``synchronous=FULL`` a committed row survives ``kill -9`` of the server.
+:func:`export_preferences` turns feedback into ``prompt``/``chosen``/``rejected`` rows (the TRL
+preference format ``tandem dpo`` reads).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+from tandem.utils.io import atomic_write_text
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, arm TEXT, prompt TEXT, responses TEXT, created REAL);
+CREATE TABLE IF NOT EXISTS feedback (
+  rowid INTEGER PRIMARY KEY AUTOINCREMENT, response_id TEXT, choice_index INTEGER, rating REAL,
+  other_id TEXT, preferred TEXT, prompt TEXT, arm TEXT, chosen TEXT, rejected TEXT, created REAL);
+"""
+
+
+class FeedbackStore:
+    """SQLite-backed store; one connection guarded by a lock (requests come from one event loop)."""
+
+    def __init__(self, path: str | Path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.path = str(path)
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+        self._lock = threading.Lock()
+
+    def remember(self, response_id: str, arm: str, prompts: list[str], responses: list[str]) -> None:
+        """Store a completion: the prompt and text of each of its choices."""
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?)",
+                (response_id, arm, json.dumps(prompts), json.dumps(responses), time.time()),
+            )
+
+    def lookup(self, response_id: str) -> tuple[str, list[str], list[str]] | None:
+        """(arm, prompt of each choice, text of each choice) of a remembered completion."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT arm, prompt, responses FROM responses WHERE id = ?", (response_id,)
+            ).fetchone()
+        return None if row is None else (row[0], json.loads(row[1]), json.loads(row[2]))
+
+    def add(
+        self,
+        *,
+        response_id: str,
+        prompt: str,
+        arm: str,
+        choice_index: int = 0,
+        rating: float | None = None,
+        chosen: str | None = None,
+        rejected: str | None = None,
+        other_id: str | None = None,
+        preferred: str | None = None,
+    ) -> int:
+        """Insert one feedback row (committed before returning); returns its row id."""
+        with self._lock:
+            cur = self._db.execute(
+                "INSERT INTO feedback (response_id, choice_index, rating, other_id, preferred, prompt, arm, chosen,"
+                " rejected, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    response_id,
+                    choice_index,
+                    rating,
+                    other_id,
+                    preferred,
+                    prompt,
+                    arm,
+                    chosen,
+                    rejected,
+                    time.time(),
+                ),
+            )
+            return int(cur.lastrowid)
+
+    def rows(self) -> list[dict]:
+        """Every feedback row as a dict, oldest first."""
+        with self._lock:
+            cur = self._db.execute("SELECT * FROM feedback ORDER BY rowid")
+            names = [d[0] for d in cur.description]
+            return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def preference_pairs(rows: list[dict], threshold: float = 0.5) -> list[dict]:
+    """Preference rows from feedback: explicit pairwise choices as they are; ratings of completions of the
+    same prompt paired best-vs-worst when their ratings differ and straddle ``threshold``."""
+    pairs = [
+        {"prompt": r["prompt"], "chosen": r["chosen"], "rejected": r["rejected"]}
+        for r in rows
+        if r["chosen"] is not None and r["rejected"] is not None
+    ]
+    rated: dict[str, list[tuple[float, str]]] = {}
+    for r in rows:
+        if r["rating"] is not None and r["chosen"] is not None and r["rejected"] is None:
+            rated.setdefault(r["prompt"], []).append((float(r["rating"]), r["chosen"]))
+    for prompt, items in rated.items():
+        items.sort()
+        (low, worst), (high, best) = items[0], items[-1]
+        if high > low and high >= threshold > low and best != worst:
+            pairs.append({"prompt": prompt, "chosen": best, "rejected": worst})
+    return pairs
+
+
+def export_preferences(db_path: str | Path, out: str | Path, threshold: float = 0.5) -> int:
+    """Write the preference JSONL of ``db_path`` to ``out`` atomically; returns the number of rows."""
+    store = FeedbackStore(db_path)
+    try:
+        pairs = preference_pairs(store.rows(), threshold)
+    finally:
+        store.close()
+    atomic_write_text(out, "".join(json.dumps(p) + "\n" for p in pairs))
+    return len(pairs)

@@ -1,0 +1,121 @@
+"""What the server serves: a model folder (or a run's latest checkpoint) loaded for generation.
+
+``MODEL_OR_RUN`` may be a Hugging Face folder, a folder written by ``tandem export --format int8`` (loaded
+as dynamic INT8), or a training run folder (``checkpoints/step-N/model`` of the newest complete checkpoint
+is served). Weights load from safetensors only; pickle weights are refused by
+:func:`tandem.models.load_causal_lm`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from tandem.errors import ModelError
+from tandem.models import load_causal_lm, load_tokenizer
+from tandem.serve.decode import RowRequest, RowResult, TokenCallback, decode_rows
+
+_STEP = re.compile(r"^step-(\d+)$")
+EXPORT_MANIFEST = "tandem_export.json"
+
+
+def resolve_model_dir(path: str | Path) -> Path:
+    """The model folder to serve for ``path``: itself if it holds ``config.json``, else the ``model/``
+    folder of the newest complete checkpoint of a run folder."""
+    folder = Path(path)
+    if (folder / "config.json").is_file() or (folder / EXPORT_MANIFEST).is_file():
+        return folder
+    ckpts = folder / "checkpoints"
+    if ckpts.is_dir():
+        steps = sorted(
+            (int(m.group(1)), p)
+            for p in ckpts.iterdir()
+            if (m := _STEP.match(p.name)) and (p / "COMPLETE").is_file() and (p / "model").is_dir()
+        )
+        if steps:
+            return steps[-1][1] / "model"
+        raise ModelError("run folder has no complete checkpoint", where=str(ckpts))
+    raise ModelError(
+        "not a model folder (no config.json) nor a run folder (no checkpoints/)",
+        where=str(folder),
+        hint="pass an HF model folder, an export folder or a runs/<name> folder",
+    )
+
+
+def _version(folder: Path) -> str:
+    """A short content version of the served weights: changes whenever a weight file changes."""
+    digest = hashlib.sha256(str(folder.resolve()).encode())
+    for file in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.onnx")):
+        stat = file.stat()
+        digest.update(f"{file.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:12]
+
+
+def _load_weights(folder: Path) -> tuple[PreTrainedModel, str]:
+    """The model of ``folder`` and its format (``hf`` or ``int8``)."""
+    manifest = folder / EXPORT_MANIFEST
+    fmt = json.loads(manifest.read_text())["format"] if manifest.is_file() else "hf"
+    if fmt == "hf":
+        return load_causal_lm(folder), "hf"
+    if fmt == "int8":
+        from tandem.export.int8 import load_int8  # export sits below serve in the layers
+
+        return load_int8(folder), "int8"
+    if fmt == "onnx":
+        from tandem.export.graph import OnnxModel
+
+        return OnnxModel(folder), "onnx"
+    raise ModelError(
+        f"tandem serve cannot load the '{fmt}' export format",
+        where=str(manifest),
+        hint="serve the hf, int8 or onnx export",
+    )
+
+
+@dataclass
+class ServedModel:
+    """A loaded model and tokenizer plus what the API needs to know about them."""
+
+    name: str
+    folder: Path
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    version: str
+    format: str
+    context_length: int
+
+    @classmethod
+    def load(cls, path: str | Path, name: str | None = None) -> ServedModel:
+        """Load ``path`` (model, export or run folder) for serving."""
+        folder = resolve_model_dir(path)
+        model, fmt = _load_weights(folder)
+        model.eval()
+        tokenizer = load_tokenizer(folder)
+        ctx = int(getattr(model.config, "max_position_embeddings", 0) or 2048)
+        served = name or Path(path).resolve().name
+        return cls(served, folder, model, tokenizer, _version(folder), fmt, ctx)
+
+    def encode(self, text: str) -> list[int]:
+        """Prompt token ids (with the tokenizer's special tokens, as in training)."""
+        return list(self.tokenizer(text)["input_ids"])
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        """The prompt text of a conversation: the tokenizer's chat template when it has one, else
+        ``role: content`` lines followed by ``assistant:``."""
+        if getattr(self.tokenizer, "chat_template", None):
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        lines = [f"{m['role']}: {m['content']}" for m in messages]
+        return "\n".join([*lines, "assistant:"])
+
+    def run(self, rows: list[RowRequest], on_token: TokenCallback) -> list[RowResult]:
+        """Generate ``rows`` as one batch (called on the batcher's generation thread)."""
+        return decode_rows(self.model, self.tokenizer, rows, on_token)
+
+    def token_text(self, token: int) -> str:
+        """Text of one generated token (empty for special tokens)."""
+        return self.tokenizer.decode([token], skip_special_tokens=True)
