@@ -1,13 +1,67 @@
-"""Held-out evaluation: generate for every held-out prompt and score with the verifier."""
+"""Held-out evaluation: generate for every held-out prompt and score with the verifier.
+
+:func:`generate_scored` is the one generation-and-scoring pass shared by the training loop's held-out
+evaluation and ``tandem eval``, so the two report identical numbers for the same weights and prompts.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from tandem.rewards import RewardSet
 from tandem.rollout.base import RolloutEngine, SamplingParams
+from tandem.types import RolloutBatch
+
+ProgressFn = Callable[[int, int], None]
+
+
+@dataclass
+class ScoredRollouts:
+    """Every sample of an evaluation pass with its verifier score, in prompt order (``n`` rows per prompt)."""
+
+    batches: list[RolloutBatch]
+    scores: torch.Tensor  # [N * n] float32, verifier score per sample
+    lengths: torch.Tensor  # [N * n] float32, response tokens per sample
+    truncated: torch.Tensor  # [N * n] bool, finish reason "length"
+
+
+def generate_scored(
+    engine: RolloutEngine,
+    rows: list[dict[str, Any]],
+    rewards: RewardSet,
+    params: SamplingParams,
+    *,
+    batch_size: int = 64,
+    on_progress: ProgressFn | None = None,
+) -> ScoredRollouts:
+    """Generate ``params.n`` answers for each row in chunks of ``batch_size`` prompts and score them.
+
+    ``on_progress(done_prompts, total_prompts)`` is called after every chunk (progress bars).
+    """
+    batches, scores, lengths, truncated = [], [], [], []
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start : start + batch_size]
+        extras = [{k: v for k, v in r.items() if k != "prompt"} for r in chunk]
+        batch = engine.generate([r["prompt"] for r in chunk], params, extras=extras)
+        batches.append(batch)
+        scores.append(rewards(batch.prompts, batch.completions, batch.columns()).scores.float())
+        lengths.append(batch.response_lengths.float())
+        truncated.append(torch.tensor([f == "length" for f in batch.finish_reasons], dtype=torch.bool))
+        if on_progress is not None:
+            on_progress(min(start + batch_size, len(rows)), len(rows))
+    if not batches:
+        empty = torch.zeros(0)
+        return ScoredRollouts([], empty, empty, empty.bool())
+    return ScoredRollouts(batches, torch.cat(scores), torch.cat(lengths), torch.cat(truncated))
+
+
+def correct(scores: torch.Tensor) -> torch.Tensor:
+    """A sample is correct when its verifier score reaches the maximum 1.0. ``[N]`` -> ``[N]`` bool."""
+    return scores >= 1.0 - 1e-6
 
 
 def evaluate_prompts(
@@ -21,19 +75,11 @@ def evaluate_prompts(
 ) -> dict[str, float]:
     """Greedy (or sampled, per ``params``) answers to ``rows``; accuracy = share of samples whose score
     reaches the maximum 1.0, plus mean reward and response length."""
-    scores, lengths = [], []
-    for start in range(0, len(rows), batch_size):
-        chunk = rows[start : start + batch_size]
-        extras = [{k: v for k, v in r.items() if k != "prompt"} for r in chunk]
-        batch = engine.generate([r["prompt"] for r in chunk], params, extras=extras)
-        scores.append(rewards(batch.prompts, batch.completions, batch.columns()).scores.float())
-        lengths.append(batch.response_lengths.float())
-    if not scores:
+    out = generate_scored(engine, rows, rewards, params, batch_size=batch_size)
+    if out.scores.numel() == 0:
         return {}
-    s = torch.cat(scores)
-    n = torch.cat(lengths)
     return {
-        f"{prefix}/accuracy": float((s >= 1.0 - 1e-6).float().mean()),
-        f"{prefix}/reward_mean": float(s.mean()),
-        f"{prefix}/length_mean": float(n.mean()),
+        f"{prefix}/accuracy": float(correct(out.scores).float().mean()),
+        f"{prefix}/reward_mean": float(out.scores.mean()),
+        f"{prefix}/length_mean": float(out.lengths.mean()),
     }

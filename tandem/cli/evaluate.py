@@ -1,0 +1,227 @@
+"""``tandem eval``, ``tandem abtest`` and ``tandem report``: evaluate, compare and report on checkpoints."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from tandem.cli.main import app, err, out, user_errors
+from tandem.errors import ConfigError
+
+
+def parse_options(items: list[str] | None, flag: str) -> dict[str, Any]:
+    """``["digits=2", "ops=+-"]`` -> ``{"digits": 2, "ops": "+-"}`` (values parsed as JSON when they can be)."""
+    opts: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"expected KEY=VALUE, got {item!r}", where=flag)
+        try:
+            opts[key] = json.loads(value)
+        except json.JSONDecodeError:
+            opts[key] = value
+    return opts
+
+
+def metrics_table(title: str, columns: dict[str, dict[str, float]]) -> Table:
+    """One row per metric, one column per model; accuracies and pass@k shown as percentages."""
+    table = Table(title=title, header_style="bold")
+    table.add_column("metric")
+    for name in columns:
+        table.add_column(name, justify="right")
+    keys = sorted({k for m in columns.values() for k in m})
+    for key in keys:
+        cells = []
+        for m in columns.values():
+            v = m.get(key)
+            pct = "accuracy" in key or "pass@" in key or key.endswith("clip_ratio")
+            cells.append("-" if v is None else (f"{100 * v:.1f}%" if pct else f"{v:.4g}"))
+        table.add_row(key, *cells)
+    return table
+
+
+def write_json(path: Path | None, obj: Any) -> None:
+    if path is not None:
+        from tandem.utils.io import atomic_write_json
+
+        atomic_write_json(path, obj)
+
+
+@contextlib.contextmanager
+def count_progress(label: str) -> Iterator[Callable[[int, int], None]]:
+    """Yield ``on_progress(done, total)`` driving a rich bar with elapsed time and ETA."""
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=err, transient=False) as bar:
+        task = bar.add_task(label, total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+@app.command("eval")
+@user_errors
+def eval_cmd(
+    target: Annotated[Path, typer.Argument(help="Run folder, checkpoint folder or HF model folder.")],
+    task: Annotated[str | None, typer.Option(help="Built-in task (default: the run's data.task).")] = None,
+    task_option: Annotated[list[str] | None, typer.Option(help="Task option KEY=VALUE (repeatable).")] = None,
+    eval_file: Annotated[str | None, typer.Option(help="JSONL/Parquet prompts instead of a task.")] = None,
+    reward: Annotated[str | None, typer.Option(help="Reward `module:function` for --eval-file.")] = None,
+    ref: Annotated[Path | None, typer.Option(help="Reference model/run/checkpoint for the KL.")] = None,
+    size: Annotated[
+        int | None, typer.Option(help="Prompts (default: the run's data.eval_size or 200).")
+    ] = None,
+    samples: Annotated[int, typer.Option(help="Sampled answers per prompt (0 skips sampling).")] = 8,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
+    max_new_tokens: Annotated[
+        int | None, typer.Option(help="Default: the run's rollout.max_new_tokens.")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Data and sampling seed (default: the run's).")] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the metrics to this JSON file.")
+    ] = None,
+) -> None:
+    """Held-out accuracy (greedy and sampled), pass@k, mean reward, lengths and KL to a reference.
+
+    Example: tandem eval runs/quickstart --ref runs/cache/arith-sft --json eval.json
+    """
+    from tandem.evaluate.runner import run_eval
+
+    with count_progress("eval") as on_progress:
+        result = run_eval(
+            target,
+            task=task,
+            task_options=parse_options(task_option, "--task-option") if task_option else None,
+            eval_file=eval_file,
+            reward=reward,
+            ref=ref,
+            size=size,
+            samples=samples,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            seed=seed,
+            on_progress=on_progress,
+        )
+    out.print(f"evaluated [bold]{escape(result['model'])}[/] on {escape(result['data'])}")
+    out.print(metrics_table("evaluation", {"value": result["metrics"]}))
+    write_json(json_out, result)
+    if json_out is not None:
+        out.print(f"metrics written to [bold]{escape(str(json_out))}[/]")
+
+
+@app.command("abtest")
+@user_errors
+def abtest_cmd(
+    a: Annotated[Path, typer.Argument(help="Incumbent: run, checkpoint or HF model folder.")],
+    b: Annotated[Path, typer.Argument(help="Candidate: run, checkpoint or HF model folder.")],
+    judge: Annotated[str, typer.Option(help="verifier | reward-model:PATH | llm:PATH.")] = "verifier",
+    task: Annotated[str | None, typer.Option(help="Built-in task (default: A's run data.task).")] = None,
+    task_option: Annotated[list[str] | None, typer.Option(help="Task option KEY=VALUE (repeatable).")] = None,
+    eval_file: Annotated[str | None, typer.Option(help="JSONL/Parquet prompts instead of a task.")] = None,
+    reward: Annotated[str | None, typer.Option(help="Reward `module:function` for --eval-file.")] = None,
+    size: Annotated[
+        int | None, typer.Option(help="Prompts (default: the run's data.eval_size or 200).")
+    ] = None,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature (0 = greedy).")] = 1.0,
+    max_new_tokens: Annotated[
+        int | None, typer.Option(help="Default: the run's rollout.max_new_tokens.")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Prompt, sampling and bootstrap seed.")] = 0,
+    alpha: Annotated[float, typer.Option(help="Significance level of the sign test.")] = 0.05,
+    min_win_rate: Annotated[float, typer.Option(help="Promote only at or above this win rate.")] = 0.5,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the decision to this JSON file.")
+    ] = None,
+) -> None:
+    """Paired A/B test of two models on the same prompts; exit 0 = promote B, 1 = keep A.
+
+    Example: tandem abtest runs/base runs/candidate --judge verifier --json decision.json
+    """
+    from tandem.evaluate.abtest import ABSettings, run_abtest
+
+    if not 0 < alpha < 1 or not 0 <= min_win_rate <= 1:
+        raise ConfigError(
+            "--alpha must be in (0, 1) and --min-win-rate in [0, 1]", where="--alpha/--min-win-rate"
+        )
+    settings = ABSettings(
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+        alpha=alpha,
+        min_win_rate=min_win_rate,
+    )
+    with count_progress("abtest") as on_progress:
+        result = run_abtest(
+            a,
+            b,
+            judge,
+            settings,
+            task=task,
+            task_options=parse_options(task_option, "--task-option") if task_option else None,
+            eval_file=eval_file,
+            reward=reward,
+            size=size,
+            on_progress=on_progress,
+        )
+    print_decision(result)
+    write_json(json_out, result)
+    raise typer.Exit(0 if result["decision"]["promote"] else 1)
+
+
+def print_decision(result: dict[str, Any]) -> None:
+    """Win/tie/loss, win rate with its interval, p-value and the decision."""
+    d = result["decision"]
+    table = Table(
+        title=f"A/B test ({result['judge']} judge, {result['num_prompts']} prompts)", header_style="bold"
+    )
+    for col in ("B wins", "ties", "A wins", "win rate B", "95% CI", "sign-test p"):
+        table.add_column(col, justify="right")
+    table.add_row(
+        str(d["wins"]),
+        str(d["ties"]),
+        str(d["losses"]),
+        f"{d['win_rate']:.3f}",
+        f"[{d['ci_low']:.3f}, {d['ci_high']:.3f}]",
+        f"{d['p_value']:.3g}",
+    )
+    out.print(table)
+    verdict = "[bold green]PROMOTE B[/]" if d["promote"] else "[bold yellow]KEEP A[/]"
+    out.print(f"{verdict}: {escape(d['reason'])}")
+
+
+@app.command("report")
+@user_errors
+def report_cmd(
+    run: Annotated[Path, typer.Argument(help="Run folder.")],
+    run_b: Annotated[Path | None, typer.Argument(help="Second run folder, shown side by side.")] = None,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="Report folder (default: RUN/report).")
+    ] = None,
+) -> None:
+    """HTML report (with PNG plots) of a run, or of two runs side by side.
+
+    Example: tandem report runs/grpo runs/dapo
+    """
+    from tandem.report import build_report
+
+    path = build_report([run] if run_b is None else [run, run_b], out_dir)
+    out.print(f"report written to [bold]{escape(str(path))}[/]")

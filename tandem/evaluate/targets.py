@@ -1,0 +1,159 @@
+"""Resolve what the user points ``tandem eval`` / ``tandem abtest`` at, and the eval prompts to use.
+
+A target is a run folder (its latest complete checkpoint is used), a checkpoint folder
+(``checkpoints/step-N``, whose ``model/`` is used) or a plain Hugging Face model folder. When the target
+lies inside a run, the run's ``config.yaml`` supplies the task, held-out size, seed and generation
+settings, so the evaluation sees exactly the prompts the training loop evaluated.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tandem.config import load_config
+from tandem.config.schema import TandemConfig
+from tandem.data import load_prompt_dataset, rows_from_task
+from tandem.errors import ConfigError, ModelError
+from tandem.rewards import RewardFunction, RewardSet, get_task, load_callable
+
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+_COMPLETE = "COMPLETE"  # marker written last into a finished checkpoint (see tandem.train.checkpoint)
+
+
+@dataclass
+class Target:
+    """A model folder to evaluate and, if it belongs to one, its run folder and resolved config."""
+
+    model_dir: Path
+    run_dir: Path | None = None
+    config: TandemConfig | None = None
+
+    @property
+    def label(self) -> str:
+        return str(self.model_dir)
+
+
+def latest_complete_checkpoint(ckpt_root: Path) -> Path | None:
+    """Highest-step ``step-N`` folder holding the COMPLETE marker (partial checkpoints are ignored)."""
+    found = []
+    for child in ckpt_root.iterdir() if ckpt_root.is_dir() else []:
+        m = _STEP_DIR.match(child.name)
+        if m and (child / _COMPLETE).is_file():
+            found.append((int(m.group(1)), child))
+    return max(found)[1] if found else None
+
+
+def resolve_target(path: str | Path) -> Target:
+    """Turn a run / checkpoint / model folder into a :class:`Target`; ModelError names the path."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelError("no such run, checkpoint or model folder", where=str(p))
+    if (p / "checkpoints").is_dir():
+        ckpt = latest_complete_checkpoint(p / "checkpoints")
+        if ckpt is None:
+            raise ModelError("run has no complete checkpoint", where=str(p / "checkpoints"))
+        return Target(ckpt / "model", p, _run_config(p))
+    if (p / "model").is_dir() and (p / _COMPLETE).is_file():
+        run = p.parent.parent if p.parent.name == "checkpoints" else None
+        return Target(p / "model", run, _run_config(run) if run else None)
+    if (p / "config.json").is_file():
+        return Target(p)
+    raise ModelError(
+        "not a run folder, checkpoint or Hugging Face model folder",
+        where=str(p),
+        hint="pass runs/NAME, runs/NAME/checkpoints/step-N or a folder with config.json",
+    )
+
+
+def _run_config(run_dir: Path) -> TandemConfig | None:
+    """The run's resolved config; a config this version cannot read is an error that says how to go on."""
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return None
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        raise ConfigError(
+            f"{exc} — cannot read the run's config",
+            hint=f"evaluate the model folder directly with --task: {run_dir}/checkpoints/step-N/model",
+        ) from None
+
+
+@dataclass
+class EvalData:
+    """Prompt rows and the verifier that scores them, plus the generation limits they were made for."""
+
+    rows: list[dict[str, Any]]
+    rewards: RewardSet | None
+    source: str
+    max_new_tokens: int = 32
+    stop: list[str] = field(default_factory=list)
+    max_prompt_len: int | None = None
+
+
+def eval_data(
+    config: TandemConfig | None,
+    *,
+    task: str | None = None,
+    task_options: dict[str, Any] | None = None,
+    eval_file: str | None = None,
+    reward: str | None = None,
+    size: int | None = None,
+    seed: int | None = None,
+    require_rewards: bool = True,
+) -> EvalData:
+    """Held-out prompts: explicit ``task``/``eval_file`` options win, else the run config's data section.
+
+    For a task the verifier scores; for a file, ``reward`` (``module:function``) or the config's functions
+    (with ``require_rewards=False`` a file may come without one: ``rewards`` is then None).
+    """
+    data = config.data if config is not None else None
+    task = task or (data.task if data and not eval_file else None)
+    eval_file = eval_file or (data.eval_file if data and not task else None)
+    seed = seed if seed is not None else (config.run.seed if config else 0)
+    gen = {}
+    if config is not None:
+        r = config.rollout
+        gen = {
+            "max_new_tokens": r.max_new_tokens,
+            "stop": list(r.stop),
+            "max_prompt_len": data.max_prompt_len,
+        }
+    if task is not None:
+        opts = (
+            task_options
+            if task_options is not None
+            else (data.task_options if data and data.task == task else {})
+        )
+        t = get_task(task, **opts)
+        n = size if size is not None else (data.eval_size if data and data.eval_size else 200)
+        ds = rows_from_task(t, "test", n, seed)
+        rewards = RewardSet([RewardFunction(name=t.name, fn=t.reward, weight=1.0)], on_error="raise")
+        return EvalData(ds.rows, rewards, ds.source, **gen)
+    if eval_file is None:
+        raise ConfigError(
+            "nothing to evaluate on", where="--task", hint="pass --task NAME or --eval-file FILE"
+        )
+    ds = load_prompt_dataset(eval_file)
+    rows = ds.rows[:size] if size else ds.rows
+    has_fns = reward is not None or (config is not None and bool(config.reward.functions))
+    rewards = _file_rewards(config, reward) if has_fns or require_rewards else None
+    return EvalData(rows, rewards, ds.source, **gen)
+
+
+def _file_rewards(config: TandemConfig | None, reward: str | None) -> RewardSet:
+    if reward is not None:
+        fn = load_callable(reward)
+        return RewardSet([RewardFunction(name=getattr(fn, "__name__", reward), fn=fn, weight=1.0)])
+    if config is not None and config.reward.functions:
+        fns = [
+            RewardFunction(name=s.name or s.path, fn=load_callable(s.path), weight=s.weight)
+            for s in config.reward.functions
+        ]
+        return RewardSet(fns, on_error=config.reward.on_error)
+    raise ConfigError(
+        "an eval file needs a reward function", where="--reward", hint="pass --reward module:function"
+    )

@@ -1,0 +1,262 @@
+"""Fault injection, one test per rule: the matching alert fires within 2 steps and its action takes effect.
+
+- NaN loss at step k -> ``skip``: the optimiser step is dropped (and any ``skip`` rule really vetoes updates).
+- LR × 1000 at step k -> KL to the reference explodes -> ``rollback``: weights restored from a checkpoint
+  that predates the fault, LR scaled down, the run finishes.
+- A reward that pays for length -> ``length_blowup`` warns: logged and POSTed to a webhook on 127.0.0.1.
+- Train reward climbs while the held-out score drops -> ``reward_hacking`` ``stop``: checkpoint, exit 3.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+import tandem.orchestration.alerting as alerting_mod
+import tandem.orchestration.runner as runner_mod
+import tandem.train.update as update_mod
+from tandem.cli.main import app
+from tandem.config import build_config, config_to_yaml
+from tandem.monitor import read_metrics
+from tandem.monitor.alerts import read_alerts
+from tandem.orchestration.colocated import ColocatedTrainer
+from tandem.orchestration.runner import train
+from tandem.train.checkpoint import list_checkpoints
+from tandem.train.sft import build_warm_start
+
+HERE = Path(__file__)
+TASK = {"min_len": 2, "max_len": 3}
+
+
+def pays_for_length(prompts, completions, **columns):
+    """Reward hacking bait: longer completions earn more, whatever they say."""
+    return [len(c) / 12.0 for c in completions]
+
+
+_CALLS = [0]
+
+
+def climbing_reward(prompts, completions, **columns):
+    """A train reward that climbs every step regardless of the answers."""
+    _CALLS[0] += 1
+    return [min(1.0, 0.1 * _CALLS[0])] * len(completions)
+
+
+@pytest.fixture(scope="module")
+def warm_model(tmp_path_factory):
+    torch.set_num_threads(1)
+    return build_warm_start(
+        tmp_path_factory.mktemp("warm") / "rev",
+        task="reverse",
+        task_options=TASK,
+        steps=150,
+        lr=1e-2,
+        batch_size=32,
+        train_size=512,
+        model_options=dict(hidden_size=32, num_layers=2, num_heads=2),
+    )
+
+
+def _cfg(model, out, alerts, **sections):
+    data = {
+        "run": {"name": "alerts", "output_dir": str(out), "seed": 0},
+        "model": {"path": str(model)},
+        "data": {"task": "reverse", "task_options": TASK, "prompts_per_step": 4, "eval_size": 8},
+        "rollout": {"n": 4, "max_new_tokens": 8},
+        "trainer": {"total_steps": 6, "lr": 1e-3},
+        "monitor": {
+            "alerts": alerts,
+            "eval_every": 0,
+            "sample_every": 1,
+            "tensorboard": False,
+            "progress": False,
+        },
+        "checkpoint": {"every": 1, "keep_last": 4},
+    }
+    for key, value in sections.items():
+        data.setdefault(key, {}).update(value)
+    return build_config(data)
+
+
+def _count_optimizer_steps(monkeypatch) -> list[int]:
+    calls = [0]
+    orig = torch.optim.AdamW.step
+
+    def step(self, *a, **kw):
+        calls[0] += 1
+        return orig(self, *a, **kw)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+    return calls
+
+
+def test_nan_loss_at_step_k_skips_that_update(warm_model, tmp_path, monkeypatch):
+    k = 3
+    orig, seen = update_mod.policy_loss, [0]
+
+    def nan_at_k(*args, **kwargs):
+        loss, metrics = orig(*args, **kwargs)
+        seen[0] += 1
+        if seen[0] == k:  # one loss call per step here (1 epoch, 1 mini-batch, 1 micro-batch)
+            return loss * float("nan"), {**metrics, "pg_loss": torch.tensor(float("nan"))}
+        return loss, metrics
+
+    monkeypatch.setattr(update_mod, "policy_loss", nan_at_k)
+    steps = _count_optimizer_steps(monkeypatch)
+    out = tmp_path / "run"
+    train(_cfg(warm_model, out, ["nan_loss"]), progress=False)
+    (alert,) = read_alerts(out)
+    assert alert["rule"] == "nan_loss" and alert["step"] == k and alert["effect"] == "update skipped"
+    row = next(r for r in read_metrics(out) if r["step"] == k)
+    assert row["actor/skipped_by_alert"] == 1.0
+    assert steps[0] == 6 - 1
+
+
+def test_skip_action_vetoes_optimizer_step(warm_model, tmp_path, monkeypatch):
+    """A skip rule on a finite metric (so only the alert can be the reason): no update ever lands."""
+    steps = _count_optimizer_steps(monkeypatch)
+    rule = {"metric": "actor/grad_norm", "kind": "above", "threshold": -1.0, "action": "skip"}
+    out = tmp_path / "run"
+    train(_cfg(warm_model, out, [rule], trainer={"total_steps": 3}), progress=False)
+    assert steps[0] == 0
+    assert [a["step"] for a in read_alerts(out)] == [1, 2, 3]
+    final = load_file(str(list_checkpoints(out / "checkpoints")[-1] / "model" / "model.safetensors"))
+    start = load_file(str(Path(warm_model) / "model.safetensors"))
+    for key, value in start.items():
+        torch.testing.assert_close(final[key], value, rtol=0, atol=0)
+
+
+def test_lr_x1000_at_step_k_rolls_back_and_scales_lr(warm_model, tmp_path, monkeypatch):
+    k = 4  # the update of step k runs with LR × 1000
+    orig_build = runner_mod.build_scheduler
+
+    def faulty_scheduler(opt, cfg, n):
+        sched = orig_build(opt, cfg, n)
+        base, fired = sched.lr_lambdas[0], [False]
+
+        def lam(i):
+            if i == k - 1 and not fired[0]:  # LambdaLR index k-1 sets the LR of the k-th update
+                fired[0] = True
+                return base(i) * 1000
+            return base(i)
+
+        sched.lr_lambdas[0] = lam
+        return sched
+
+    monkeypatch.setattr(runner_mod, "build_scheduler", faulty_scheduler)
+    restored = []
+    orig_rollback = alerting_mod.AlertController.rollback
+
+    def spy(self, parts, lr_scale=None):
+        ckpt = orig_rollback(self, parts, lr_scale)
+        saved = load_file(str(ckpt / "model" / "model.safetensors"))  # read now: later pruning deletes it
+        restored.append((ckpt, saved, {n: p.detach().clone() for n, p in parts.policy.state_dict().items()}))
+        return ckpt
+
+    monkeypatch.setattr(alerting_mod.AlertController, "rollback", spy)
+    rule = {"metric": "actor/kl", "kind": "above", "threshold": 1.0, "action": "rollback", "lr_scale": 0.5}
+    out = tmp_path / "run"
+    cfg = _cfg(warm_model, out, [rule], algorithm={"beta": 0.04}, trainer={"total_steps": 8, "lr": 1e-3})
+    result = train(cfg, progress=False)
+    alerts = read_alerts(out)
+    assert alerts and alerts[0]["action"] == "rollback" and k <= alerts[0]["step"] <= k + 2
+    assert alerts[0]["effect"] == "rolled back to the last good checkpoint"
+    ckpt, saved, weights = restored[0]
+    assert int(ckpt.name.split("-")[1]) < k  # restored weights predate the faulty update
+    for name, value in saved.items():
+        torch.testing.assert_close(weights[name], value, rtol=0, atol=0)
+    # LR after the rollback is half the LR the same step had before it (steps are replayed).
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    replayed = int(ckpt.name.split("-")[1]) + 1
+    lrs = [r["actor/lr"] for r in rows if r["step"] == replayed]
+    assert len(lrs) == 2 and lrs[1] == pytest.approx(0.5 * lrs[0])
+    assert result.steps == 8 and (out / "summary.json").exists()
+    assert len(alerts) == 1  # healthy again after the rollback
+
+
+class _Hook(BaseHTTPRequestHandler):
+    received: list = []
+
+    def do_POST(self):  # noqa: N802 - http.server API
+        self.received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_reward_paying_for_length_warns_and_posts_webhook(warm_model, tmp_path):
+    _Hook.received = []
+    server = HTTPServer(("127.0.0.1", 0), _Hook)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        rule = {"name": "length_blowup", "metric": "response/length_mean", "kind": "growth"}
+        rule |= {"threshold": 2.0, "min_history": 2, "action": "warn"}
+        out = tmp_path / "run"
+        cfg = _cfg(
+            warm_model,
+            out,
+            [rule],
+            reward={"task_reward": False, "functions": [{"path": f"{HERE}:pays_for_length"}]},
+            rollout={"n": 4, "max_new_tokens": 12},
+            trainer={"total_steps": 8, "lr": 1e-2, "lr_schedule": "constant"},
+            monitor={"alert_webhook": f"http://127.0.0.1:{server.server_port}/alerts"},
+        )
+        train(cfg, progress=False)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    rows = [r for r in read_metrics(out) if r["step"] >= 1]
+    lengths = [r["response/length_mean"] for r in rows]
+    base = sum(lengths[:2]) / 2
+    first_blowup = next(r["step"] for r in rows if r["response/length_mean"] > 2.0 * base)
+    alerts = read_alerts(out)
+    assert alerts and alerts[0]["step"] == first_blowup and alerts[0]["rule"] == "length_blowup"
+    assert rows[-1]["reward/mean"] > rows[0]["reward/mean"]  # the hack pays
+    assert [p["step"] for p in _Hook.received] == [a["step"] for a in alerts]
+    assert _Hook.received[0]["run"] == "alerts" and _Hook.received[0]["action"] == "warn"
+
+
+def test_heldout_drop_while_train_reward_climbs_stops_with_checkpoint(warm_model, tmp_path, monkeypatch):
+    k = 4  # the frozen held-out score starts to drop at step k
+
+    def frozen_heldout(self):
+        v = 0.6 if self.step < k else 0.6 - 0.15 * (self.step - k + 1)
+        return {"eval/reward_mean": v, "eval/accuracy": v}
+
+    monkeypatch.setattr(ColocatedTrainer, "evaluate", frozen_heldout)
+    _CALLS[0] = 0
+    out = tmp_path / "run"
+    cfg = _cfg(
+        warm_model,
+        out,
+        [{**_preset("reward_hacking"), "action": "stop"}],
+        reward={"task_reward": False, "functions": [{"path": f"{HERE}:climbing_reward"}]},
+        monitor={"eval_every": 1},
+        trainer={"total_steps": 10},
+    )
+    config = tmp_path / "cfg.yaml"
+    config.write_text(config_to_yaml(cfg))
+    res = CliRunner().invoke(app, ["train", str(config), "--no-progress"])
+    assert res.exit_code == 3, res.output
+    assert "stopped by an alert at step" in res.output
+    (alert,) = read_alerts(out)
+    assert alert["rule"] == "reward_hacking" and k <= alert["step"] <= k + 1
+    assert int(list_checkpoints(out / "checkpoints")[-1].name.split("-")[1]) == alert["step"]
+    assert json.loads((out / "summary.json").read_text())["stopped_by_alert"] == alert["step"]
+
+
+def _preset(name):
+    from tandem.config.schema import ALERT_PRESETS
+
+    return {"name": name, **ALERT_PRESETS[name]}
