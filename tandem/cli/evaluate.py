@@ -49,7 +49,7 @@ def metrics_table(title: str, columns: dict[str, dict[str, float]]) -> Table:
         cells = []
         for m in columns.values():
             v = m.get(key)
-            pct = "accuracy" in key or "pass@" in key or key.endswith("clip_ratio")
+            pct = "accuracy" in key or "pass@" in key or key.endswith("clip_ratio") or "/refusal_" in key
             cells.append("-" if v is None else (f"{100 * v:.1f}%" if pct else f"{v:.4g}"))
         table.add_row(key, *cells)
     return table
@@ -100,7 +100,8 @@ def eval_cmd(
         Path | None, typer.Option("--json", help="Write the metrics to this JSON file.")
     ] = None,
 ) -> None:
-    """Held-out accuracy (greedy and sampled), pass@k, mean reward, lengths and KL to a reference.
+    """Held-out accuracy (greedy and sampled), pass@k, mean reward, lengths, KL to a reference and, for
+    tasks with refusals (safety), refusal precision/recall/F1.
 
     Example: tandem eval runs/quickstart --ref runs/cache/arith-sft --json eval.json
     """

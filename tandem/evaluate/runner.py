@@ -9,6 +9,7 @@ import torch
 
 from tandem.errors import ModelError
 from tandem.evaluate.heldout import ProgressFn
+from tandem.evaluate.refusal import refusal_capability
 from tandem.evaluate.suite import EvalSettings, evaluate_suite
 from tandem.evaluate.targets import Target, eval_data, resolve_target
 from tandem.models import load_causal_lm, load_tokenizer
@@ -76,7 +77,14 @@ def run_eval(
     engine = HFEngine(policy, tokenizer, max_prompt_len=data.max_prompt_len)
     ref_model = load_reference(ref, policy) if ref is not None else None
     metrics = evaluate_suite(
-        engine, data.rows, data.rewards, settings, policy=policy, ref_model=ref_model, on_progress=on_progress
+        engine,
+        data.rows,
+        data.rewards,
+        settings,
+        policy=policy,
+        ref_model=ref_model,
+        refusals=refusal_capability(data.task),
+        on_progress=on_progress,
     )
     return {
         "model": str(target.model_dir),

@@ -1,5 +1,6 @@
 """The evaluation suite behind ``tandem eval``: greedy and sampled accuracy, pass@k, mean reward,
-response-length statistics and the KL divergence to a reference model on the eval prompts.
+response-length statistics, the KL divergence to a reference model on the eval prompts and, for tasks
+with the refusal capability (:mod:`tandem.evaluate.refusal`), refusal precision / recall / F1.
 
 The greedy pass uses exactly the settings of the training loop's held-out evaluation
 (:func:`tandem.evaluate.heldout.evaluate_prompts`: temperature 0, ``rollout.max_new_tokens``,
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 
 from tandem.evaluate.heldout import ProgressFn, ScoredRollouts, correct, generate_scored
+from tandem.evaluate.refusal import RefusalTask, completion_refusals, refusal_metrics
 from tandem.models import response_logprobs
 from tandem.rewards import RewardSet
 from tandem.rollout.base import RolloutEngine, SamplingParams
@@ -114,11 +116,14 @@ def evaluate_suite(
     *,
     policy: torch.nn.Module | None = None,
     ref_model: torch.nn.Module | None = None,
+    refusals: RefusalTask | None = None,
     on_progress: ProgressFn | None = None,
 ) -> dict[str, float]:
     """Run the whole suite on ``rows``; ``on_progress(done, total)`` counts prompt-passes (greedy, sampled).
 
-    The KL needs ``policy`` (the engine's model) and ``ref_model``, and the sampled pass.
+    The KL needs ``policy`` (the engine's model) and ``ref_model``, and the sampled pass. With
+    ``refusals`` (a task with the refusal capability) the safety suite adds ``eval/refusal_*`` (greedy)
+    and ``sampled/refusal_*`` (every sample).
     """
     passes = 1 + (settings.samples > 0)
     total = passes * len(rows)
@@ -131,6 +136,9 @@ def evaluate_suite(
         engine, rows, rewards, greedy, batch_size=settings.batch_size, on_progress=progress(0)
     )
     metrics = {"eval/num_prompts": float(len(rows)), **greedy_metrics(out)}
+    labels = refusals.refusal_labels(rows) if refusals is not None else []
+    if refusals is not None:
+        metrics.update(refusal_metrics(labels, completion_refusals(refusals, _completions(out)), "eval"))
     if settings.samples > 0:
         params = SamplingParams(
             max_new_tokens=settings.max_new_tokens,
@@ -145,6 +153,15 @@ def evaluate_suite(
             engine, rows, rewards, params, batch_size=chunk, on_progress=progress(len(rows))
         )
         metrics.update(sampled_metrics(sampled, settings.samples, settings.pass_k))
+        if refusals is not None:  # samples are in prompt order, ``samples`` per prompt
+            repeated = [y for y in labels for _ in range(settings.samples)]
+            refused = completion_refusals(refusals, _completions(sampled))
+            metrics.update(refusal_metrics(repeated, refused, "sampled"))
         if ref_model is not None and policy is not None and settings.temperature > 0:
             metrics.update(kl_to_reference(policy, ref_model, sampled.batches, settings.temperature))
     return metrics
+
+
+def _completions(out: ScoredRollouts) -> list[str]:
+    """Every completion of an evaluation pass, in the order of ``out.scores``."""
+    return [c for b in out.batches for c in b.completions]

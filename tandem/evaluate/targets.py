@@ -18,6 +18,7 @@ from tandem.config.schema import TandemConfig
 from tandem.data import load_prompt_dataset, rows_from_task
 from tandem.errors import ConfigError, ModelError
 from tandem.rewards import RewardFunction, RewardSet, get_task, load_callable
+from tandem.rewards.tasks import Task
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _COMPLETE = "COMPLETE"  # marker written last into a finished checkpoint (see tandem.train.checkpoint)
@@ -92,6 +93,7 @@ class EvalData:
     max_new_tokens: int = 32
     stop: list[str] = field(default_factory=list)
     max_prompt_len: int | None = None
+    task: Task | None = None  # the built-in task the rows come from (None for an eval file)
 
 
 def eval_data(
@@ -132,7 +134,7 @@ def eval_data(
         n = size if size is not None else (data.eval_size if data and data.eval_size else 200)
         ds = rows_from_task(t, "test", n, seed)
         rewards = RewardSet([RewardFunction(name=t.name, fn=t.reward, weight=1.0)], on_error="raise")
-        return EvalData(ds.rows, rewards, ds.source, **gen)
+        return EvalData(ds.rows, rewards, ds.source, **gen, task=t)
     if eval_file is None:
         raise ConfigError(
             "nothing to evaluate on", where="--task", hint="pass --task NAME or --eval-file FILE"

@@ -8,6 +8,9 @@
   before the alert: see :func:`rollback_target`) is restored — weights, optimiser, scheduler, data
   position — and the learning rate is multiplied by ``lr_scale``.
   After ``monitor.max_rollbacks`` rollbacks a further one stops the run instead.
+
+The decoupled learner uses the same controller for ``warn``, ``skip`` (the learner's ``pre_update`` veto)
+and ``stop``; ``rollback`` is rejected there at start (:func:`check_decoupled_rules`).
 """
 
 from __future__ import annotations
@@ -15,10 +18,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tandem.config.schema import TandemConfig
-from tandem.errors import TandemError
+from tandem.errors import ConfigError, TandemError
 from tandem.monitor.alerts import Alert, AlertEngine, AlertSink, rule_label, system_metrics
 from tandem.orchestration.colocated import ColocatedTrainer
 from tandem.train.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
@@ -30,6 +33,24 @@ class AlertStopError(TandemError):
     """A ``stop`` alert ended the run (after saving a checkpoint)."""
 
     exit_code = 3
+
+
+class AlertTarget(Protocol):
+    """What the controller acts on: a learner whose ``pre_update(metrics)`` hook may veto an update
+    (the colocated trainer, the decoupled learner)."""
+
+    pre_update: Callable[[dict[str, float]], bool] | None
+
+
+def check_decoupled_rules(cfg: TandemConfig) -> None:
+    """ConfigError naming the first ``rollback`` rule: decoupled runs support warn, skip and stop only."""
+    for i, rule in enumerate(cfg.monitor.alerts):
+        if rule.action == "rollback":
+            raise ConfigError(
+                f"alert rule '{rule_label(rule)}': action 'rollback' is not supported in decoupled mode yet",
+                where=f"monitor.alerts[{i}].action",
+                hint="use warn, skip or stop, or architecture.mode=colocated",
+            )
 
 
 def resolve_rules(cfg: TandemConfig) -> list[Any]:
@@ -46,7 +67,11 @@ class AlertController:
     """Checks every step's metrics and performs the fired rules' actions on the trainer."""
 
     def __init__(
-        self, cfg: TandemConfig, run_dir: Path, trainer: ColocatedTrainer, show: Callable[[str], None]
+        self,
+        cfg: TandemConfig,
+        run_dir: Path,
+        trainer: ColocatedTrainer | AlertTarget,
+        show: Callable[[str], None],
     ) -> None:
         self.cfg = cfg
         self.trainer = trainer
@@ -101,6 +126,8 @@ class AlertController:
 
     def rollback(self, parts: Any, lr_scale: float | None = None) -> Path:
         """Restore the newest checkpoint into ``parts`` and the trainer; scale the LR. Returns its folder."""
+        if not isinstance(self.trainer, ColocatedTrainer):  # pragma: no cover - check_decoupled_rules
+            raise ConfigError("alert action 'rollback' needs the colocated loop", where="monitor.alerts")
         ckpt = rollback_target(self.ckpt_root, self.trainer.step)
         if ckpt is None:  # pragma: no cover - guarded by _effect
             raise AlertStopError("rollback requested but no checkpoint exists", where=str(self.ckpt_root))

@@ -58,6 +58,9 @@ class DecoupledLearner:
         self.idle_s = 0.0  # since start (includes waiting for the workers to start)
         self.step_idle_s = 0.0  # in the current step
         self.last: tuple[RolloutBatch, torch.Tensor] | None = None
+        # Alert hook (action ``skip``): sees the batch's reward metrics plus each mini-batch's loss and
+        # grad norm before every optimizer.step(); False drops the update (as in the colocated trainer).
+        self.pre_update: Callable[[dict[str, float]], bool] | None = None
 
     # -- intake ---------------------------------------------------------------------------------------------
     def _take(self, delivery: Delivery) -> None:
@@ -117,6 +120,8 @@ class DecoupledLearner:
             self.ledger.record_dropped(msg.ticket, msg.num_samples)
             self.coord.consume(1)
         lag = self.controller.lag(sample_version, self.version)
+        hook, known = self.pre_update, {**msg.meta, "reward/mean": float(msg.scores.mean())}
+        self.learn.pre_step = None if hook is None else (lambda m: hook({**known, **m}))
         metrics = self.learn(msg.batch, msg.scores)
         self.version += 1
         with self.timer.phase("sync"):

@@ -4,7 +4,8 @@ Wiring: a trajectory channel (``architecture.channel.backend``) carries scored b
 the learner; a shared-memory weight channel carries versioned weights back; a
 :class:`~tandem.orchestration.decoupled.coordination.Coordination` admits batches under the staleness
 bound η; a :class:`~tandem.orchestration.decoupled.supervisor.LocalSupervisor` restarts dead workers.
-The run folder, metrics, evaluation and checkpoints are those of the colocated runner. With a durable
+The run folder, metrics, evaluation, checkpoints and alerts (``monitor.alerts``: ``warn``, ``skip``, ``stop``;
+``rollback`` is a config error here) are those of the colocated runner. With a durable
 channel (Redis Streams) consumed messages are acknowledged only after the checkpoint that contains their
 update; a restarted learner re-reads the un-acknowledged ones first.
 """
@@ -16,7 +17,7 @@ import multiprocessing as mp
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.context import BaseContext
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -24,6 +25,7 @@ from tandem.channels import TrajectoryChannel, open_channel
 from tandem.channels.weights import SharedMemoryWeights
 from tandem.config.schema import TandemConfig
 from tandem.monitor import MetricsLogger, PhaseTimer
+from tandem.orchestration.alerting import AlertController, AlertStopError, check_decoupled_rules
 from tandem.orchestration.colocated import RunParts, evaluate_heldout
 from tandem.orchestration.decoupled.coordination import Coordination
 from tandem.orchestration.decoupled.learner import DecoupledLearner
@@ -83,6 +85,7 @@ def train_decoupled(
 ) -> RunResult:
     """Train with the decoupled architecture; same run folder and result as the colocated ``train``."""
     hooks = hooks or RunHooks()
+    check_decoupled_rules(cfg)
     run_dir = prepare_run_dir(cfg, resume=resume)
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.architecture.learner.threads)
@@ -174,29 +177,47 @@ def _loop(
         progress=mon.progress if progress is None else progress,
         start_step=learner.version,
     ) as logger:
-        if learner.version == 0:
-            result.eval_before = evaluate_heldout(parts)
-            logger.log(0, result.eval_before)
-        while learner.version < cfg.trainer.total_steps:
-            metrics = learner.step()
-            step = learner.version
-            last = step == cfg.trainer.total_steps
-            if (mon.eval_every and step % mon.eval_every == 0) or last:
-                metrics.update(evaluate_heldout(parts))
-            if mon.sample_every and (step % mon.sample_every == 0 or step == 1) and mon.num_samples:
-                logger.log_samples(step, learner.last_samples(mon.num_samples, cfg.rollout.n))
-            metrics["decoupled/workers_alive"] = float(run.supervisor.num_alive)
-            metrics["decoupled/worker_restarts"] = float(run.supervisor.total_restarts)
-            _check_finite(metrics, step)
-            logger.log(step, metrics)
-            result.last_metrics = metrics
-            if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or (
-                last and cfg.checkpoint.save_final
-            ):
-                _checkpoint(run, result, ckpt_root)
-                learner.acknowledge()  # only now is the update that used these samples durable
-            if hooks.on_step is not None:
-                hooks.on_step(run, step)
+        alerting = AlertController(cfg, result.run_dir, learner, logger.alert)  # rules: warn/skip/stop
+        try:
+            if learner.version == 0:
+                result.eval_before = evaluate_heldout(parts)
+                logger.log(0, result.eval_before)
+            while learner.version < cfg.trainer.total_steps:
+                metrics = learner.step()
+                step = learner.version
+                last = step == cfg.trainer.total_steps
+                if (mon.eval_every and step % mon.eval_every == 0) or last:
+                    metrics.update(evaluate_heldout(parts))
+                if mon.sample_every and (step % mon.sample_every == 0 or step == 1) and mon.num_samples:
+                    logger.log_samples(step, learner.last_samples(mon.num_samples, cfg.rollout.n))
+                metrics["decoupled/workers_alive"] = float(run.supervisor.num_alive)
+                metrics["decoupled/worker_restarts"] = float(run.supervisor.total_restarts)
+                _check_finite(metrics, step)
+                outcome = alerting.after_step(step, metrics)
+                logger.log(step, metrics)
+                result.last_metrics = metrics
+                if outcome == "stop":
+                    _stop_by_alert(run, result, ckpt_root, step)
+                if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or (
+                    last and cfg.checkpoint.save_final
+                ):
+                    _checkpoint(run, result, ckpt_root)
+                    learner.acknowledge()  # only now is the update that used these samples durable
+                if hooks.on_step is not None:
+                    hooks.on_step(run, step)
+        finally:
+            alerting.close()
+
+
+def _stop_by_alert(run: DecoupledRun, result: RunResult, ckpt_root: Any, step: int) -> NoReturn:
+    """Alert action ``stop``: checkpoint (then acknowledge), write ``summary.json``, raise AlertStopError.
+    The caller's ``finally`` blocks stop the workers."""
+    _checkpoint(run, result, ckpt_root)
+    run.learner.acknowledge()
+    result.steps = step
+    accounting = run.learner.ledger.state_dict()["counts"]
+    finish_run(result, ckpt_root, accounting=accounting, stopped_by_alert=step)
+    raise AlertStopError(f"stopped by an alert at step {step}", where=str(result.run_dir / "alerts.jsonl"))
 
 
 def _checkpoint(run: DecoupledRun, result: RunResult, ckpt_root: Any) -> None:
