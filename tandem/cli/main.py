@@ -141,9 +141,13 @@ def sft(
     out_dir: Annotated[Path, typer.Option("--out", help="Where to save the fine-tuned model.")],
     data: Annotated[Path | None, typer.Option(help="JSONL/Parquet with prompt+completion or text.")] = None,
     task: Annotated[str | None, typer.Option(help="Built-in task whose reference answers to learn.")] = None,
+    task_option: Annotated[
+        list[str] | None, typer.Option(help="Task option KEY=VALUE (repeatable), e.g. --task-option ops=+.")
+    ] = None,
     train_size: Annotated[int, typer.Option(help="Rows generated from --task.")] = 4096,
     steps: Annotated[int, typer.Option(help="Optimiser steps.")] = 300,
     lr: Annotated[float, typer.Option(help="Learning rate.")] = 3e-3,
+    weight_decay: Annotated[float, typer.Option(help="AdamW weight decay.")] = 0.0,
     batch_size: Annotated[int, typer.Option(help="Rows per step.")] = 64,
     seed: Annotated[int, typer.Option(help="Seed.")] = 0,
 ) -> None:
@@ -153,12 +157,14 @@ def sft(
     """
     from tandem.cli.progress import step_progress
     from tandem.cli.sft_data import sft_pairs
+    from tandem.config import parse_override
     from tandem.models import load_causal_lm, load_tokenizer, save_pretrained_atomic
     from tandem.train.sft import SFTSettings, run_sft
 
-    pairs = sft_pairs(data=data, task=task, train_size=train_size, seed=seed)
+    options = {".".join(key): value for key, value in map(parse_override, task_option or [])}
+    pairs = sft_pairs(data=data, task=task, train_size=train_size, seed=seed, task_options=options)
     policy, tok = load_causal_lm(model), load_tokenizer(model)
-    settings = SFTSettings(steps=steps, lr=lr, batch_size=batch_size, seed=seed)
+    settings = SFTSettings(steps=steps, lr=lr, batch_size=batch_size, weight_decay=weight_decay, seed=seed)
     with step_progress("sft", steps, key="sft/loss") as on_step:
         metrics = run_sft(policy, tok, pairs, settings, on_step=on_step)
     save_pretrained_atomic(policy, tok, out_dir)
@@ -200,6 +206,13 @@ def _ensure_warm_start(cfg) -> None:
     )
     with step_progress("warm-start sft", opts["steps"], key="sft/loss") as on_step:
         build_warm_start(cfg.model.path, seed=cfg.run.seed, on_step=on_step, **opts)
+
+
+from tandem.cli import data as _data  # noqa: E402,F401  (registers data validate|split|stats|dedup|...)
+from tandem.cli import evaluate as _evaluate  # noqa: E402,F401  (registers eval, abtest, report)
+from tandem.cli import export as _export  # noqa: E402,F401  (registers export)
+from tandem.cli import rlhf as _rlhf  # noqa: E402,F401  (registers rm, dpo, label)
+from tandem.cli import serve as _serve  # noqa: E402,F401  (registers serve, data export-feedback)
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -6,9 +6,10 @@ unknown keys (``extra="forbid"``) so a typo is an error, not a silently ignored 
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tandem.config.presets import ALGORITHM_PRESETS, GROUP_ESTIMATORS, TOKEN_REWARD_ESTIMATORS
 
@@ -31,6 +32,7 @@ class WarmStartConfig(Section):
     task_options: dict[str, Any] = Field(default_factory=dict, description="Options of that task.")
     steps: int = Field(300, ge=1, description="SFT optimiser steps.")
     lr: float = Field(3e-3, gt=0, description="SFT learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="SFT AdamW weight decay.")
     batch_size: int = Field(64, ge=1, description="SFT rows per step.")
     train_size: int = Field(4096, ge=1, description="Rows generated from the task's train split.")
     base: str | None = Field(None, description="Start from this HF folder instead of a new tiny model.")
@@ -89,7 +91,25 @@ class OverlongConfig(Section):
     factor: float = Field(1.0, ge=0, description="Penalty at and beyond L_max.")
 
 
+class RewardModelConfig(Section):
+    path: str = Field(..., description="Reward-model folder written by `tandem rm` (HF sequence classifier).")
+    weight: float = Field(1.0, description="Weight of the reward model's (normalised) score in the sum.")
+    normalize: Literal["none", "fixed", "running"] = Field(
+        "running",
+        description="Score normalisation: running mean/std, fixed (mean/std below or from tandem_reward.json), none.",
+    )
+    mean: float | None = Field(
+        None, description="fixed: mean to subtract (default: from tandem_reward.json)."
+    )
+    std: float | None = Field(
+        None, gt=0, description="fixed: std to divide by (default: from tandem_reward.json)."
+    )
+    clip: float | None = Field(None, gt=0, description="Clip normalised scores to [-clip, clip].")
+    batch_size: int = Field(64, ge=1, description="Completions scored per forward pass.")
+
+
 class RewardConfig(Section):
+    model: RewardModelConfig | None = Field(None, description="A learned reward model used as a reward.")
     task_reward: bool = Field(True, description="Use the built-in task's verifier as a reward (weight 1).")
     functions: list[RewardFunctionConfig] = Field(default_factory=list, description="Extra reward functions.")
     format_regex: str | None = Field(
@@ -182,14 +202,142 @@ class TrainerConfig(Section):
     max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping norm (null = off).")
 
 
+class RoleResources(Section):
+    threads: int = Field(1, ge=1, description="torch CPU threads per process of this role.")
+
+
+class ChannelConfig(Section):
+    backend: Literal["queue", "redis"] = Field(
+        "queue", description="Trajectory channel: multiprocessing queue (default) or Redis Streams (durable)."
+    )
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis server URL (backend redis).")
+    stream: str | None = Field(
+        None, description="Redis stream / consumer group name (default: tandem:<run.name>)."
+    )
+    max_len: int | None = Field(
+        None,
+        ge=1,
+        description="Retention: trim the stream to about this many entries (acknowledged ones first).",
+    )
+    trim_acked: bool = Field(
+        True, description="Retention: delete stream entries once acknowledged (after their checkpoint)."
+    )
+
+
 class ArchitectureConfig(Section):
     mode: Literal["colocated", "decoupled"] = Field(
         "colocated", description="Colocated (lag 0) or decoupled rollout/learner."
     )
     staleness: int = Field(0, ge=0, description="η: max policy-version lag of a trained sample (decoupled).")
+    num_workers: int = Field(1, ge=1, description="Rollout worker processes (decoupled).")
+    channel: ChannelConfig = Field(default_factory=ChannelConfig, description="Trajectory channel.")
+    weight_sync: Literal["between_generations"] = Field(
+        "between_generations",
+        description="When workers load newly published weights (before each generation).",
+    )
+    worker: RoleResources = Field(default_factory=RoleResources, description="Per rollout worker resources.")
+    learner: RoleResources = Field(default_factory=RoleResources, description="Learner resources.")
+    max_worker_restarts: int = Field(
+        3, ge=0, description="Restarts of a rollout worker that dies before the run gives up."
+    )
+    learner_timeout_s: float = Field(
+        600.0, gt=0, description="The learner fails when no trajectory arrives for this long."
+    )
+
+
+class AlertRuleConfig(Section):
+    """One alert rule: when ``metric`` meets the condition ``kind``/``threshold``, take ``action``."""
+
+    name: str | None = Field(None, description="Label shown in alerts; defaults to metric and kind.")
+    metric: str = Field(..., description="Metric name, e.g. actor/grad_norm, actor/kl, eval/reward_mean.")
+    kind: Literal["nonfinite", "above", "below", "spike", "growth", "diverge"] = Field(
+        ...,
+        description="nonfinite: NaN/Inf; above/below: vs threshold; spike: > threshold × running median of "
+        "the last `window` values; growth: > threshold × the mean of the first `min_history` values; "
+        "diverge: `metric` (train) rose while `against` (held-out) fell by ≥ threshold from its best.",
+    )
+    threshold: float | None = Field(
+        None, description="Bound or factor; null only for nonfinite and the staleness preset (uses η)."
+    )
+    against: str | None = Field(None, description="Held-out metric compared with `metric` (kind diverge).")
+    window: int = Field(20, ge=1, description="History length for spike (median) and diverge (best).")
+    min_history: int = Field(3, ge=1, description="Values needed before spike/growth/diverge can fire.")
+    action: Literal["warn", "skip", "stop", "rollback"] = Field(
+        "warn",
+        description="warn: log + webhook; skip: drop the step's update; stop: checkpoint and exit non-zero; "
+        "rollback: restore the last good checkpoint and scale the LR by `lr_scale`.",
+    )
+    lr_scale: float = Field(0.5, gt=0, le=1, description="LR multiplier applied on rollback.")
+
+    @model_validator(mode="after")
+    def _needs_threshold(self) -> AlertRuleConfig:
+        if self.kind != "nonfinite" and self.threshold is None and not self.metric.startswith("staleness/"):
+            raise ValueError(f"alert rule on {self.metric}: kind '{self.kind}' needs a threshold")
+        if self.kind == "diverge" and not self.against:
+            raise ValueError(f"alert rule on {self.metric}: kind 'diverge' needs `against` (held-out metric)")
+        return self
+
+
+ALERT_PRESETS: dict[str, dict[str, Any]] = {
+    "nan_loss": {"metric": "actor/pg_loss", "kind": "nonfinite", "action": "skip"},
+    "nan_reward": {"metric": "reward/mean", "kind": "nonfinite", "action": "stop"},
+    "nan_grad": {"metric": "actor/grad_norm", "kind": "nonfinite", "action": "skip"},
+    "grad_spike": {"metric": "actor/grad_norm", "kind": "spike", "threshold": 10.0, "action": "warn"},
+    "kl_high": {"metric": "actor/kl", "kind": "above", "threshold": 1.0, "action": "warn"},
+    "entropy_collapse": {"metric": "actor/entropy", "kind": "below", "threshold": 0.01, "action": "warn"},
+    "length_blowup": {"metric": "response/length_mean", "kind": "growth", "threshold": 3.0, "action": "warn"},
+    "reward_hacking": {
+        "metric": "reward/mean",
+        "kind": "diverge",
+        "against": "eval/reward_mean",
+        "threshold": 0.1,
+        "window": 5,
+        "min_history": 2,
+        "action": "warn",
+    },
+    "staleness": {"metric": "staleness/max", "kind": "above", "action": "warn"},
+    "host_memory": {"metric": "system/host_mem_frac", "kind": "above", "threshold": 0.95, "action": "warn"},
+    "gpu_memory": {"metric": "system/gpu_mem_frac", "kind": "above", "threshold": 0.95, "action": "warn"},
+}
+DEFAULT_ALERTS = tuple(ALERT_PRESETS)
+
+
+def _alert_rules(value: Any) -> Any:
+    """Expand preset names (strings) in ``monitor.alerts`` into rule dicts; dicts pass through."""
+    if not isinstance(value, list):
+        return value
+    out = []
+    for i, item in enumerate(value):
+        if isinstance(item, str):
+            if item not in ALERT_PRESETS:
+                raise ValueError(
+                    f"item {i}: unknown alert preset '{item}'; valid: {', '.join(ALERT_PRESETS)}"
+                )
+            out.append({"name": item, **ALERT_PRESETS[item]})
+        else:
+            out.append(item)
+    return out
 
 
 class MonitorConfig(Section):
+    alerts: list[AlertRuleConfig] = Field(
+        default_factory=lambda: list(DEFAULT_ALERTS),
+        validate_default=True,
+        description="Alert rules: preset names (see ALERT_PRESETS in tandem/config/schema.py and "
+        "docs/evaluation.md) or rule objects {metric, kind, threshold, action, ...}; [] disables alerts.",
+    )
+    alert_webhook: str | None = Field(
+        None, description="URL that receives every alert as a JSON POST (warn and all other actions)."
+    )
+    max_rollbacks: int = Field(
+        3, ge=0, description="Rollbacks allowed before a rollback alert stops the run."
+    )
+
+    @field_validator("alerts", mode="before")
+    @classmethod
+    def _expand_alert_presets(cls, value: Any) -> Any:
+        return _alert_rules(value)
+
     eval_every: int = Field(
         25, ge=0, description="Evaluate on held-out prompts every N steps (0 = only start/end)."
     )
@@ -272,9 +420,32 @@ def _check_algorithm(cfg: TandemConfig) -> None:
                 )
 
 
+OFF_POLICY_SAFE_LOSSES = ("decoupled_ppo", "agro", "topr")
+
+
+def _check_architecture(cfg: TandemConfig) -> None:
+    """Decoupled runs: reject what the runtime cannot do; warn when the loss ignores staleness η ≥ 2."""
+    arch, a = cfg.architecture, cfg.algorithm
+    if arch.mode != "decoupled":
+        return
+    if a.dynamic_sampling:
+        raise CrossFieldError(
+            "algorithm.dynamic_sampling",
+            "dynamic sampling is not supported with architecture.mode=decoupled; set it to false",
+        )
+    if arch.staleness >= 2 and a.policy_loss not in OFF_POLICY_SAFE_LOSSES and a.correction is None:
+        logging.getLogger("tandem.config").warning(
+            "architecture.staleness=%d: '%s' is unsafe for η ≥ 2 without correction; safe choices: "
+            "algorithm.name=decoupled_ppo, agro, topr, or algorithm.correction=token_tis|seq_tis|token_mis|seq_mis",
+            arch.staleness,
+            a.policy_loss,
+        )
+
+
 def check_config(cfg: TandemConfig) -> None:
     """Cross-field checks, each naming the key to change."""
     _check_algorithm(cfg)
+    _check_architecture(cfg)
     a = cfg.algorithm
     if a.advantage in GROUP_ESTIMATORS and cfg.rollout.n < 2:
         raise CrossFieldError(
@@ -289,11 +460,16 @@ def check_config(cfg: TandemConfig) -> None:
         )
     if cfg.data.task is None and cfg.data.train_file is None:
         raise CrossFieldError("data.task", "set data.task (a built-in task) or data.train_file")
-    if not cfg.reward.task_reward and not cfg.reward.functions and cfg.reward.format_regex is None:
+    if (
+        not cfg.reward.task_reward
+        and not cfg.reward.functions
+        and cfg.reward.format_regex is None
+        and cfg.reward.model is None
+    ):
         raise CrossFieldError(
             "reward.functions", "no reward: enable reward.task_reward or add reward.functions"
         )
-    if cfg.reward.task_reward and cfg.data.task is None and not cfg.reward.functions:
+    if cfg.reward.task_reward and cfg.data.task is None and not cfg.reward.functions and not cfg.reward.model:
         raise CrossFieldError("reward.functions", "a dataset from data.train_file needs reward.functions")
     batch = cfg.samples_per_step
     mini = cfg.trainer.mini_batch_size or batch

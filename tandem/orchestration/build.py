@@ -144,6 +144,14 @@ def build_rewards(cfg: RewardConfig, task: Task | None) -> RewardSet:
         fn = load_callable(spec.path)
         name = spec.name or getattr(fn, "__name__", spec.path)
         fns.append(RewardFunction(name=name, fn=fn, weight=spec.weight))
+    if cfg.model is not None:
+        from tandem.train.rm import build_reward_model_reward
+
+        fns.append(
+            RewardFunction(
+                name="reward_model", fn=build_reward_model_reward(cfg.model), weight=cfg.model.weight
+            )
+        )
     return RewardSet(fns, on_error=cfg.on_error)
 
 

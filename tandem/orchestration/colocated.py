@@ -11,6 +11,7 @@ branches on an algorithm name.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,11 +23,10 @@ from tandem.data import PromptSampler
 from tandem.evaluate import evaluate_prompts
 from tandem.monitor import PhaseTimer
 from tandem.orchestration.build import DataParts
+from tandem.orchestration.learner import LearnerStep
 from tandem.orchestration.scoring import OverlongShaping, score_rollout
 from tandem.rewards import RewardSet
 from tandem.rollout.base import RolloutEngine, SamplingParams
-from tandem.train.experience import ExperienceSettings, make_experience
-from tandem.train.update import UpdateSettings, policy_update
 from tandem.types import RolloutBatch, concat_rollouts
 
 
@@ -58,19 +58,6 @@ class ColocatedTrainer:
         self.parts = parts
         cfg = parts.cfg
         self.cfg = cfg
-        self.update_settings = UpdateSettings.from_config(
-            cfg.algorithm,
-            cfg.trainer,
-            temperature=cfg.rollout.temperature,
-            autocast_bf16=cfg.model.autocast_bf16,
-            max_new_tokens=cfg.rollout.max_new_tokens,
-        )
-        self.exp_settings = ExperienceSettings.from_config(
-            cfg.algorithm,
-            temperature=cfg.rollout.temperature,
-            autocast_bf16=cfg.model.autocast_bf16,
-            micro_batch_size=cfg.trainer.micro_batch_size,
-        )
         ov = cfg.reward.overlong
         self.overlong = (
             OverlongShaping(ov.max_len or cfg.rollout.max_new_tokens, ov.buffer, ov.factor)
@@ -84,7 +71,18 @@ class ColocatedTrainer:
         self.step = 0
         self.next_group = 0
         self.generator = torch.Generator().manual_seed(cfg.run.seed)
+        self.learner = LearnerStep.from_config(
+            cfg,
+            policy=parts.policy,
+            ref_model=parts.ref_model,
+            optimizer=parts.optimizer,
+            scheduler=parts.scheduler,
+            timer=self.timer,
+            generator=self.generator,
+        )
         self._last: tuple[RolloutBatch, torch.Tensor] | None = None
+        # Alert hook: sees the step's metrics so far before each optimizer.step(); False drops the update.
+        self.pre_update: Callable[[dict[str, float]], bool] | None = None
 
     # -- state for checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -168,6 +166,8 @@ class ColocatedTrainer:
         self._last = (batch, scores)
         metrics.update(rollout_metrics(batch, self.timer.metrics().get("timing/generate", 0.0)))
         if batch.batch_size > 0:
+            hook = self.pre_update
+            self.learner.pre_step = None if hook is None else (lambda m: hook({**metrics, **m}))
             metrics.update(self._learn(batch, scores))
         self.step += 1
         with self.timer.phase("sync"):
@@ -177,31 +177,8 @@ class ColocatedTrainer:
         return metrics
 
     def _learn(self, batch: RolloutBatch, scores: torch.Tensor) -> dict[str, float]:
-        s = self.update_settings
-        with self.timer.phase("logprob"):
-            exp, metrics = make_experience(
-                batch,
-                scores,
-                self.exp_settings,
-                policy=None if s.on_policy_single_pass else self.parts.policy,
-                ref_model=self.parts.ref_model,
-            )
-        with self.timer.phase("update"):
-            metrics.update(
-                policy_update(
-                    self.parts.policy,
-                    self.parts.optimizer,
-                    self.parts.scheduler,
-                    exp,
-                    s,
-                    generator=self.generator,
-                )
-            )
-        tokens = int(batch.prompt_mask.sum() + batch.response_mask.sum())
-        metrics["perf/train_tokens_per_s"] = tokens / max(1e-9, self.timer.metrics()["timing/update"])
-        metrics["actor/kl"] = metrics.get("actor/kl_ref", metrics.get("actor/approx_kl", 0.0))
-        metrics["actor/clipfrac"] = metrics.get("actor/clipfrac", 0.0)
-        return metrics
+        """The learner phases (logprob -> advantage -> update), shared with the decoupled learner."""
+        return self.learner(batch, scores)
 
     def last_samples(self, n: int) -> list[dict[str, Any]]:
         """A few prompts with their completions and rewards from the last step, to read for reward hacking."""
@@ -216,17 +193,18 @@ class ColocatedTrainer:
 
     def evaluate(self) -> dict[str, float]:
         """Greedy accuracy on the held-out prompts."""
-        ev = self.parts.data.eval
-        if ev is None or len(ev) == 0:
-            return {}
-        params = SamplingParams(
-            max_new_tokens=self.cfg.rollout.max_new_tokens,
-            temperature=0.0,
-            n=1,
-            stop=list(self.cfg.rollout.stop),
-        )
         with self.timer.phase("eval"):
-            return evaluate_prompts(self.parts.engine, ev.rows, self.parts.eval_rewards, params)
+            return evaluate_heldout(self.parts)
+
+
+def evaluate_heldout(parts: RunParts) -> dict[str, float]:
+    """Greedy accuracy of ``parts.engine`` on the held-out prompts (``{}`` without any)."""
+    ev = parts.data.eval
+    if ev is None or len(ev) == 0:
+        return {}
+    r = parts.cfg.rollout
+    params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=0.0, n=1, stop=list(r.stop))
+    return evaluate_prompts(parts.engine, ev.rows, parts.eval_rewards, params)
 
 
 def rollout_metrics(batch: RolloutBatch, gen_seconds: float) -> dict[str, float]:

@@ -10,14 +10,16 @@ from __future__ import annotations
 import logging
 import math
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from tandem.config import config_to_yaml
 from tandem.config.schema import TandemConfig
 from tandem.errors import ConfigError
 from tandem.monitor import MetricsLogger
+from tandem.orchestration.alerting import AlertController, AlertStopError
 from tandem.orchestration.build import (
     build_data,
     build_eval_rewards,
@@ -97,9 +99,12 @@ def build_parts(cfg: TandemConfig) -> RunParts:
 
 
 def train(cfg: TandemConfig, *, resume: bool = False, progress: bool | None = None) -> RunResult:
-    """Train with the colocated architecture; returns the run folder and before/after evaluation."""
-    if cfg.architecture.mode != "colocated":
-        raise ConfigError("the decoupled architecture is not available yet", where="architecture.mode")
+    """Train with the configured architecture (colocated here; decoupled in ``decoupled.runtime``);
+    returns the run folder and before/after evaluation."""
+    if cfg.architecture.mode == "decoupled":
+        from tandem.orchestration.decoupled.runtime import train_decoupled
+
+        return train_decoupled(cfg, resume=resume, progress=progress)
     run_dir = prepare_run_dir(cfg, resume=resume)
     parts = build_parts(cfg)
     trainer = ColocatedTrainer(parts)
@@ -123,6 +128,7 @@ def train(cfg: TandemConfig, *, resume: bool = False, progress: bool | None = No
         progress=show,
         start_step=trainer.step,
     ) as logger:
+        alerting = AlertController(cfg, run_dir, trainer, logger.alert)
         if trainer.step == 0:
             result.eval_before = trainer.evaluate()
             logger.log(0, result.eval_before)
@@ -141,6 +147,8 @@ def train(cfg: TandemConfig, *, resume: bool = False, progress: bool | None = No
                 keep_last=cfg.checkpoint.keep_last,
             )
 
+        if alerting.wants_initial_checkpoint and latest_checkpoint(ckpt_root) is None:
+            checkpoint()  # something for a rollback to restore
         while trainer.step < cfg.trainer.total_steps:
             metrics = trainer.train_step()
             step = trainer.step
@@ -150,13 +158,38 @@ def train(cfg: TandemConfig, *, resume: bool = False, progress: bool | None = No
             if mon.sample_every and (step % mon.sample_every == 0 or step == 1) and mon.num_samples:
                 logger.log_samples(step, trainer.last_samples(mon.num_samples))
             _check_finite(metrics, step)
+            outcome = alerting.after_step(step, metrics)
             logger.log(step, metrics)
             result.last_metrics = metrics
-            if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or (
-                last and cfg.checkpoint.save_final
+            if outcome == "stop":
+                _stop_by_alert(result, step, checkpoint, alerting, ckpt_root)
+            if outcome == "rollback":
+                alerting.rollback(parts)
+                continue
+            good = not alerting.fired_this_step or last  # a rollback target must be a healthy step
+            if good and (
+                (cfg.checkpoint.every and step % cfg.checkpoint.every == 0)
+                or (last and cfg.checkpoint.save_final)
             ):
                 checkpoint()
+        alerting.close()
     result.steps = trainer.step
+    return finish_run(result, ckpt_root)
+
+
+def _stop_by_alert(
+    result: RunResult, step: int, checkpoint: Callable[[], None], alerting: AlertController, ckpt_root: Path
+) -> NoReturn:
+    """Alert action ``stop``: save a checkpoint, write ``summary.json`` and end with AlertStopError."""
+    checkpoint()
+    alerting.close()
+    result.steps = step
+    finish_run(result, ckpt_root, stopped_by_alert=step)
+    raise AlertStopError(f"stopped by an alert at step {step}", where=str(result.run_dir / "alerts.jsonl"))
+
+
+def finish_run(result: RunResult, ckpt_root: Path, **extra: Any) -> RunResult:
+    """Fill ``eval_after`` and write ``summary.json`` last (atomically): the run is complete."""
     result.eval_after = {k: v for k, v in result.last_metrics.items() if k.startswith("eval/")}
     summary = {
         "steps": result.steps,
@@ -164,8 +197,9 @@ def train(cfg: TandemConfig, *, resume: bool = False, progress: bool | None = No
         "eval_after": result.eval_after,
         "final_metrics": result.last_metrics,
         "checkpoint": str(latest_checkpoint(ckpt_root) or ""),
+        **extra,
     }
-    atomic_write_json(run_dir / "summary.json", summary)
+    atomic_write_json(result.run_dir / "summary.json", summary)
     return result
 
 

@@ -90,8 +90,12 @@ def policy_update(
     *,
     generator: torch.Generator | None = None,
     on_optimizer_step: Callable[[], None] | None = None,
+    pre_step: Callable[[dict[str, float]], bool] | None = None,
 ) -> dict[str, float]:
-    """Run the PPO-style update on one experience batch; returns averaged ``actor/*`` metrics."""
+    """Run the PPO-style update on one experience batch; returns averaged ``actor/*`` metrics.
+
+    ``pre_step(metrics)`` sees each mini-batch's loss and grad-norm metrics before ``optimizer.step()``;
+    returning False drops that update (alert action ``skip``; counted in ``actor/skipped_by_alert``)."""
     model.train()
     B = exp.batch_size
     mini = settings.mini_batch_size or B
@@ -101,7 +105,7 @@ def policy_update(
     for _ in range(settings.ppo_epochs):
         order = group_shuffle(exp.rollout.group_ids, generator) if mini < B else torch.arange(B)
         for mini_idx in order.split(mini):
-            metrics = _optimizer_step(model, optimizer, exp.select(mini_idx), micro, settings)
+            metrics = _optimizer_step(model, optimizer, exp.select(mini_idx), micro, settings, pre_step)
             if scheduler is not None:
                 scheduler.step()
             if on_optimizer_step is not None:
@@ -127,7 +131,12 @@ def group_shuffle(group_ids: torch.Tensor, generator: torch.Generator | None) ->
 
 
 def _optimizer_step(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, mb: Experience, micro: int, s: UpdateSettings
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    mb: Experience,
+    micro: int,
+    s: UpdateSettings,
+    pre_step: Callable[[dict[str, float]], bool] | None = None,
 ) -> dict[str, float]:
     optimizer.zero_grad(set_to_none=True)
     n = mb.batch_size
@@ -148,7 +157,10 @@ def _optimizer_step(
             torch.stack([p.grad.norm() for p in params if p.grad is not None])
         )
     sums["actor/grad_norm"] = float(grad_norm)
-    if torch.isfinite(grad_norm):
+    if pre_step is not None and not pre_step(dict(sums)):
+        optimizer.zero_grad(set_to_none=True)
+        sums["actor/skipped_by_alert"] = 1.0
+    elif torch.isfinite(grad_norm):
         optimizer.step()
     else:
         sums["actor/skipped_nonfinite"] = 1.0

@@ -25,7 +25,10 @@ from tandem.config.docs import config_reference
 from tandem.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[3]
-SHIPPED = sorted((REPO / "configs").glob("*.yaml"))
+# rm.yaml, dpo.yaml and rlaif_dpo.yaml configure `tandem rm|dpo|label` (tandem.config.rlhf), not RL runs;
+# tests/unit/train/test_rm.py checks they load.
+COMMAND_CONFIGS = {"rm.yaml", "dpo.yaml", "rlaif_dpo.yaml"}
+SHIPPED = sorted(p for p in (REPO / "configs").glob("*.yaml") if p.name not in COMMAND_CONFIGS)
 
 BASE = """\
 run:
