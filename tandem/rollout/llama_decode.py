@@ -87,8 +87,10 @@ class LlamaStepper:
         self.scaling = float(getattr(attn0, "scaling", self.head_dim**-0.5))
         weight = self.base.embed_tokens.weight
         shape = (batch_size, self.n_kv, max_len, self.head_dim)
-        self.keys = [weight.new_zeros(shape) for _ in self.base.layers]  # each [B, kv, L, D]
-        self.values = [weight.new_zeros(shape) for _ in self.base.layers]
+        # Uninitialised on purpose (naive equivalent: new_zeros): attention reads only positions
+        # [0, length), and every one of them is written first, so zero-filling is wasted memory traffic.
+        self.keys = [weight.new_empty(shape) for _ in self.base.layers]  # each [B, kv, L, D]
+        self.values = [weight.new_empty(shape) for _ in self.base.layers]
         self.length = 0  # positions filled so far
 
     def prefill(
