@@ -15,19 +15,24 @@ export TOKENIZERS_PARALLELISM := false
 
 # Setup is stamped so repeated `make` calls are instant. Torch goes in first, as a CPU build on
 # machines without an NVIDIA driver, so no later requirement can pull a multi-GB CUDA wheel.
-$(VENV)/.installed: pyproject.toml Makefile
+# `make demo` needs only the core package; `make test` adds the dev extra (test tools, server, export).
+$(VENV)/.core: pyproject.toml Makefile
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "torch==$(TORCH_VERSION)" $(TORCH_PIP_ARGS)
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.dev: $(VENV)/.core
 	$(BIN)/pip install -q -e ".[dev]"
 	touch $@
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.core
 
 demo: setup
-	$(BIN)/tandem demo
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/tandem demo
 
-lint: setup
+lint: $(VENV)/.dev
 	$(BIN)/ruff check tandem tests bench
 	$(BIN)/ruff format --check tandem tests bench
 	$(BIN)/lint-imports
@@ -36,7 +41,7 @@ lint: setup
 test: lint
 	OMP_NUM_THREADS=1 $(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --timeout 600 tests
 
-bench: setup
+bench: $(VENV)/.dev
 	$(BIN)/pip install -q -e ".[dev,bench]"
 	$(BIN)/python bench/grpo_vs_trl.py
 
