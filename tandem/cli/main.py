@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -215,9 +214,5 @@ from tandem.cli import rlhf as _rlhf  # noqa: E402,F401  (registers rm, dpo, lab
 from tandem.cli import serve as _serve  # noqa: E402,F401  (registers serve, data export-feedback)
 
 
-def main() -> None:  # pragma: no cover - console entry point
+def main() -> None:  # pragma: no cover - console entry point; `python -m tandem` works too
     app()
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
