@@ -10,6 +10,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Run every test on one torch thread: tiny models are no faster on two, and when the other core is
+    busy (xdist workers, other jobs) OpenMP spin-waiting makes two-thread matmuls up to ~10x slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _quiet_transformers():
     from transformers.utils import logging as hf_logging

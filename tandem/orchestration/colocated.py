@@ -51,6 +51,21 @@ def step_seed(seed: int, step: int, round_: int = 0) -> int:
     return (seed * 1_000_003 + step * 9_973 + round_ * 31) % (2**31 - 1)
 
 
+def sampling_params(cfg: TandemConfig, step: int, round_: int = 0) -> SamplingParams:
+    """Sampling parameters of training step ``step`` (generation round ``round_``); the decoupled workers
+    use the same function, so batch k is sampled identically in both architectures."""
+    r = cfg.rollout
+    return SamplingParams(
+        max_new_tokens=r.max_new_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        n=r.n,
+        stop=list(r.stop),
+        seed=step_seed(cfg.run.seed, step, round_),
+    )
+
+
 class ColocatedTrainer:
     """Runs training steps on injected parts; holds only the loop's own state (step, sampler, groups)."""
 
@@ -102,16 +117,7 @@ class ColocatedTrainer:
 
     # -- phases ----------------------------------------------------------------------------------------
     def sampling_params(self, round_: int = 0) -> SamplingParams:
-        r = self.cfg.rollout
-        return SamplingParams(
-            max_new_tokens=r.max_new_tokens,
-            temperature=r.temperature,
-            top_p=r.top_p,
-            top_k=r.top_k,
-            n=r.n,
-            stop=list(r.stop),
-            seed=step_seed(self.cfg.run.seed, self.step, round_),
-        )
+        return sampling_params(self.cfg, self.step, round_)
 
     def _generate_and_score(self, round_: int) -> tuple[RolloutBatch, torch.Tensor, dict[str, float]]:
         rows = self.sampler.next_batch()

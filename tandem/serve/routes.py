@@ -206,28 +206,11 @@ async def _completions(state: ServerState, req: CompletionRequest, request: Requ
             "choices": [{"index": index, "text": text, "logprobs": None, "finish_reason": finish}],
         }
 
-    if req.stream:
-        return StreamingResponse(
-            _sse(plan, pending, chunk, state),
-            media_type="text/event-stream",
-            headers={"x-tandem-arm": plan.arm.name},
-        )
-    results = await _wait_all(plan, pending, request)
-    choices = [
-        {"index": i, "text": r.text, "logprobs": None, "finish_reason": r.finish_reason}
-        for i, r in enumerate(results)
-    ]
-    body = {
-        "id": rid,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": choices,
-        "usage": _usage(plan, results),
-        "system_fingerprint": plan.arm.model.version,
-    }
-    _remember(state, rid, plan, results)
-    return JSONResponse(body, headers={"x-tandem-arm": plan.arm.name})
+    def choice(i: int, r: RowResult) -> dict:
+        return {"index": i, "text": r.text, "logprobs": None, "finish_reason": r.finish_reason}
+
+    envelope = {"id": rid, "object": "text_completion", "created": created, "model": model}
+    return await _respond(state, plan, pending, request, req.stream, chunk, choice, envelope)
 
 
 async def _chat(state: ServerState, req: ChatRequest, request: Request):
@@ -254,33 +237,31 @@ async def _chat(state: ServerState, req: ChatRequest, request: Request):
             "choices": [{"index": index, "delta": body, "logprobs": None, "finish_reason": finish}],
         }
 
-    if req.stream:
+    def choice(i: int, r: RowResult) -> dict:
+        message = {"role": "assistant", "content": r.text}
+        return {"index": i, "message": message, "logprobs": None, "finish_reason": r.finish_reason}
+
+    envelope = {"id": rid, "object": "chat.completion", "created": created, "model": model}
+    return await _respond(state, plan, pending, request, req.stream, chunk, choice, envelope)
+
+
+async def _respond(state, plan, pending, request, stream: bool, chunk, choice, envelope: dict):
+    """The shared tail of the completions and chat endpoints: an SSE stream of ``chunk``s, or one JSON
+    body of ``envelope`` + ``choice`` per result + usage; the answers are remembered for feedback."""
+    headers = {"x-tandem-arm": plan.arm.name}
+    if stream:
         return StreamingResponse(
-            _sse(plan, pending, chunk, state),
-            media_type="text/event-stream",
-            headers={"x-tandem-arm": plan.arm.name},
+            _sse(plan, pending, chunk, state), media_type="text/event-stream", headers=headers
         )
     results = await _wait_all(plan, pending, request)
-    choices = [
-        {
-            "index": i,
-            "message": {"role": "assistant", "content": r.text},
-            "logprobs": None,
-            "finish_reason": r.finish_reason,
-        }
-        for i, r in enumerate(results)
-    ]
     body = {
-        "id": rid,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": choices,
+        **envelope,
+        "choices": [choice(i, r) for i, r in enumerate(results)],
         "usage": _usage(plan, results),
         "system_fingerprint": plan.arm.model.version,
     }
-    _remember(state, rid, plan, results)
-    return JSONResponse(body, headers={"x-tandem-arm": plan.arm.name})
+    _remember(state, envelope["id"], plan, results)
+    return JSONResponse(body, headers=headers)
 
 
 def _remember(state: ServerState, rid: str, plan: Plan, results: list[RowResult]) -> None:

@@ -27,10 +27,9 @@ from tandem.errors import TandemError
 from tandem.models import load_causal_lm, load_tokenizer
 from tandem.monitor import PhaseTimer
 from tandem.orchestration.build import build_data, build_rewards, enforce_prompt_lengths
-from tandem.orchestration.colocated import step_seed
+from tandem.orchestration.colocated import sampling_params
 from tandem.orchestration.decoupled.coordination import Coordination
 from tandem.orchestration.scoring import OverlongShaping, score_rollout
-from tandem.rollout.base import SamplingParams
 from tandem.rollout.hf import HFEngine
 
 log = logging.getLogger(__name__)
@@ -49,20 +48,6 @@ class WorkerSpec:
     weights: SharedMemoryWeights
     coord: Coordination
     errors: Any  # multiprocessing queue of one-line error strings
-
-
-def sampling_params(cfg: TandemConfig, ticket: int) -> SamplingParams:
-    """Sampling parameters of batch ``ticket`` — the colocated trainer's for step ``ticket``, round 0."""
-    r = cfg.rollout
-    return SamplingParams(
-        max_new_tokens=r.max_new_tokens,
-        temperature=r.temperature,
-        top_p=r.top_p,
-        top_k=r.top_k,
-        n=r.n,
-        stop=list(r.stop),
-        seed=step_seed(cfg.run.seed, ticket, 0),
-    )
 
 
 class TicketPrompts:
