@@ -29,10 +29,9 @@ from tandem.monitor.alerts import read_alerts
 from tandem.orchestration.colocated import ColocatedTrainer
 from tandem.orchestration.runner import train
 from tandem.train.checkpoint import list_checkpoints
-from tandem.train.sft import build_warm_start
 
 HERE = Path(__file__)
-TASK = {"min_len": 2, "max_len": 3}
+TASK = {"min_len": 2, "max_len": 3}  # the options tests/e2e/conftest.py trains warm_model on
 
 
 def pays_for_length(prompts, completions, **columns):
@@ -47,21 +46,6 @@ def climbing_reward(prompts, completions, **columns):
     """A train reward that climbs every step regardless of the answers."""
     _CALLS[0] += 1
     return [min(1.0, 0.1 * _CALLS[0])] * len(completions)
-
-
-@pytest.fixture(scope="module")
-def warm_model(tmp_path_factory):
-    torch.set_num_threads(1)
-    return build_warm_start(
-        tmp_path_factory.mktemp("warm") / "rev",
-        task="reverse",
-        task_options=TASK,
-        steps=150,
-        lr=1e-2,
-        batch_size=32,
-        train_size=512,
-        model_options=dict(hidden_size=32, num_layers=2, num_heads=2),
-    )
 
 
 def _cfg(model, out, alerts, **sections):

@@ -6,32 +6,14 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from tandem.cli.main import app
 from tandem.config import build_config
 from tandem.monitor import read_metrics
 from tandem.orchestration.runner import train
-from tandem.train.sft import build_warm_start
 
-TASK = {"min_len": 2, "max_len": 3}
-
-
-@pytest.fixture(scope="module")
-def warm_model(tmp_path_factory):
-    """A tiny Llama that answers the reverse task sometimes (non-trivial accuracy, varied lengths)."""
-    torch.set_num_threads(1)
-    return build_warm_start(
-        tmp_path_factory.mktemp("warm") / "rev",
-        task="reverse",
-        task_options=TASK,
-        steps=150,
-        lr=1e-2,
-        batch_size=32,
-        train_size=512,
-        model_options=dict(hidden_size=32, num_layers=2, num_heads=2),
-    )
+TASK = {"min_len": 2, "max_len": 3}  # the options tests/e2e/conftest.py trains warm_model on
 
 
 @pytest.fixture(scope="module")

@@ -12,35 +12,18 @@ import shutil
 import subprocess
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from tandem.cli.main import app
 from tandem.config import build_config
 from tandem.orchestration.runner import train
-from tandem.train.sft import build_warm_start
 
-TASK = {"min_len": 2, "max_len": 3}
+TASK = {"min_len": 2, "max_len": 3}  # the options tests/e2e/conftest.py trains warm_model on
 COLOCATED_PLOTS = {"reward", "kl", "entropy", "grad_norm", "lengths", "timing", "throughput"}
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 needs_chromium = pytest.mark.skipif(
     CHROMIUM is None, reason="headless Chromium not installed (Debian package `chromium`)"
 )
-
-
-@pytest.fixture(scope="module")
-def warm_model(tmp_path_factory):
-    torch.set_num_threads(1)
-    return build_warm_start(
-        tmp_path_factory.mktemp("warm") / "rev",
-        task="reverse",
-        task_options=TASK,
-        steps=60,
-        lr=1e-2,
-        batch_size=32,
-        train_size=256,
-        model_options=dict(hidden_size=32, num_layers=2, num_heads=2),
-    )
 
 
 def _run(model, out, *, mode="colocated", steps=3, seed=0):
