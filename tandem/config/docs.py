@@ -19,6 +19,14 @@ def _type_name(annotation: object) -> str:
     return text.replace("typing.", "").replace("NoneType", "None").replace("|", "\\|")
 
 
+def _section_model(annotation: object) -> type[BaseModel]:
+    """The section's model, also for an optional section (``Model | None``)."""
+    for candidate in (annotation, *get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    raise TypeError(f"not a config section: {annotation!r}")
+
+
 def _rows(model: type[BaseModel], prefix: str) -> list[str]:
     rows = []
     for name, field in model.model_fields.items():
@@ -42,7 +50,10 @@ def config_reference() -> str:
         "",
     ]
     for name, field in TandemConfig.model_fields.items():
-        section = field.annotation
-        out += [f"## `{name}`", "", field.description or "", "", "| key | type | default | description |"]
+        section = _section_model(field.annotation)
+        about = field.description or ""
+        if not field.is_required() and field.get_default(call_default_factory=True) is None:
+            about += " Optional section: absent unless set."
+        out += [f"## `{name}`", "", about, "", "| key | type | default | description |"]
         out += ["|---|---|---|---|", *_rows(section, f"{name}."), ""]
     return "\n".join(out)

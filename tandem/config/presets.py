@@ -76,6 +76,17 @@ ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
     },
     "topr": {**_PPO_DEFAULTS, "advantage": "dr_grpo", "policy_loss": "topr", "aggregation": "token-mean"},
     "agro": {**_PPO_DEFAULTS, "advantage": "dr_grpo", "policy_loss": "agro", "aggregation": "token-mean"},
+    # PPO with a critic (Ouyang et al. 2022): GAE over per-token rewards (KL to the reference in the
+    # reward when algorithm.beta > 0), clipped policy and value losses. Needs the critic section.
+    "ppo": {
+        **_PPO_DEFAULTS,
+        "advantage": "gae",
+        "policy_loss": "ppo_clip",
+        "aggregation": "token-mean",
+        "gamma": 1.0,
+        "lam": 0.95,
+        "kl": {"where": "reward"},
+    },
     # Fully explicit: every field must be given.
     "custom": {**_PPO_DEFAULTS},
 }

@@ -139,6 +139,31 @@ class KLConfig(Section):
     where: Literal["loss", "reward"] = Field(
         "loss", description="Add β·KL to the loss (GRPO) or subtract it from the token reward."
     )
+    controller: Literal["fixed", "adaptive"] = Field(
+        "fixed",
+        description="β controller: fixed, or adaptive (Ziegler et al. 2019; steers the measured KL to "
+        "kl.target; needs kl.where=reward).",
+    )
+    target: float = Field(0.1, gt=0, description="Adaptive controller: the KL per token to steer towards.")
+    horizon: int = Field(
+        10000, ge=1, description="Adaptive controller: horizon in samples (larger = slower)."
+    )
+
+
+class CriticConfig(Section):
+    path: str | None = Field(
+        None,
+        description="Causal-LM folder for the value model's backbone (may be much smaller than the "
+        "policy); defaults to model.path.",
+    )
+    lr: float = Field(1e-5, gt=0, description="Critic learning rate (its own AdamW, constant).")
+    warmup_steps: int = Field(
+        0, ge=0, description="Training steps that update only the critic before the policy starts to learn."
+    )
+    value_clip: float | None = Field(
+        0.2, gt=0, description="PPO value clip: how far a value may move from its rollout value (null = off)."
+    )
+    vf_coef: float = Field(1.0, gt=0, description="Scale of the value loss.")
 
 
 class AlgorithmConfig(Section):
@@ -181,6 +206,9 @@ class AlgorithmConfig(Section):
             raise ValueError(f"unknown algorithm '{name}'; valid: {', '.join(ALGORITHM_PRESETS)}")
         merged = dict(ALGORITHM_PRESETS[name])
         merged.update({k: v for k, v in data.items() if v is not None})
+        preset_kl = ALGORITHM_PRESETS[name].get("kl")
+        if isinstance(preset_kl, dict) and isinstance(data.get("kl"), dict):
+            merged["kl"] = {**preset_kl, **data["kl"]}  # a user kl section refines the preset's
         return merged
 
 
@@ -366,6 +394,9 @@ class TandemConfig(Section):
     architecture: ArchitectureConfig = Field(default_factory=ArchitectureConfig, description="Deployment.")
     monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="Metrics and evaluation.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
+    critic: CriticConfig | None = Field(
+        None, description="Value model for critic-based estimators (algorithm.advantage=gae, preset ppo)."
+    )
 
     @model_validator(mode="after")
     def _cross_checks(self) -> TandemConfig:
@@ -402,11 +433,21 @@ def _check_algorithm(cfg: TandemConfig) -> None:
         if name not in registry.names():
             raise CrossFieldError(key, f"unknown name '{name}'; valid: {', '.join(registry.names())}")
     adv = ADVANTAGE_ESTIMATORS.get(a.advantage)
-    if adv.needs_critic or adv.requires:
+    if adv.needs_critic and cfg.critic is None:
+        raise CrossFieldError(
+            "critic", f"'{a.advantage}' needs a value model: add a critic section (e.g. critic.lr=1e-5)"
+        )
+    missing = [r for r in adv.requires if r != "values"]
+    if missing:
         raise CrossFieldError(
             "algorithm.advantage",
-            f"'{a.advantage}' needs {', '.join(adv.requires) or 'a critic'}, which this trainer does not provide yet; "
-            "use grpo, dr_grpo, rloo, reinforce_pp or reinforce_pp_baseline",
+            f"'{a.advantage}' needs {', '.join(missing)}, which this trainer does not provide yet; "
+            "use grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline or gae",
+        )
+    if a.kl.controller == "adaptive" and (a.kl.where != "reward" or a.beta <= 0):
+        raise CrossFieldError(
+            "algorithm.kl.controller",
+            "the adaptive KL controller needs algorithm.kl.where=reward and algorithm.beta > 0",
         )
     if POLICY_LOSSES.get(a.policy_loss).needs_whole_groups:
         for key, size in (
@@ -428,6 +469,15 @@ def _check_architecture(cfg: TandemConfig) -> None:
     arch, a = cfg.architecture, cfg.algorithm
     if arch.mode != "decoupled":
         return
+    if cfg.critic is not None:
+        raise CrossFieldError(
+            "critic", "a critic is not supported with architecture.mode=decoupled yet; use mode=colocated"
+        )
+    if a.kl.controller == "adaptive":
+        raise CrossFieldError(
+            "algorithm.kl.controller",
+            "the adaptive KL controller is not supported with architecture.mode=decoupled yet; use fixed",
+        )
     if a.dynamic_sampling:
         raise CrossFieldError(
             "algorithm.dynamic_sampling",

@@ -4,8 +4,11 @@ from tandem.models.forward import positions_from_mask, response_logprobs
 from tandem.models.loading import load_causal_lm, load_tokenizer, save_pretrained_atomic
 from tandem.models.tiny import init_tiny_model, tiny_llama_config
 from tandem.models.tokenizer import build_char_tokenizer
+from tandem.models.value import ValueModel, build_value_model
 
 __all__ = [
+    "ValueModel",
+    "build_value_model",
     "build_char_tokenizer",
     "init_tiny_model",
     "load_causal_lm",

@@ -23,8 +23,8 @@ from typing import Any, Protocol
 from tandem.config.schema import TandemConfig
 from tandem.errors import ConfigError, TandemError
 from tandem.monitor.alerts import Alert, AlertEngine, AlertSink, rule_label, system_metrics
-from tandem.orchestration.colocated import ColocatedTrainer
-from tandem.train.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from tandem.orchestration.colocated import ColocatedTrainer, load_run_checkpoint
+from tandem.train.checkpoint import latest_checkpoint, list_checkpoints
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ class AlertController:
         self._pending_scale = None
         sched = parts.scheduler
         base = list(sched.base_lrs) if sched is not None else [g["lr"] for g in parts.optimizer.param_groups]
-        state = load_checkpoint(ckpt, model=parts.policy, optimizer=parts.optimizer, scheduler=sched)
+        state = load_run_checkpoint(ckpt, parts)
         self.trainer.load_state_dict(state["extra_state"]["trainer"])
         scale_lr(parts.optimizer, sched, [b * scale for b in base])
         self.rollbacks += 1

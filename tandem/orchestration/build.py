@@ -13,12 +13,15 @@ from typing import Any
 
 import torch
 
+from tandem.algos import ADVANTAGE_ESTIMATORS
 from tandem.config.schema import DataConfig, ModelConfig, RewardConfig, TandemConfig
 from tandem.data import PromptDataset, check_prompt_lengths, load_prompt_dataset, rows_from_task
 from tandem.errors import DataError
 from tandem.models import init_tiny_model, load_causal_lm, load_tokenizer
+from tandem.models.value import build_value_model
 from tandem.rewards import RewardFunction, RewardSet, format_regex, get_task, load_callable
 from tandem.rewards.tasks.base import Task
+from tandem.train.critic import build_critic_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +64,18 @@ def build_reference(cfg: ModelConfig, beta: float) -> torch.nn.Module | None:
     ref.eval()
     ref.requires_grad_(False)
     return ref
+
+
+def build_critic(
+    cfg: TandemConfig, *, seed: int = 0
+) -> tuple[torch.nn.Module | None, torch.optim.Optimizer | None]:
+    """Value model and its optimiser when the advantage estimator needs values (registry metadata),
+    else ``(None, None)``. The backbone comes from ``critic.path`` (default: the policy folder)."""
+    if not ADVANTAGE_ESTIMATORS.get(cfg.algorithm.advantage).needs_critic or cfg.critic is None:
+        return None, None
+    path = cfg.critic.path or ensure_model(cfg.model, seed=seed)
+    critic = build_value_model(path, dtype=cfg.model.dtype, seed=seed)
+    return critic, build_critic_optimizer(critic, cfg.critic, cfg.trainer)
 
 
 def build_data(cfg: DataConfig, *, seed: int) -> DataParts:

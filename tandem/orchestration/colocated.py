@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,6 +28,7 @@ from tandem.orchestration.learner import LearnerStep
 from tandem.orchestration.scoring import OverlongShaping, score_rollout
 from tandem.rewards import RewardSet
 from tandem.rollout.base import RolloutEngine, SamplingParams
+from tandem.train.checkpoint import load_checkpoint
 from tandem.types import RolloutBatch, concat_rollouts
 
 
@@ -44,6 +46,20 @@ class RunParts:
     eval_rewards: RewardSet
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
+    critic: torch.nn.Module | None = None  # value model, for estimators that need values
+    critic_optimizer: torch.optim.Optimizer | None = None
+
+
+def load_run_checkpoint(path: Path, parts: RunParts) -> dict[str, Any]:
+    """Restore policy, critic, their optimisers, the scheduler and RNG from checkpoint ``path``."""
+    return load_checkpoint(
+        path,
+        model=parts.policy,
+        optimizer=parts.optimizer,
+        scheduler=parts.scheduler,
+        critic=parts.critic,
+        critic_optimizer=parts.critic_optimizer,
+    )
 
 
 def step_seed(seed: int, step: int, round_: int = 0) -> int:
@@ -94,6 +110,8 @@ class ColocatedTrainer:
             scheduler=parts.scheduler,
             timer=self.timer,
             generator=self.generator,
+            critic=parts.critic,
+            critic_optimizer=parts.critic_optimizer,
         )
         self._last: tuple[RolloutBatch, torch.Tensor] | None = None
         # Alert hook: sees the step's metrics so far before each optimizer.step(); False drops the update.
@@ -106,6 +124,7 @@ class ColocatedTrainer:
             "next_group": self.next_group,
             "sampler": self.sampler.state_dict(),
             "generator": self.generator.get_state().tolist(),
+            "learner": self.learner.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -113,6 +132,7 @@ class ColocatedTrainer:
         self.next_group = int(state["next_group"])
         self.sampler.load_state_dict(state["sampler"])
         self.generator.set_state(torch.tensor(state["generator"], dtype=torch.uint8))
+        self.learner.load_state_dict(state.get("learner", {}))
         self.parts.engine.update_weights(None, self.step)
 
     # -- phases ----------------------------------------------------------------------------------------

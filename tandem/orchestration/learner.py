@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from tandem.algos import AdaptiveKL, FixedKL
 from tandem.config.schema import TandemConfig
 from tandem.monitor import PhaseTimer
+from tandem.train.critic import CriticSettings, critic_update
 from tandem.train.experience import ExperienceSettings, make_experience
 from tandem.train.update import UpdateSettings, policy_update
 from tandem.types import RolloutBatch
@@ -21,7 +24,11 @@ from tandem.types import RolloutBatch
 
 @dataclass
 class LearnerStep:
-    """Turns a scored rollout batch into one policy update (timed phases ``logprob`` and ``update``)."""
+    """Turns a scored rollout batch into one policy update (timed phases ``logprob`` and ``update``).
+
+    With a critic (estimators whose registry entry needs values), the critic is updated after the policy
+    on the same batch; during ``critic.warmup_steps`` only the critic learns. ``kl_ctl`` holds β and, when
+    adaptive, moves it after each step from the measured KL to the reference."""
 
     policy: torch.nn.Module
     ref_model: torch.nn.Module | None
@@ -32,6 +39,11 @@ class LearnerStep:
     timer: PhaseTimer
     generator: torch.Generator
     pre_step: Callable[[dict[str, float]], bool] | None = None  # alert veto before optimizer.step()
+    critic: torch.nn.Module | None = None
+    critic_optimizer: torch.optim.Optimizer | None = None
+    critic_settings: CriticSettings | None = None
+    kl_ctl: FixedKL | AdaptiveKL | None = None
+    steps_done: int = 0  # learner steps taken (critic warm-up counts these)
 
     @classmethod
     def from_config(
@@ -44,6 +56,8 @@ class LearnerStep:
         scheduler: torch.optim.lr_scheduler.LRScheduler | None,
         timer: PhaseTimer,
         generator: torch.Generator,
+        critic: torch.nn.Module | None = None,
+        critic_optimizer: torch.optim.Optimizer | None = None,
     ) -> LearnerStep:
         update = UpdateSettings.from_config(
             cfg.algorithm,
@@ -58,11 +72,53 @@ class LearnerStep:
             autocast_bf16=cfg.model.autocast_bf16,
             micro_batch_size=cfg.trainer.micro_batch_size,
         )
-        return cls(policy, ref_model, optimizer, scheduler, update, exp, timer, generator)
+        kl = cfg.algorithm.kl
+        kl_ctl = (
+            AdaptiveKL(cfg.algorithm.beta, kl.target, kl.horizon)
+            if kl.controller == "adaptive"
+            else FixedKL(cfg.algorithm.beta)
+        )
+        critic_settings = None
+        if critic is not None:
+            if cfg.critic is None or critic_optimizer is None:
+                raise ValueError("a critic needs the critic config section and its optimizer")
+            critic_settings = CriticSettings.from_config(
+                cfg.critic, cfg.trainer, autocast_bf16=cfg.model.autocast_bf16
+            )
+        return cls(
+            policy,
+            ref_model,
+            optimizer,
+            scheduler,
+            update,
+            exp,
+            timer,
+            generator,
+            critic=critic,
+            critic_optimizer=critic_optimizer,
+            critic_settings=critic_settings,
+            kl_ctl=kl_ctl,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """Learner state a checkpoint must keep for an exact resume (β, steps taken)."""
+        return {"kl_coef": None if self.kl_ctl is None else self.kl_ctl.value, "steps_done": self.steps_done}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps_done = int(state.get("steps_done", 0))
+        if self.kl_ctl is not None and state.get("kl_coef") is not None:
+            self.kl_ctl.value = float(state["kl_coef"])
+
+    @property
+    def in_critic_warmup(self) -> bool:
+        """True while only the critic learns (the first ``critic.warmup_steps`` learner steps)."""
+        cs = self.critic_settings
+        return cs is not None and self.steps_done < cs.warmup_steps
 
     def __call__(self, batch: RolloutBatch, scores: torch.Tensor) -> dict[str, float]:
         """One update on ``batch`` with sequence rewards ``scores`` ``[B]``; returns ``actor/*`` metrics."""
         s = self.update_settings
+        beta = None if self.kl_ctl is None else self.kl_ctl.value
         with self.timer.phase("logprob"):
             exp, metrics = make_experience(
                 batch,
@@ -70,19 +126,40 @@ class LearnerStep:
                 self.exp_settings,
                 policy=None if s.on_policy_single_pass else self.policy,
                 ref_model=self.ref_model,
+                critic=self.critic,
+                beta=beta,
             )
         with self.timer.phase("update"):
-            metrics.update(
-                policy_update(
-                    self.policy,
-                    self.optimizer,
-                    self.scheduler,
-                    exp,
-                    s,
-                    generator=self.generator,
-                    pre_step=self.pre_step,
+            if self.in_critic_warmup:
+                metrics["actor/critic_warmup"] = 1.0
+            else:
+                metrics.update(
+                    policy_update(
+                        self.policy,
+                        self.optimizer,
+                        self.scheduler,
+                        exp,
+                        s,
+                        generator=self.generator,
+                        pre_step=self.pre_step,
+                    )
                 )
-            )
+            if self.critic is not None:
+                assert self.critic_optimizer is not None and self.critic_settings is not None
+                metrics.update(
+                    critic_update(
+                        self.critic,
+                        self.critic_optimizer,
+                        exp,
+                        self.critic_settings,
+                        generator=self.generator,
+                    )
+                )
+        self.steps_done += 1
+        if self.kl_ctl is not None:
+            metrics["actor/kl_coef"] = self.kl_ctl.value  # the β this step used
+            if "actor/kl_ref" in metrics:
+                self.kl_ctl.update(metrics["actor/kl_ref"], batch.batch_size)
         tokens = int(batch.prompt_mask.sum() + batch.response_mask.sum())
         metrics["perf/train_tokens_per_s"] = tokens / max(1e-9, self.timer.metrics()["timing/update"])
         metrics["actor/kl"] = metrics.get("actor/kl_ref", metrics.get("actor/approx_kl", 0.0))

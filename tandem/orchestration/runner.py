@@ -21,6 +21,7 @@ from tandem.errors import ConfigError
 from tandem.monitor import MetricsLogger
 from tandem.orchestration.alerting import AlertController, AlertStopError
 from tandem.orchestration.build import (
+    build_critic,
     build_data,
     build_eval_rewards,
     build_policy,
@@ -28,9 +29,9 @@ from tandem.orchestration.build import (
     build_rewards,
     enforce_prompt_lengths,
 )
-from tandem.orchestration.colocated import ColocatedTrainer, RunParts
+from tandem.orchestration.colocated import ColocatedTrainer, RunParts, load_run_checkpoint
 from tandem.rollout.hf import HFEngine
-from tandem.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from tandem.train.checkpoint import latest_checkpoint, save_checkpoint
 from tandem.train.optim import build_optimizer, build_scheduler
 from tandem.utils.io import atomic_write_json, atomic_write_text
 from tandem.utils.seed import seed_everything
@@ -78,6 +79,7 @@ def build_parts(cfg: TandemConfig) -> RunParts:
     data = enforce_prompt_lengths(build_data(cfg.data, seed=cfg.run.seed), tokenizer, cfg.data)
     rewards = build_rewards(cfg.reward, data.task)
     optimizer = build_optimizer(policy, cfg.trainer)
+    critic, critic_optimizer = build_critic(cfg, seed=cfg.run.seed)
     samples = cfg.samples_per_step
     opt_steps = (
         cfg.trainer.total_steps
@@ -95,6 +97,8 @@ def build_parts(cfg: TandemConfig) -> RunParts:
         eval_rewards=build_eval_rewards(cfg, data.task, rewards),
         optimizer=optimizer,
         scheduler=build_scheduler(optimizer, cfg.trainer, opt_steps),
+        critic=critic,
+        critic_optimizer=critic_optimizer,
     )
 
 
@@ -112,9 +116,7 @@ def train(cfg: TandemConfig, *, resume: bool = False, progress: bool | None = No
     result = RunResult(run_dir=run_dir, steps=0)
     latest = latest_checkpoint(ckpt_root) if resume else None
     if latest is not None:
-        state = load_checkpoint(
-            latest, model=parts.policy, optimizer=parts.optimizer, scheduler=parts.scheduler
-        )
+        state = load_run_checkpoint(latest, parts)
         trainer.load_state_dict(state["extra_state"]["trainer"])
         result.eval_before = state["extra_state"].get("eval_before", {})
         log.info("resumed from %s at step %d", latest, trainer.step)
@@ -145,6 +147,8 @@ def train(cfg: TandemConfig, *, resume: bool = False, progress: bool | None = No
                 extra_state=extra,
                 config=cfg.model_dump(mode="json"),
                 keep_last=cfg.checkpoint.keep_last,
+                critic=parts.critic,
+                critic_optimizer=parts.critic_optimizer,
             )
 
         if alerting.wants_initial_checkpoint and latest_checkpoint(ckpt_root) is None:

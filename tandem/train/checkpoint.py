@@ -41,6 +41,8 @@ logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 COMPLETE_MARKER = "COMPLETE"
+CRITIC_WEIGHTS = "critic/model.safetensors"
+CRITIC_OPTIMIZER = "critic/optimizer.pt"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -60,6 +62,8 @@ def save_checkpoint(
     extra_state: Mapping[str, Any],
     config: Mapping[str, Any] | Any,
     keep_last: int | None = 3,
+    critic: Any | None = None,
+    critic_optimizer: torch.optim.Optimizer | None = None,
 ) -> Path:
     """Write a complete checkpoint for ``step`` atomically and prune old ones; return its folder.
 
@@ -67,7 +71,8 @@ def save_checkpoint(
     ``extra_state`` and ``config`` (a mapping or a pydantic model) must be JSON-serialisable after
     numpy/torch scalars are converted.
     ``keep_last`` complete checkpoints are kept (``None`` keeps all). Saving the same step again
-    replaces that checkpoint.
+    replaces that checkpoint. A ``critic`` (with ``save(path)``, e.g. a ValueModel) and its optimiser are
+    written to ``critic/`` beside the policy.
     """
     if step < 0:
         raise ValueError(f"step must be ≥ 0, got {step}")
@@ -81,6 +86,11 @@ def save_checkpoint(
         if scheduler is not None:
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         torch.save(rng_state(), tmp / "rng.pt")
+        if critic is not None:
+            (tmp / "critic").mkdir()
+            critic.save(tmp / CRITIC_WEIGHTS)
+            if critic_optimizer is not None:
+                torch.save(critic_optimizer.state_dict(), tmp / CRITIC_OPTIMIZER)
         _write_json(tmp / "state.json", _state(step, extra_state))
         _write_json(tmp / "config.json", _plain_config(config))
         (tmp / COMPLETE_MARKER).write_text(f"step {step}\n", encoding="utf-8")
@@ -130,6 +140,8 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer | None = None,
     scheduler: Any | None = None,
     restore_rng: bool = True,
+    critic: Any | None = None,
+    critic_optimizer: torch.optim.Optimizer | None = None,
 ) -> dict[str, Any]:
     """Restore ``model`` weights (strict), optimizer, scheduler and RNG from ``path``; return state.json.
 
@@ -148,6 +160,10 @@ def load_checkpoint(
         optimizer.load_state_dict(_load_pt(folder / "optimizer.pt"))
     if scheduler is not None:
         scheduler.load_state_dict(_load_pt(folder / "scheduler.pt"))
+    if critic is not None:
+        critic.load(folder / CRITIC_WEIGHTS)
+    if critic_optimizer is not None:
+        critic_optimizer.load_state_dict(_load_pt(folder / CRITIC_OPTIMIZER))
     if restore_rng:
         set_rng_state(_load_pt(folder / "rng.pt"))
     return json.loads((folder / "state.json").read_text(encoding="utf-8"))

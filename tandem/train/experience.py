@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tandem.algos import compute_advantages, kl_penalty
+from tandem.algos import ADVANTAGE_ESTIMATORS, compute_advantages, explained_variance, kl_penalty
 from tandem.config.schema import AlgorithmConfig
 from tandem.models.forward import response_logprobs
 from tandem.train.update import autocast_context
@@ -28,6 +28,7 @@ class ExperienceSettings:
     temperature: float
     autocast_bf16: bool
     micro_batch_size: int | None
+    needs_values: bool = False  # the estimator needs critic values (registry metadata, not a name)
 
     @classmethod
     def from_config(
@@ -44,6 +45,7 @@ class ExperienceSettings:
             temperature=temperature if temperature > 0 else 1.0,
             autocast_bf16=autocast_bf16,
             micro_batch_size=micro_batch_size,
+            needs_values=ADVANTAGE_ESTIMATORS.get(algo.advantage).needs_critic,
         )
 
 
@@ -68,6 +70,28 @@ def scoring_logprobs(model: torch.nn.Module, r: RolloutBatch, s: ExperienceSetti
     return lp.float()
 
 
+@torch.no_grad()
+def critic_values(critic: torch.nn.Module, r: RolloutBatch, s: ExperienceSettings) -> torch.Tensor:
+    """Values of the response tokens under ``critic`` (no grad, eval mode). ``[B, R]`` float32."""
+    was_training = critic.training
+    critic.eval()
+    step = s.micro_batch_size or max(1, r.batch_size)
+    try:
+        with autocast_context(s.autocast_bf16):
+            chunks = [
+                critic.values(
+                    r.prompt_ids[i : i + step],
+                    r.prompt_mask[i : i + step],
+                    r.response_ids[i : i + step],
+                    r.response_mask[i : i + step],
+                )
+                for i in range(0, r.batch_size, step)
+            ]  # each [b, R]
+    finally:
+        critic.train(was_training)
+    return torch.cat(chunks).float() if chunks else torch.zeros(r.response_ids.shape)
+
+
 def make_experience(
     rollout: RolloutBatch,
     scores: torch.Tensor,  # [B]
@@ -75,12 +99,20 @@ def make_experience(
     *,
     policy: torch.nn.Module | None = None,
     ref_model: torch.nn.Module | None = None,
+    critic: torch.nn.Module | None = None,
+    beta: float | None = None,
 ) -> tuple[Experience, dict[str, float]]:
     """Compute what the update needs. ``policy`` is given only when old log-probs must be recomputed
-    (several epochs or mini-batches); otherwise the update uses its own first forward as the old policy."""
+    (several epochs or mini-batches); otherwise the update uses its own first forward as the old policy.
+    ``critic`` gives the old values when the estimator needs them; ``beta`` overrides ``s.beta`` (an
+    adaptive KL controller's current coefficient)."""
     mask = rollout.response_mask
+    beta = s.beta if beta is None else beta
     old = scoring_logprobs(policy, rollout, s) if policy is not None else None
-    ref = scoring_logprobs(ref_model, rollout, s) if ref_model is not None and s.beta > 0 else None
+    ref = scoring_logprobs(ref_model, rollout, s) if ref_model is not None and beta > 0 else None
+    if s.needs_values and critic is None:
+        raise ValueError(f"advantage '{s.advantage}' needs critic values: pass critic=...")
+    values = critic_values(critic, rollout, s) if s.needs_values else None  # [B, R]
     metrics: dict[str, float] = {}
     token_rewards = None
     if ref is not None:
@@ -88,7 +120,7 @@ def make_experience(
         kl = kl_penalty(current, ref, s.kl_kind) * mask  # [B, R]
         metrics["actor/kl_ref"] = float(kl.sum() / mask.sum().clamp(min=1))
         if s.kl_in_reward:
-            token_rewards = -s.beta * kl
+            token_rewards = -beta * kl
     advantages, returns = compute_advantages(
         s.advantage,
         scores=scores,
@@ -98,6 +130,7 @@ def make_experience(
         gamma=s.gamma,
         lam=s.lam,
         norm_by_std=s.norm_by_std,
+        values=values,
     )
     exp = Experience(
         rollout=rollout,
@@ -107,8 +140,12 @@ def make_experience(
         returns=returns,
         ref_logprobs=ref,
         token_rewards=token_rewards,
+        values=values,
     )
     valid = mask.sum().clamp(min=1)
     metrics["actor/advantage_mean"] = float((advantages * mask).sum() / valid)
     metrics["actor/advantage_abs"] = float((advantages.abs() * mask).sum() / valid)
+    if values is not None:
+        metrics["critic/values_mean"] = float((values * mask).sum() / valid)
+        metrics["critic/explained_var"] = explained_variance(values, returns, mask)
     return exp, metrics

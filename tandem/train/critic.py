@@ -1,0 +1,114 @@
+"""The critic's update: ``ppo_epochs`` × mini-batches of the clipped value loss, each one step of the
+critic's own AdamW accumulated over micro-batches (same batching as the policy update).
+
+Micro-batch scaling: each micro loss is divided by the mini-batch's token count (``global_tokens``), so
+accumulated gradients equal one backward over the whole mini-batch.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+from tandem.algos import value_loss
+from tandem.config.schema import CriticConfig, TrainerConfig
+from tandem.train.update import autocast_context, group_shuffle
+from tandem.types import Experience
+
+
+@dataclass(frozen=True)
+class CriticSettings:
+    """What the critic update needs from the config, resolved once."""
+
+    ppo_epochs: int
+    mini_batch_size: int | None
+    micro_batch_size: int | None
+    max_grad_norm: float | None
+    value_clip: float | None
+    vf_coef: float
+    warmup_steps: int
+    autocast_bf16: bool
+
+    @classmethod
+    def from_config(
+        cls, critic: CriticConfig, trainer: TrainerConfig, *, autocast_bf16: bool
+    ) -> CriticSettings:
+        return cls(
+            ppo_epochs=trainer.ppo_epochs,
+            mini_batch_size=trainer.mini_batch_size,
+            micro_batch_size=trainer.micro_batch_size,
+            max_grad_norm=trainer.max_grad_norm,
+            value_clip=critic.value_clip,
+            vf_coef=critic.vf_coef,
+            warmup_steps=critic.warmup_steps,
+            autocast_bf16=autocast_bf16,
+        )
+
+
+def build_critic_optimizer(
+    critic: torch.nn.Module, cfg: CriticConfig, trainer: TrainerConfig
+) -> torch.optim.AdamW:
+    """The critic's own AdamW (constant LR ``critic.lr``; betas and weight decay from the trainer)."""
+    params = [p for p in critic.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=trainer.betas, weight_decay=trainer.weight_decay)
+
+
+def critic_update(
+    critic: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    exp: Experience,
+    s: CriticSettings,
+    *,
+    generator: torch.Generator | None = None,
+) -> dict[str, float]:
+    """Fit the critic to ``exp.returns`` (``exp.values`` are the rollout-time values the clip is
+    measured from); returns averaged ``critic/vf_loss`` and ``critic/vf_clipfrac``."""
+    if exp.values is None:
+        raise ValueError("critic_update needs exp.values (old values from make_experience with a critic)")
+    critic.train()
+    B = exp.batch_size
+    mini = s.mini_batch_size or B
+    micro = s.micro_batch_size or mini
+    sums: dict[str, float] = defaultdict(float)
+    n_steps = 0
+    for _ in range(s.ppo_epochs):
+        order = group_shuffle(exp.rollout.group_ids, generator) if mini < B else torch.arange(B)
+        for mini_idx in order.split(mini):
+            for k, v in _critic_step(critic, optimizer, exp.select(mini_idx), micro, s).items():
+                sums[k] += v
+            n_steps += 1
+    return {k: v / max(1, n_steps) for k, v in sums.items()}
+
+
+def _critic_step(
+    critic: torch.nn.Module, optimizer: torch.optim.Optimizer, mb: Experience, micro: int, s: CriticSettings
+) -> dict[str, float]:
+    optimizer.zero_grad(set_to_none=True)
+    n = mb.batch_size
+    mini_tokens = max(1, int(mb.rollout.response_mask.sum()))
+    out: dict[str, float] = defaultdict(float)
+    for micro_idx in torch.arange(n).split(micro):
+        m = mb.select(micro_idx) if micro < n else mb
+        r = m.rollout
+        with autocast_context(s.autocast_bf16):
+            values = critic.values(r.prompt_ids, r.prompt_mask, r.response_ids, r.response_mask)  # [b, R]
+        loss, clipfrac = value_loss(
+            values.float(), m.values, m.returns, r.response_mask, clip=s.value_clip, global_tokens=mini_tokens
+        )
+        (s.vf_coef * loss).backward()
+        tokens = int(r.response_mask.sum())
+        out["critic/vf_loss"] += float(loss.detach())  # shares of the mini-batch loss add up to it
+        out["critic/vf_clipfrac"] += clipfrac * tokens / mini_tokens
+    params = [p for p in critic.parameters() if p.grad is not None]
+    if s.max_grad_norm is not None:
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm)
+    else:
+        grad_norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))
+    out["critic/grad_norm"] = float(grad_norm)
+    if torch.isfinite(grad_norm):
+        optimizer.step()
+    else:
+        out["critic/skipped_nonfinite"] = 1.0
+    return dict(out)
