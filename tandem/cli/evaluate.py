@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 
 from tandem.cli.main import app, err, out, user_errors
+from tandem.cli.progress import count_progress
 from tandem.errors import ConfigError
 
 
@@ -62,22 +53,6 @@ def write_json(path: Path | None, obj: Any) -> None:
         atomic_write_json(path, obj)
 
 
-@contextlib.contextmanager
-def count_progress(label: str) -> Iterator[Callable[[int, int], None]]:
-    """Yield ``on_progress(done, total)`` driving a rich bar with elapsed time and ETA."""
-    columns = (
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("eta"),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=err, transient=False) as bar:
-        task = bar.add_task(label, total=None)
-        yield lambda done, total: bar.update(task, completed=done, total=total)
-
-
 @app.command("eval")
 @user_errors
 def eval_cmd(
@@ -107,7 +82,7 @@ def eval_cmd(
     """
     from tandem.evaluate.runner import run_eval
 
-    with count_progress("eval") as on_progress:
+    with count_progress("eval", err) as on_progress:
         result = run_eval(
             target,
             task=task,
@@ -170,7 +145,7 @@ def abtest_cmd(
         alpha=alpha,
         min_win_rate=min_win_rate,
     )
-    with count_progress("abtest") as on_progress:
+    with count_progress("abtest", err) as on_progress:
         result = run_abtest(
             a,
             b,

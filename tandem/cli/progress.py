@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
+from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -15,19 +16,31 @@ from rich.progress import (
 )
 
 
-@contextlib.contextmanager
-def step_progress(label: str, total: int, *, key: str) -> Iterator[Callable[[int, dict[str, float]], None]]:
-    """Yield an ``on_step(step, metrics)`` callback that advances a bar showing ETA and ``metrics[key]``."""
-    columns = (
+def _columns(*extra: TextColumn) -> tuple:
+    """Description, bar, done/total, elapsed, ETA, then ``extra``."""
+    return (
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         TextColumn("eta"),
         TimeRemainingColumn(),
-        TextColumn("{task.fields[info]}"),
+        *extra,
     )
-    with Progress(*columns, transient=False) as bar:
+
+
+@contextlib.contextmanager
+def count_progress(label: str, console: Console | None = None) -> Iterator[Callable[[int, int], None]]:
+    """Yield ``on_progress(done, total)`` driving a bar with elapsed time and ETA."""
+    with Progress(*_columns(), console=console, transient=False) as bar:
+        task = bar.add_task(label, total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+@contextlib.contextmanager
+def step_progress(label: str, total: int, *, key: str) -> Iterator[Callable[[int, dict[str, float]], None]]:
+    """Yield an ``on_step(step, metrics)`` callback that advances a bar showing ETA and ``metrics[key]``."""
+    with Progress(*_columns(TextColumn("{task.fields[info]}")), transient=False) as bar:
         task = bar.add_task(label, total=total, info="")
 
         def on_step(step: int, metrics: dict[str, float]) -> None:
