@@ -9,13 +9,13 @@ someone else's server. httpx is used (part of the ``serve`` extra).
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from urllib.parse import urlparse
 
 from tandem.errors import ConfigError, MissingDependencyError
+from tandem.utils.net import is_loopback_host
 
 
 @dataclass
@@ -45,11 +45,7 @@ def check_target(url: str, allow_host: str | None) -> None:
         raise ConfigError(f"'{url}' is not an http(s) URL", where="URL")
     if allow_host is not None and host == allow_host:
         return
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback:
+    if not is_loopback_host(host):
         raise ConfigError(
             f"refusing to load-test non-loopback host {host}",
             where="URL",

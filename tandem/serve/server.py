@@ -6,7 +6,6 @@ interface is a mistake we do not let through). Only this package imports uvicorn
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import os
@@ -18,6 +17,7 @@ from tandem.serve.batcher import DynamicBatcher
 from tandem.serve.cache import LRUCache
 from tandem.serve.model import ServedModel
 from tandem.serve.router import Arm
+from tandem.utils.net import is_loopback_host
 
 logger = logging.getLogger(__name__)
 
@@ -84,11 +84,7 @@ def check_bind(host: str, has_keys: bool) -> None:
     """ConfigError when binding ``host`` without API keys would expose the model beyond loopback."""
     if has_keys:
         return
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback:
+    if not is_loopback_host(host):
         raise ConfigError(
             f"refusing to bind {host} without API keys",
             where="--host",
