@@ -7,6 +7,31 @@ import pytest
 REVERSE_TASK = {"min_len": 2, "max_len": 3}
 
 
+@pytest.fixture
+def crash_at_step(monkeypatch):
+    """``crash_at_step(cfg, k)``: run training that dies (RuntimeError) when it is about to start step
+    ``k + 1`` — after the step-``k`` checkpoint — as a killed run would; then training works normally."""
+    from tandem.orchestration.colocated import ColocatedTrainer
+    from tandem.orchestration.runner import train
+
+    def run(cfg, k: int) -> None:
+        original = ColocatedTrainer.train_step
+
+        def crashing_step(self):
+            if self.step == k:
+                raise RuntimeError("simulated crash")
+            return original(self)
+
+        monkeypatch.setattr(ColocatedTrainer, "train_step", crashing_step)
+        try:
+            with pytest.raises(RuntimeError, match="simulated crash"):
+                train(cfg, progress=False)
+        finally:
+            monkeypatch.setattr(ColocatedTrainer, "train_step", original)
+
+    return run
+
+
 @pytest.fixture(scope="session")
 def warm_model(tmp_path_factory):
     """A tiny Llama that answers the reverse task sometimes (non-trivial accuracy, varied lengths);

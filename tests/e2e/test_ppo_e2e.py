@@ -12,7 +12,6 @@ import torch
 
 from tandem.config import build_config
 from tandem.models import build_value_model, load_causal_lm
-from tandem.orchestration.colocated import ColocatedTrainer
 from tandem.orchestration.runner import train
 from tandem.train.checkpoint import latest_checkpoint
 
@@ -93,7 +92,7 @@ def test_critic_warmup_leaves_the_policy_unchanged(tiny_model_dir, tmp_path):
     assert all(r["actor/critic_warmup"] == 1.0 for r in _rows(result.run_dir))
 
 
-def test_ppo_resume_is_exact(tiny_model_dir, tmp_path, monkeypatch):
+def test_ppo_resume_is_exact(tiny_model_dir, tmp_path, crash_at_step):
     common = {
         "trainer": {"total_steps": 4, "lr": 1e-3, "ppo_epochs": 2, "mini_batch_size": 4},
         "checkpoint": {"every": 2, "keep_last": 5},
@@ -101,17 +100,7 @@ def test_ppo_resume_is_exact(tiny_model_dir, tmp_path, monkeypatch):
         "critic": {"lr": 1e-3, "warmup_steps": 1},
     }
     full = train(_cfg(tiny_model_dir, tmp_path / "full", **common), progress=False)
-    original = ColocatedTrainer.train_step
-
-    def crashing_step(self):
-        if self.step == 2:
-            raise RuntimeError("simulated crash")
-        return original(self)
-
-    monkeypatch.setattr(ColocatedTrainer, "train_step", crashing_step)
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        train(_cfg(tiny_model_dir, tmp_path / "part", **common), progress=False)
-    monkeypatch.setattr(ColocatedTrainer, "train_step", original)
+    crash_at_step(_cfg(tiny_model_dir, tmp_path / "part", **common), 2)
     resumed = train(_cfg(tiny_model_dir, tmp_path / "part", **common), resume=True, progress=False)
     assert resumed.steps == 4
     ck_full = latest_checkpoint(full.run_dir / "checkpoints")

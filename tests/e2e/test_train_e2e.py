@@ -10,7 +10,6 @@ import torch
 
 from tandem.config import build_config
 from tandem.models import load_causal_lm
-from tandem.orchestration.colocated import ColocatedTrainer
 from tandem.orchestration.runner import train
 from tandem.train.checkpoint import latest_checkpoint
 
@@ -69,23 +68,13 @@ def test_every_algorithm_trains(tiny_model_dir, tmp_path, algo, extra):
     assert (result.run_dir / "config.yaml").exists()
 
 
-def test_resume_is_exact(tiny_model_dir, tmp_path, monkeypatch):
+def test_resume_is_exact(tiny_model_dir, tmp_path, crash_at_step):
     common = {"trainer": {"total_steps": 4, "lr": 1e-3}, "checkpoint": {"every": 2, "keep_last": 5}}
     full = train(_cfg(tiny_model_dir, tmp_path / "full", **common), progress=False)
 
     # Same run, killed after the step-2 checkpoint, then resumed from it.
-    original = ColocatedTrainer.train_step
-
-    def crashing_step(self):
-        if self.step == 2:
-            raise RuntimeError("simulated crash")
-        return original(self)
-
-    monkeypatch.setattr(ColocatedTrainer, "train_step", crashing_step)
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        train(_cfg(tiny_model_dir, tmp_path / "part", **common), progress=False)
+    crash_at_step(_cfg(tiny_model_dir, tmp_path / "part", **common), 2)
     assert not (tmp_path / "part" / "summary.json").exists()
-    monkeypatch.setattr(ColocatedTrainer, "train_step", original)
     resumed = train(_cfg(tiny_model_dir, tmp_path / "part", **common), resume=True, progress=False)
 
     assert resumed.steps == 4
