@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -106,9 +106,17 @@ class HFEngine:
         *,
         group_offset: int = 0,
         extras: list[dict] | None = None,
+        on_chunk: Callable[[], None] | None = None,
+        chunk_tokens: int = 4,
     ) -> RolloutBatch:
         """Sample ``params.n`` responses per prompt; prompt ``i``'s samples are consecutive rows with group
-        id ``group_offset + i``."""
+        id ``group_offset + i``.
+
+        ``on_chunk`` (in-flight weight updates, PipelineRL-style) is called after every ``chunk_tokens``
+        decoded tokens while rows are still running; it may call :meth:`update_weights`. The KV cache of
+        the tokens so far is kept, each token's behaviour log-prob is that of the weights that sampled it,
+        and ``policy_version`` records the version at the start (the oldest weights that contributed), so
+        staleness checks stay conservative."""
         if extras is not None and len(extras) != len(prompts):
             raise DataError(f"got {len(extras)} extras rows for {len(prompts)} prompts", where="extras")
         prompt_ids, prompt_mask = self._encode(prompts)  # [N, P] each
@@ -119,9 +127,13 @@ class HFEngine:
         if params.seed is not None:
             generator = torch.Generator(device=device).manual_seed(params.seed)
         stops = self._stop_strings(params.stop)
+        start_version = self._version
+        chunk = (on_chunk, max(1, int(chunk_tokens))) if on_chunk is not None else None
         with torch.inference_mode(), _eval_mode(self.model):
-            out = self._decode(prompt_ids.to(device), prompt_mask.to(device), params, generator, stops)
-        return self._to_batch(prompts, prompt_ids, prompt_mask, out, params, group_offset, extras, stops)
+            out = self._decode(prompt_ids.to(device), prompt_mask.to(device), params, generator, stops, chunk)
+        return self._to_batch(
+            prompts, prompt_ids, prompt_mask, out, params, group_offset, extras, stops, start_version
+        )
 
     def _encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Tokenise and left-pad ``prompts``: ids ``[N, P]`` long, mask ``[N, P]`` bool."""
@@ -171,6 +183,7 @@ class HFEngine:
         params: SamplingParams,
         generator: torch.Generator | None,
         stops: StopStrings | None,
+        chunk: tuple[Callable[[], None], int] | None = None,
     ) -> _Decoded:
         """Prefill, then sample one token per step until every row hit EOS, a stop string or the limit."""
         B, P = prompt_ids.shape
@@ -198,6 +211,8 @@ class HFEngine:
             if t == T - 1 or bool(finished.all()):
                 steps = t + 1
                 break
+            if chunk is not None and (t + 1) % chunk[1] == 0:
+                chunk[0]()  # may load newer weights in place; the stepper reads the model's own tensors
             attn[:, P + t] = 1
             logits = stepper.step(tokens[:, t : t + 1], attn[:, : P + t + 1], next_pos + t)
         return _Decoded(tokens[:, :steps], logprobs[:, :steps], lengths, finished)
@@ -212,6 +227,7 @@ class HFEngine:
         group_offset: int,
         extras: list[dict] | None,
         stops: StopStrings | None,
+        version: int,
     ) -> RolloutBatch:
         """Assemble the RolloutBatch: decode completions, cut stop strings, label rows."""
         n, B = params.n, prompt_ids.shape[0]
@@ -232,11 +248,11 @@ class HFEngine:
             response_mask=response_mask,
             behavior_logprobs=out.logprobs.to("cpu", copy=True),
             group_ids=groups,
-            policy_version=torch.full((B,), self._version, dtype=torch.long),
+            policy_version=torch.full((B,), version, dtype=torch.long),
             prompts=[p for p in prompts for _ in range(n)],
             completions=texts,
             finish_reasons=["stop" if s else "length" for s in out.stopped.tolist()],
-            sample_ids=[f"{tag}-{self._version}-{g}-{k}" for g in groups.tolist()[::n] for k in range(n)],
+            sample_ids=[f"{tag}-{version}-{g}-{k}" for g in groups.tolist()[::n] for k in range(n)],
             extras=[dict(e) for e in (extras or [{}] * len(prompts)) for _ in range(n)],
         )
 

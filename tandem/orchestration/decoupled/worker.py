@@ -68,6 +68,24 @@ class TicketPrompts:
         return self._sampler.next_batch()
 
 
+class InFlightSync:
+    """``on_chunk`` callback of an in-flight generation: loads weights published since the last check.
+
+    Counts the updates and the seconds spent loading them (reported as ``worker/inflight_*``)."""
+
+    def __init__(self, engine: HFEngine, weights: Any) -> None:
+        self.engine, self.weights = engine, weights
+        self.updates, self.seconds = 0, 0.0
+
+    def __call__(self) -> None:
+        t0 = time.perf_counter()
+        fetched = self.weights.fetch(self.engine.version)
+        if fetched is not None:
+            self.engine.update_weights(*fetched)
+            self.updates += 1
+        self.seconds += time.perf_counter() - t0
+
+
 def worker_main(spec: WorkerSpec) -> None:
     """Process entry point: one torch thread (by default), Ctrl-C left to the parent."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner process handles Ctrl-C and stops us
@@ -105,6 +123,7 @@ def _run(spec: WorkerSpec) -> None:
         else None
     )
     prompts = TicketPrompts(data.train, cfg.data.prompts_per_step, cfg.run.seed)
+    inflight = cfg.architecture.weight_sync == "in_flight"
     timer = PhaseTimer()
     while True:
         t0 = time.perf_counter()
@@ -119,17 +138,23 @@ def _run(spec: WorkerSpec) -> None:
                 engine.update_weights(*fetched)
         rows = prompts.rows(ticket)
         extras = [{k: v for k, v in row.items() if k != "prompt"} for row in rows]
+        in_flight = InFlightSync(engine, spec.weights) if inflight else None
         with timer.phase("generate"):
             batch = engine.generate(
                 [row["prompt"] for row in rows],
                 sampling_params(cfg, ticket),
                 group_offset=ticket * cfg.data.prompts_per_step,
                 extras=extras,
+                on_chunk=in_flight,
+                chunk_tokens=cfg.architecture.weight_sync_chunk,
             )
         with timer.phase("reward"):
             scores, reward_metrics = score_rollout(batch, rewards, overlong)
         meta = {**reward_metrics, **{f"worker/{k}": v for k, v in timer.metrics().items()}}
         meta["worker/idle_ratio"] = idle / max(1e-9, time.perf_counter() - t0)
+        if in_flight is not None:
+            meta["worker/inflight_updates"] = float(in_flight.updates)
+            meta["worker/inflight_sync_s"] = in_flight.seconds
         spec.channel.put(
             TrajectoryMessage(batch=batch, scores=scores, ticket=ticket, worker_id=spec.slot, meta=meta)
         )

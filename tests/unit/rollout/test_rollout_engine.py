@@ -229,3 +229,37 @@ def test_fast_decode_required_but_unsupported(model_and_tok):
     engine.model.register_parameter("w", torch.nn.Parameter(torch.zeros(1)))
     with pytest.raises(ModelError, match="fast_decode=True"):
         engine.generate(["a"], SamplingParams(max_new_tokens=2))
+
+
+def test_in_flight_weight_update_between_chunks(tiny_model_dir, tmp_path):
+    """``on_chunk`` runs every ``chunk_tokens`` tokens; weights loaded there sample the following tokens
+    (earlier tokens are unchanged), and ``policy_version`` keeps the version the generation started with."""
+    other = load_causal_lm(
+        init_tiny_model(tmp_path / "other", hidden_size=32, num_layers=2, num_heads=2, seed=123)
+    ).state_dict()
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, n=2, seed=5)
+
+    def fresh() -> HFEngine:
+        return HFEngine(load_causal_lm(tiny_model_dir), load_tokenizer(tiny_model_dir), version=3)
+
+    base = fresh().generate(PROMPTS, params)
+    same_engine = fresh()
+    calls: list[int] = []
+    same = same_engine.generate(
+        PROMPTS, params, on_chunk=lambda: calls.append(1), chunk_tokens=4
+    )  # a no-op callback changes nothing
+    assert torch.equal(same.response_ids, base.response_ids) and len(calls) >= 1
+
+    engine = fresh()
+
+    def swap() -> None:
+        if engine.version == 3:
+            engine.update_weights(other, 4)
+
+    swapped = engine.generate(PROMPTS, params, on_chunk=swap, chunk_tokens=4)
+    assert torch.equal(swapped.response_ids[:, :4], base.response_ids[:, :4])
+    assert torch.equal(swapped.behavior_logprobs[:, :4], base.behavior_logprobs[:, :4])
+    later = swapped.response_mask[:, 4:] & base.response_mask[:, 4:]
+    assert not torch.allclose(swapped.behavior_logprobs[:, 4:][later], base.behavior_logprobs[:, 4:][later])
+    assert swapped.policy_version.tolist() == [3] * swapped.batch_size
+    assert engine.version == 4
