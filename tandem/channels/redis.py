@@ -7,6 +7,10 @@
 * ``ack``: ``XACK`` — the runtime calls it only after the checkpoint holding the update that used the
   messages, so a crash between an update and its checkpoint loses nothing; with ``trim_acked`` the entries
   are then deleted (``XDEL``): retention after acknowledgement.
+* retention by age (``max_age_s``): each ``put`` also trims entries older than that (``XTRIM MINID``;
+  stream ids are millisecond timestamps), like Kafka's ``retention.ms``. It deletes old entries whether or
+  not they were acknowledged — a learner down for longer than ``max_age_s`` loses them (counted by the
+  learner as never received), so set it well above the checkpoint interval.
 
 ``redis`` (the client library) is imported lazily: install the ``redis`` extra.
 """
@@ -42,11 +46,13 @@ class RedisStreamChannel:
         consumer: str = "learner",
         max_len: int | None = None,
         trim_acked: bool = True,
+        max_age_s: float | None = None,
         batch: int = 16,
     ) -> None:
         self.url, self.stream, self.consumer = url, stream, consumer
         self.group = group or f"{stream}:learner"
         self.max_len, self.trim_acked, self.batch = max_len, trim_acked, batch
+        self.max_age_s = max_age_s
         self.redelivered = 0  # messages handed out again after a consumer died without acknowledging
         self._client: Any = None
         self._ready: deque[Delivery] = deque()
@@ -86,6 +92,15 @@ class RedisStreamChannel:
             self.client.xadd(self.stream, fields, maxlen=self.max_len, approximate=True)
         else:
             self.client.xadd(self.stream, fields)
+        if self.max_age_s is not None:
+            self.trim_older_than(self.max_age_s)
+
+    def trim_older_than(self, seconds: float) -> int:
+        """Delete entries added more than ``seconds`` ago (by stream id); returns how many went."""
+        sec, usec = self.client.time()  # the server's clock: stream ids are stamped with it
+        now_ms = int(sec) * 1000 + int(usec) // 1000
+        minid = f"{now_ms - int(seconds * 1000)}-0"  # exact (not ~): a batch per entry, streams are short
+        return int(self.client.xtrim(self.stream, minid=minid, approximate=False))
 
     # -- consumer ---------------------------------------------------------------------------------------------
     def _recover(self) -> None:

@@ -533,6 +533,14 @@ def _check_architecture(cfg: TandemConfig) -> None:
             "architecture.autoscale.min_workers",
             f"min_workers={arch.autoscale.min_workers} exceeds max_workers={arch.autoscale.max_workers}",
         )
+    if arch.autoscale.enabled and not (
+        arch.autoscale.min_workers <= arch.num_workers <= arch.autoscale.max_workers
+    ):
+        raise CrossFieldError(
+            "architecture.num_workers",
+            f"num_workers={arch.num_workers} is outside autoscale [{arch.autoscale.min_workers}, "
+            f"{arch.autoscale.max_workers}]",
+        )
     if arch.channel.backend == "ray" and arch.runtime != "ray":
         raise CrossFieldError(
             "architecture.channel.backend", "the ray channel needs architecture.runtime=ray; use queue or redis"

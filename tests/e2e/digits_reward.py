@@ -3,3 +3,11 @@
 
 def digit_share(prompts, completions, **columns):
     return [sum(c.isdigit() for c in text) / max(1, len(text)) for text in completions]
+
+
+def slow_digit_share(prompts, completions, **columns):
+    """``digit_share`` that takes 0.5 s per batch: a rollout side slower than the learner (autoscaling)."""
+    import time
+
+    time.sleep(0.5)
+    return digit_share(prompts, completions)

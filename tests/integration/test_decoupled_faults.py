@@ -104,7 +104,7 @@ def test_workers_join_and_leave_mid_run(tiny_model_dir, tmp_path):
     assert any(r["decoupled/worker"] == 1 for r in rows), "the added worker contributed no samples"
     assert rows[-1]["decoupled/workers_alive"] == 1  # the removed worker exited; the learner did not stall
     assert rows[-1]["decoupled/worker_restarts"] == 0  # a retired worker is not "restarted"
-    _check_accounting(result, 8)
+    _check_accounting(result, 16)
 
 
 def test_keyboard_interrupt_stops_every_process(tiny_model_dir, tmp_path):
@@ -165,3 +165,38 @@ def test_ctrl_c_on_the_cli_exits_130_and_leaves_no_process(tiny_model_dir, tmp_p
     assert "interrupted" in err and "Traceback" not in err
     assert workers, "no worker processes were seen"
     assert not [pid for pid in workers if _alive(pid)], "processes left behind after Ctrl-C"
+
+
+def test_autoscaler_adds_a_worker_when_the_learner_starves(tiny_model_dir, tmp_path):
+    """A slow reward (0.5 s per batch) starves the learner: the policy adds a second worker mid-run, the
+    new worker's batches are trained (16 steps leave ~7 s for it to start), the accounting stays exact."""
+    cfg = _cfg(tiny_model_dir, tmp_path / "run", steps=16, eta=2)
+    slow = f"{DIGITS.rsplit(':', 1)[0]}:slow_digit_share"
+    cfg = build_config(
+        {
+            **cfg.model_dump(mode="json"),
+            "reward": {"task_reward": False, "functions": [{"path": slow}]},
+            "architecture": {
+                **cfg.architecture.model_dump(mode="json"),
+                "autoscale": {"enabled": True, "max_workers": 2, "patience": 1, "cooldown": 0},
+            },
+        }
+    )
+    result = train_decoupled(cfg, progress=False)
+    rows = _rows(result.run_dir)
+    assert max(r["decoupled/autoscale"] for r in rows) == 1.0
+    assert max(r["decoupled/workers_alive"] for r in rows) == 2.0
+    assert {r["decoupled/worker"] for r in rows} == {0.0, 1.0}, "the added worker's batches were trained"
+    _check_accounting(result, 16)
+
+
+def test_in_flight_weight_sync_run_finishes_with_exact_accounting(tiny_model_dir, tmp_path):
+    """``weight_sync: in_flight``: workers also check for new weights every decoded token; the run trains
+    every ticket once and reports the in-flight update count."""
+    cfg = _cfg(tiny_model_dir, tmp_path / "run", steps=5, eta=2)
+    arch = {**cfg.architecture.model_dump(mode="json"), "weight_sync": "in_flight", "weight_sync_chunk": 1}
+    cfg = build_config({**cfg.model_dump(mode="json"), "architecture": arch})
+    result = train_decoupled(cfg, progress=False)
+    rows = _rows(result.run_dir)
+    assert all("worker/inflight_updates" in r for r in rows)
+    _check_accounting(result, 5)

@@ -101,6 +101,24 @@ def test_channel_delivers_acks_and_redelivers(redis_url):
         c.close()
 
 
+def test_retention_by_age_trims_old_entries(redis_url):
+    """``max_age_s``: entries older than the limit are trimmed on the next put; younger ones stay."""
+    from tandem.channels.redis import RedisStreamChannel
+
+    channel = RedisStreamChannel(redis_url, "t:age", trim_acked=False)
+    for t in range(3):
+        channel.put(make_message(t))
+    time.sleep(0.3)
+    aged = RedisStreamChannel(redis_url, "t:age", trim_acked=False, max_age_s=0.2)
+    aged.put(make_message(3))  # trims the three entries older than 0.2 s
+    assert channel.stats()["length"] == 1
+    got = channel.get(timeout=1)
+    assert got is not None and got.message.ticket == 3
+    assert channel.trim_older_than(60.0) == 0  # nothing is a minute old
+    for c in (channel, aged):
+        c.close()
+
+
 def test_unreachable_redis_is_a_config_error():
     from tandem.channels.redis import RedisStreamChannel
     from tandem.errors import ConfigError

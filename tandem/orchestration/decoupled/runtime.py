@@ -27,6 +27,7 @@ from tandem.config.schema import TandemConfig
 from tandem.monitor import MetricsLogger, PhaseTimer
 from tandem.orchestration.alerting import AlertController, AlertStopError, check_decoupled_rules
 from tandem.orchestration.colocated import RunParts, evaluate_heldout
+from tandem.orchestration.decoupled.autoscale import Autoscaler
 from tandem.orchestration.decoupled.coordination import Coordination
 from tandem.orchestration.decoupled.learner import DecoupledLearner
 from tandem.orchestration.decoupled.ledger import TicketLedger
@@ -77,6 +78,7 @@ def channel_options(cfg: TandemConfig, ctx: BaseContext) -> dict[str, Any]:
         "stream": ch.stream or f"tandem:{cfg.run.name}",
         "max_len": ch.max_len,
         "trim_acked": ch.trim_acked,
+        "max_age_s": ch.max_age_s,
     }
 
 
@@ -178,6 +180,7 @@ def _loop(
         start_step=learner.version,
     ) as logger:
         alerting = AlertController(cfg, result.run_dir, learner, logger.alert)  # rules: warn/skip/stop
+        autoscaler = Autoscaler(cfg.architecture.autoscale) if cfg.architecture.autoscale.enabled else None
         try:
             if learner.version == 0:
                 result.eval_before = evaluate_heldout(parts)
@@ -192,6 +195,8 @@ def _loop(
                     logger.log_samples(step, learner.last_samples(mon.num_samples, cfg.rollout.n))
                 metrics["decoupled/workers_alive"] = float(run.supervisor.num_alive)
                 metrics["decoupled/worker_restarts"] = float(run.supervisor.total_restarts)
+                if autoscaler is not None:
+                    metrics["decoupled/autoscale"] = float(_autoscale(run, autoscaler, metrics))
                 _check_finite(metrics, step)
                 outcome = alerting.after_step(step, metrics)
                 logger.log(step, metrics)
@@ -207,6 +212,24 @@ def _loop(
                     hooks.on_step(run, step)
         finally:
             alerting.close()
+
+
+def _autoscale(run: DecoupledRun, autoscaler: Autoscaler, metrics: dict[str, float]) -> int:
+    """Apply the elastic-scaling decision of this step; returns it (+1 added, −1 retired, 0 none)."""
+    depth = max(0, int(metrics.get("channel/depth", 0)))
+    decision = autoscaler.decide(
+        learner_idle=metrics.get("idle/learner_ratio", 0.0),
+        rollout_idle=metrics.get("idle/rollout_ratio", 0.0),
+        waiting=depth + int(metrics.get("channel/buffered", 0)),
+        workers=run.supervisor.num_active,
+    )
+    if decision > 0:
+        slot = run.supervisor.add_worker()
+        log.info("autoscale: learner starved, added rollout worker %d", slot)
+    elif decision < 0:
+        slot = run.supervisor.remove_worker()
+        log.info("autoscale: channel full, retiring rollout worker %d", slot)
+    return decision
 
 
 def _stop_by_alert(run: DecoupledRun, result: RunResult, ckpt_root: Any, step: int) -> NoReturn:

@@ -83,6 +83,11 @@ class LocalSupervisor:
     def num_alive(self) -> int:
         return sum(p.is_alive() for p in self.procs.values())
 
+    @property
+    def num_active(self) -> int:
+        """Live workers that are not retiring (what elastic scaling counts)."""
+        return sum(p.is_alive() and not self.coord.retired(s) for s, p in self.procs.items())
+
     def poll(self) -> None:
         """Restart dead workers; raise :class:`WorkerFailedError` on a user error or too many restarts."""
         for slot, proc in list(self.procs.items()):
