@@ -58,6 +58,7 @@ def response_logprobs(
     temperature: float = 1.0,
     micro_batch_size: int | None = None,
     with_entropy: bool = False,
+    group_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of every response token under ``softmax(logits / temperature)``: ``[B, R]`` float32, zero
     where ``response_mask`` is False; plus the entropy of that distribution per token if ``with_entropy``.
@@ -67,15 +68,21 @@ def response_logprobs(
     ``model(ids).logits[:, P - 1 : P + R - 1]``. Gradients flow (the trainer uses this for the loss); wrap
     the call in ``torch.no_grad()`` for scoring. ``micro_batch_size`` bounds peak memory by running rows
     in chunks; results equal the full-batch call.
+
+    ``group_size`` (GRPO-style groups: every ``n`` consecutive rows share one prompt): the prompt is run
+    once per group and its KV cache shared by the group's responses (:func:`_shared_prefix_logprobs`) —
+    the same maths, with the prompt's forward and backward done once instead of ``n`` times. Used only
+    when every chunk holds whole groups of identical prompts; otherwise the plain path runs.
     """
     if temperature <= 0:
         raise ModelError(f"temperature must be > 0 to score tokens, got {temperature}", where="temperature")
     B = prompt_ids.shape[0]
     step = micro_batch_size or B
     logprobs, entropies = [], []
+    shared = group_size is not None and _can_share_prefix(model, prompt_ids, prompt_mask, group_size, step)
     for start in range(0, B, max(step, 1)):
         rows = slice(start, start + step)
-        lp, ent = _chunk_logprobs(
+        lp, ent = (_shared_prefix_logprobs if shared else _chunk_logprobs)(
             model,
             prompt_ids[rows],
             prompt_mask[rows],
@@ -83,6 +90,7 @@ def response_logprobs(
             response_mask[rows],
             temperature,
             with_entropy,
+            **({"group_size": group_size} if shared else {}),
         )
         logprobs.append(lp)
         entropies.append(ent)
@@ -111,6 +119,74 @@ def _chunk_logprobs(
         else:
             logits = model(**kwargs, use_cache=False).logits[:, -R - 1 : -1]  # [b, R, V]
     logits = logits.float() / temperature
+    mask = response_mask.to(torch.float32)  # [b, R]
+    logprobs = selective_log_softmax(logits, response_ids) * mask  # [b, R]
+    entropy = entropy_from_logits(logits) * mask if with_entropy else None  # [b, R]
+    return logprobs, entropy
+
+
+def _can_share_prefix(
+    model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, chunk: int
+) -> bool:
+    """Whether the shared-prefix path applies: groups of ``n > 1`` identical prompts (ids and padding),
+    whole groups per chunk, and a model whose forward takes a KV cache and ``logits_to_keep``."""
+    B, P = prompt_ids.shape
+    if n <= 1 or B % n or chunk % n or not accepts_logits_to_keep(model):
+        return False
+    ids, mask = prompt_ids.view(B // n, n, P), prompt_mask.view(B // n, n, P)  # [G, n, P]
+    return bool((ids == ids[:, :1]).all() and (mask == mask[:, :1]).all())
+
+
+def _shared_prefix_logprobs(
+    model: PreTrainedModel,
+    prompt_ids: torch.Tensor,  # [b, P], rows in groups of group_size identical prompts
+    prompt_mask: torch.Tensor,  # [b, P]
+    response_ids: torch.Tensor,  # [b, R]
+    response_mask: torch.Tensor,  # [b, R]
+    temperature: float,
+    with_entropy: bool,
+    *,
+    group_size: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`_chunk_logprobs` for grouped rows, with one prompt forward per group.
+
+    1. The ``g = b / n`` distinct prompts go through the model once (KV cache kept, with its autograd
+       graph); the last prompt position's logits score response token 0.
+    2. The cache is repeated ``n`` times along the batch (``repeat_interleave``: its backward sums the n
+       gradients into the one prompt pass) and the responses run on top of it with the full
+       ``[prompt_mask, response_mask]`` attention mask and the positions the plain path uses.
+    Equal to the plain path up to floating-point summation order (tested to 1e-5)."""
+    from transformers import DynamicCache
+
+    n, R = group_size, response_ids.shape[1]
+    p_ids, p_mask = prompt_ids[::n], prompt_mask[::n]  # [g, P]
+    full_mask = torch.cat([prompt_mask, response_mask], dim=1).long()  # [b, P+R]
+    positions = positions_from_mask(full_mask)[:, prompt_ids.shape[1] :]  # [b, R]
+    try:
+        cache = DynamicCache(config=model.config)
+    except TypeError:  # transformers < 4.56
+        cache = DynamicCache()
+    # transformers >= 5.x names the argument ``cache`` (``past_key_values`` is deprecated)
+    key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    with cpu_bf16_attention_context(model, prompt_ids.device):
+        first = model(
+            input_ids=p_ids,
+            attention_mask=p_mask.long(),
+            position_ids=positions_from_mask(p_mask),
+            use_cache=True,
+            logits_to_keep=1,
+            **{key: cache},
+        ).logits  # [g, 1, V]
+        cache.batch_repeat_interleave(n)
+        rest = model(
+            input_ids=response_ids,
+            attention_mask=full_mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=R,
+            **{key: cache},
+        ).logits[:, :-1]  # [b, R-1, V]
+    logits = torch.cat([first.repeat_interleave(n, dim=0), rest], dim=1).float() / temperature  # [b, R, V]
     mask = response_mask.to(torch.float32)  # [b, R]
     logprobs = selective_log_softmax(logits, response_ids) * mask  # [b, R]
     entropy = entropy_from_logits(logits) * mask if with_entropy else None  # [b, R]

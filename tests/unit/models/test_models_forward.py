@@ -105,3 +105,51 @@ def test_gradients_flow(model):
 def test_temperature_must_be_positive(model):
     with pytest.raises(ModelError, match="temperature"):
         response_logprobs(model, *_padded_batch(), temperature=0.0)
+
+
+def _grouped_batch(G=3, n=4, P=6, R=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    prompt_ids = torch.randint(3, 20, (G, P), generator=g).repeat_interleave(n, 0)  # [G*n, P]
+    prompt_mask = torch.ones(G, P, dtype=torch.bool)
+    prompt_mask[1, :2] = False  # one group is left padded
+    prompt_mask = prompt_mask.repeat_interleave(n, 0)
+    response_ids = torch.randint(3, 20, (G * n, R), generator=g)
+    response_mask = torch.arange(R)[None] < torch.randint(1, R + 1, (G * n, 1), generator=g)
+    return prompt_ids, prompt_mask, response_ids, response_mask
+
+
+@pytest.mark.parametrize("micro", [None, 4])
+def test_shared_prefix_equals_plain_path_values_and_gradients(tiny_model_dir, micro):
+    """One prompt pass per group (KV cache repeated over the group) gives the plain path's log-probs,
+    entropies and parameter gradients (fp32 summation order only)."""
+    model = load_causal_lm(tiny_model_dir)
+    batch = _grouped_batch()
+    plain, ent_a = response_logprobs(model, *batch, with_entropy=True, micro_batch_size=micro)
+    shared, ent_b = response_logprobs(model, *batch, with_entropy=True, micro_batch_size=micro, group_size=4)
+    torch.testing.assert_close(shared, plain, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent_b, ent_a, atol=1e-5, rtol=1e-5)
+    params = list(model.parameters())
+    ga = torch.autograd.grad(plain.sum(), params)
+    gb = torch.autograd.grad(shared.sum(), params)
+    for a, b in zip(ga, gb, strict=True):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+
+
+def test_shared_prefix_falls_back_when_rows_are_not_grouped(tiny_model_dir, monkeypatch):
+    """Mixed prompts within a 'group' (e.g. shuffled mini-batches) or a chunk that splits a group must
+    take the plain path — sharing a prefix there would be wrong."""
+    from tandem.models import forward
+
+    model = load_causal_lm(tiny_model_dir)
+    p_ids, p_mask, r_ids, r_mask = _grouped_batch()
+    shuffled = torch.randperm(p_ids.shape[0], generator=torch.Generator().manual_seed(1))
+    batch = (p_ids[shuffled], p_mask[shuffled], r_ids[shuffled], r_mask[shuffled])
+
+    def boom(*a, **k):
+        raise AssertionError("shared-prefix path taken")
+
+    monkeypatch.setattr(forward, "_shared_prefix_logprobs", boom)
+    plain, _ = response_logprobs(model, *batch)
+    torch.testing.assert_close(response_logprobs(model, *batch, group_size=4)[0], plain)
+    grouped = _grouped_batch()
+    response_logprobs(model, *grouped, group_size=4, micro_batch_size=6)  # 6 is not whole groups of 4
