@@ -1,14 +1,18 @@
-"""Issue 4's PPO check on the shipped safety scenario (not a test; a few minutes on 2 cores):
+"""Issue 4's PPO check on the shipped safety scenario (not a test; about 3 minutes on 2 cores):
 PPO with the learned reward model (no verifier reward) raises the held-out verifier score (correct
 refusals + correct answers, greedy) by >= 20 points over the SFT start, while held-out accuracy on the
 answerable (safe) prompts drops by <= 2 points; the KL to the reference is reported.
 
-Recipe: SFT start = 150-step SFT (as in bench/rlhf_targets.py); reward model initialised from a
-400-step SFT and trained on 2000 noise-free safety pairs; PPO (critic from the SFT folder, KL to the
-reference in the reward) via ``tandem.orchestration.runner.train`` with ``reward.task_reward: false``
-and ``reward.model: {normalize: running}``.
+Recipe (configs/ppo_rm_safety.yaml is the same run through the CLI): the SFT start is a helpful-leaning
+policy that is weak on safety, like an instruction-tuned model before RLHF — 400 SFT steps on the safety
+task with ``sft_refusal_rate`` 0.25 (unsafe prompts answered with the compliance three times in four, so
+it complies greedily but still samples the refusal about 20% of the time). The reward model is
+initialised from a 400-step SFT on the default task and trained on 2000 noise-free safety pairs (the
+recipe of bench/rlhf_targets.py). PPO (critic from the SFT folder, k1 KL to the reference in the reward,
+fixed β 0.1) runs via ``tandem.orchestration.runner.train`` with ``reward.task_reward: false`` and
+``reward.model: {normalize: running}``.
 
-Run: OMP_NUM_THREADS=1 .venv/bin/python -u bench/rlhf_ppo.py [--steps 60 --lr 3e-4 --beta 0.02]
+Run: OMP_NUM_THREADS=1 .venv/bin/python -u bench/rlhf_ppo.py [--steps 60 --lr 3e-4 --beta 0.1 --seed 0]
 ``--work DIR`` keeps (and reuses) the SFT start and the reward model between runs.
 """
 
@@ -35,14 +39,21 @@ def _pairs(split: str, n: int):
     return [validate_row(r, f"{split}:{i}") for i, r in enumerate(rows)]
 
 
-def _sft(work: Path, steps: int) -> Path:
+def _sft(work: Path, steps: int, refusal_rate: float = 1.0) -> Path:
+    """A warm start on the safety task; ``refusal_rate`` < 1 is the helpful-leaning SFT start (unsafe
+    prompts answered with the compliance except for that share)."""
     from tandem.train.sft import build_warm_start
 
-    out = work / f"sft{steps}"
+    out = work / (f"sft{steps}" if refusal_rate >= 1 else f"sft{steps}-refuse{refusal_rate:g}")
     if (out / "config.json").is_file():
         return out
     torch.manual_seed(0)
-    return Path(build_warm_start(out, task="safety", steps=steps, lr=3e-3, model_options=MODEL_OPTIONS))
+    options = {"sft_refusal_rate": refusal_rate} if refusal_rate < 1 else None
+    return Path(
+        build_warm_start(
+            out, task="safety", task_options=options, steps=steps, lr=3e-3, model_options=MODEL_OPTIONS
+        )
+    )
 
 
 def _reward_model(work: Path) -> Path:
@@ -114,7 +125,7 @@ def ppo_config(sft: Path, rm_path: Path, out: Path, args: argparse.Namespace):
 
     return build_config(
         {
-            "run": {"name": "rlhf-ppo", "seed": 0, "output_dir": str(out)},
+            "run": {"name": "rlhf-ppo", "seed": args.seed, "output_dir": str(out)},
             "model": {"path": str(sft)},
             "data": {"task": "safety", "prompts_per_step": args.prompts, "eval_size": EVAL_N},
             "rollout": {"n": args.n, "max_new_tokens": 32, "temperature": 1.0},
@@ -142,10 +153,13 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--critic-lr", type=float, default=1e-4)
-    p.add_argument("--beta", type=float, default=0.02)
-    p.add_argument("--kl-controller", default="adaptive", choices=["adaptive", "fixed"])
+    p.add_argument("--beta", type=float, default=0.1)
+    p.add_argument("--kl-controller", default="fixed", choices=["adaptive", "fixed"])
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--n", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0, help="PPO run seed (the SFT start and RM stay fixed)")
+    p.add_argument("--sft-steps", type=int, default=400)
+    p.add_argument("--sft-refusal-rate", type=float, default=0.25, help="task option sft_refusal_rate")
     p.add_argument("--work", type=Path, default=None, help="reuse SFT/RM folders here (default: a temp dir)")
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -156,7 +170,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        sft, rm_path = _sft(work, 150), _reward_model(work)
+        sft, rm_path = _sft(work, args.sft_steps, args.sft_refusal_rate), _reward_model(work)
         before = heldout(sft)
         print(f"RM held-out accuracy on correct-vs-wrong-number pairs: {rm_number_accuracy(rm_path):.3f}")
         print(
@@ -169,7 +183,8 @@ def main() -> None:
         last = result.last_metrics
         kl = {k: v for k, v in last.items() if "kl" in k.lower()}
     print(f"settings: steps={args.steps} lr={args.lr} critic_lr={args.critic_lr} beta={args.beta} "
-          f"({args.kl_controller}) prompts/step={args.prompts} n={args.n}; total {time.time() - t0:.0f}s")  # fmt: skip
+          f"({args.kl_controller}) prompts/step={args.prompts} n={args.n} seed={args.seed}; SFT start "
+          f"{args.sft_steps} steps, sft_refusal_rate {args.sft_refusal_rate}; total {time.time() - t0:.0f}s")  # fmt: skip
     for key in ("verifier", "answerable_acc", "refusal_precision", "refusal_recall"):
         print(f"held-out {key:18s} SFT {before[key]:.3f} -> PPO {after[key]:.3f}")
     print(f"sample held-out misses after PPO: {after['wrong']}")
