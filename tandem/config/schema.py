@@ -164,6 +164,12 @@ class CriticConfig(Section):
         0.2, gt=0, description="PPO value clip: how far a value may move from its rollout value (null = off)."
     )
     vf_coef: float = Field(1.0, gt=0, description="Scale of the value loss.")
+    shared_backbone: bool = Field(
+        False,
+        description="Value head (Linear(hidden, 1)) on the policy's last hidden state instead of a separate "
+        "model: one forward, one backward (policy loss + vf_coef * value loss), the head a param group of "
+        "the policy optimiser at critic.lr; in warm-up only the head learns. Excludes critic.path.",
+    )
 
 
 class AlgorithmConfig(Section):
@@ -228,6 +234,11 @@ class TrainerConfig(Section):
         None, ge=1, description="Samples per forward/backward (gradient accumulation)."
     )
     max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping norm (null = off).")
+    shared_prefix: bool = Field(
+        True,
+        description="Score each group's shared prompt once (KV cache reused by its n responses); same "
+        "log-probs and gradients, less compute. Off: every row runs its own prompt.",
+    )
 
 
 class RoleResources(Section):
@@ -498,6 +509,12 @@ def _check_algorithm(cfg: TandemConfig) -> None:
         raise CrossFieldError(
             "critic", f"'{a.advantage}' needs a value model: add a critic section (e.g. critic.lr=1e-5)"
         )
+    if cfg.critic is not None and cfg.critic.shared_backbone and cfg.critic.path is not None:
+        raise CrossFieldError(
+            "critic.path",
+            "critic.shared_backbone=true puts the value head on the policy; remove critic.path "
+            "(or set critic.shared_backbone=false for a separate value model)",
+        )
     missing = [r for r in adv.requires if r != "values"]
     if missing:
         raise CrossFieldError(
@@ -543,10 +560,17 @@ def _check_architecture(cfg: TandemConfig) -> None:
         )
     if arch.channel.backend == "ray" and arch.runtime != "ray":
         raise CrossFieldError(
-            "architecture.channel.backend", "the ray channel needs architecture.runtime=ray; use queue or redis"
+            "architecture.channel.backend",
+            "the ray channel needs architecture.runtime=ray; use queue or redis",
         )
+    _check_data_parallel(cfg)
     if arch.mode != "decoupled":
         return
+    if arch.runtime == "ray" and arch.channel.backend == "queue":
+        raise CrossFieldError(
+            "architecture.channel.backend",
+            "the multiprocessing queue cannot reach Ray actors; use ray (or redis) with architecture.runtime=ray",
+        )
     if cfg.critic is not None:
         raise CrossFieldError(
             "critic", "a critic is not supported with architecture.mode=decoupled yet; use mode=colocated"
@@ -567,6 +591,31 @@ def _check_architecture(cfg: TandemConfig) -> None:
             "algorithm.name=decoupled_ppo, agro, topr, or algorithm.correction=token_tis|seq_tis|token_mis|seq_mis",
             arch.staleness,
             a.policy_loss,
+        )
+
+
+def _check_data_parallel(cfg: TandemConfig) -> None:
+    """``architecture.learner.world_size > 1``: decoupled, no critic, and every rank gets a share of each
+    mini-batch (whole groups when the loss needs them, else samples)."""
+    ws, key = cfg.architecture.learner.world_size, "architecture.learner.world_size"
+    if ws == 1:
+        return
+    if cfg.architecture.mode != "decoupled":
+        raise CrossFieldError(
+            key, f"world_size={ws} needs architecture.mode=decoupled (the colocated trainer is one process)"
+        )
+    if cfg.critic is not None:
+        raise CrossFieldError(key, f"world_size={ws}: the data-parallel learner has no critic yet; use 1")
+    from tandem.algos import POLICY_LOSSES  # lazily, as in _check_algorithm
+
+    whole = POLICY_LOSSES.get(cfg.algorithm.policy_loss).needs_whole_groups
+    mini = cfg.trainer.mini_batch_size or cfg.samples_per_step
+    units, what = (mini // cfg.rollout.n, "groups") if whole else (mini, "samples")
+    if units < ws:
+        raise CrossFieldError(
+            key,
+            f"world_size={ws} exceeds the {units} {what} of a mini-batch (each rank needs a share); "
+            "lower it or raise data.prompts_per_step / trainer.mini_batch_size",
         )
 
 

@@ -18,10 +18,10 @@ from tandem.config.schema import DataConfig, ModelConfig, RewardConfig, TandemCo
 from tandem.data import PromptDataset, check_prompt_lengths, load_prompt_dataset, rows_from_task
 from tandem.errors import DataError
 from tandem.models import init_tiny_model, load_causal_lm, load_tokenizer
-from tandem.models.value import build_value_model
+from tandem.models.value import build_shared_value_head, build_value_model
 from tandem.rewards import RewardFunction, RewardSet, format_regex, get_task, load_callable
 from tandem.rewards.tasks.base import Task
-from tandem.train.critic import build_critic_optimizer
+from tandem.train.critic import add_value_head_group, build_critic_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -67,12 +67,25 @@ def build_reference(cfg: ModelConfig, beta: float) -> torch.nn.Module | None:
 
 
 def build_critic(
-    cfg: TandemConfig, *, seed: int = 0
+    cfg: TandemConfig,
+    *,
+    seed: int = 0,
+    policy: torch.nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> tuple[torch.nn.Module | None, torch.optim.Optimizer | None]:
     """Value model and its optimiser when the advantage estimator needs values (registry metadata),
-    else ``(None, None)``. The backbone comes from ``critic.path`` (default: the policy folder)."""
+    else ``(None, None)``. The backbone comes from ``critic.path`` (default: the policy folder).
+
+    ``critic.shared_backbone``: a value head on ``policy`` instead, whose parameters join ``optimizer``
+    (the policy's, built before and given here; build the scheduler after) — returned as ``(head, None)``."""
     if not ADVANTAGE_ESTIMATORS.get(cfg.algorithm.advantage).needs_critic or cfg.critic is None:
         return None, None
+    if cfg.critic.shared_backbone:
+        if policy is None or optimizer is None:
+            raise ValueError("critic.shared_backbone: build_critic needs the policy and its optimizer")
+        head = build_shared_value_head(policy, seed=seed)
+        add_value_head_group(optimizer, head, cfg.critic, cfg.trainer)
+        return head, None
     path = cfg.critic.path or ensure_model(cfg.model, seed=seed)
     critic = build_value_model(path, dtype=cfg.model.dtype, seed=seed)
     return critic, build_critic_optimizer(critic, cfg.critic, cfg.trainer)

@@ -3,12 +3,17 @@
 The colocated trainer calls it right after generating; the decoupled learner calls it on batches that
 arrive through the trajectory channel. Same code, same phases, same metrics — only the source of the batch
 differs. Losses and estimators come from the algorithm library by name (through the settings).
+
+Data-parallel (``dp`` set, ``architecture.learner.world_size > 1``): rank 0 broadcasts each step's batch
+to the other ranks (see ``tandem.orchestration.dp_learner``), then every rank runs this same code; the
+log-prob passes are sharded over the ranks and the update reduces gradients over them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -16,9 +21,10 @@ import torch
 from tandem.algos import AdaptiveKL, FixedKL
 from tandem.config.schema import TandemConfig
 from tandem.monitor import PhaseTimer
-from tandem.train.critic import CriticSettings, critic_update
-from tandem.train.experience import ExperienceSettings, make_experience
-from tandem.train.update import UpdateSettings, policy_update
+from tandem.train.critic import CriticSettings, critic_update, shared_value
+from tandem.train.distributed import DataParallel, StepInputs
+from tandem.train.experience import ExperienceSettings, make_experience, scoring_logprobs
+from tandem.train.update import SharedValue, UpdateSettings, policy_update
 from tandem.types import RolloutBatch
 
 
@@ -27,8 +33,11 @@ class LearnerStep:
     """Turns a scored rollout batch into one policy update (timed phases ``logprob`` and ``update``).
 
     With a critic (estimators whose registry entry needs values), the critic is updated after the policy
-    on the same batch; during ``critic.warmup_steps`` only the critic learns. ``kl_ctl`` holds β and, when
-    adaptive, moves it after each step from the measured KL to the reference."""
+    on the same batch; during ``critic.warmup_steps`` only the critic learns. With ``critic.shared_backbone``
+    (``shared_value`` set) the critic is a value head on the policy: its loss joins the policy's backward
+    and optimiser step, and during warm-up only the head learns (``critic_update`` with the policy
+    optimiser, whose policy groups get no gradient). ``kl_ctl`` holds β and, when adaptive, moves it
+    after each step from the measured KL to the reference."""
 
     policy: torch.nn.Module
     ref_model: torch.nn.Module | None
@@ -44,6 +53,8 @@ class LearnerStep:
     critic_settings: CriticSettings | None = None
     kl_ctl: FixedKL | AdaptiveKL | None = None
     steps_done: int = 0  # learner steps taken (critic warm-up counts these)
+    dp: DataParallel | None = None  # this process's rank in a data-parallel learner
+    shared_value: SharedValue | None = None  # critic.shared_backbone: the head trains in the policy update
 
     @classmethod
     def from_config(
@@ -65,12 +76,14 @@ class LearnerStep:
             temperature=cfg.rollout.temperature,
             autocast_bf16=cfg.model.autocast_bf16,
             max_new_tokens=cfg.rollout.max_new_tokens,
+            group_size=cfg.rollout.n if cfg.trainer.shared_prefix else None,
         )
         exp = ExperienceSettings.from_config(
             cfg.algorithm,
             temperature=cfg.rollout.temperature,
             autocast_bf16=cfg.model.autocast_bf16,
             micro_batch_size=cfg.trainer.micro_batch_size,
+            group_size=cfg.rollout.n if cfg.trainer.shared_prefix else None,
         )
         kl = cfg.algorithm.kl
         kl_ctl = (
@@ -79,6 +92,8 @@ class LearnerStep:
             else FixedKL(cfg.algorithm.beta)
         )
         critic_settings = None
+        if critic is not None and cfg.critic is not None and cfg.critic.shared_backbone:
+            critic_optimizer = optimizer  # the head is a param group of the policy optimiser
         if critic is not None:
             if cfg.critic is None or critic_optimizer is None:
                 raise ValueError("a critic needs the critic config section and its optimizer")
@@ -98,6 +113,11 @@ class LearnerStep:
             critic_optimizer=critic_optimizer,
             critic_settings=critic_settings,
             kl_ctl=kl_ctl,
+            shared_value=(
+                shared_value(critic, critic_settings)
+                if critic is not None and critic_settings is not None and critic_settings.shared_backbone
+                else None
+            ),
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -117,8 +137,12 @@ class LearnerStep:
 
     def __call__(self, batch: RolloutBatch, scores: torch.Tensor) -> dict[str, float]:
         """One update on ``batch`` with sequence rewards ``scores`` ``[B]``; returns ``actor/*`` metrics."""
-        s = self.update_settings
+        s, dp = self.update_settings, self.dp
         beta = None if self.kl_ctl is None else self.kl_ctl.value
+        if dp is not None and self.critic is not None:
+            raise ValueError("a data-parallel learner does not train a critic")
+        if dp is not None and dp.rank == 0:
+            dp.send_step(StepInputs(batch, scores, beta, self.generator.get_state()))
         with self.timer.phase("logprob"):
             exp, metrics = make_experience(
                 batch,
@@ -128,6 +152,7 @@ class LearnerStep:
                 ref_model=self.ref_model,
                 critic=self.critic,
                 beta=beta,
+                logprobs_fn=None if dp is None else partial(dp.scoring_logprobs, scoring_logprobs),
             )
         with self.timer.phase("update"):
             if self.in_critic_warmup:
@@ -142,9 +167,11 @@ class LearnerStep:
                         s,
                         generator=self.generator,
                         pre_step=self.pre_step,
+                        sync=dp,
+                        value=self.shared_value,
                     )
                 )
-            if self.critic is not None:
+            if self.critic is not None and (self.shared_value is None or self.in_critic_warmup):
                 assert self.critic_optimizer is not None and self.critic_settings is not None
                 metrics.update(
                     critic_update(
@@ -155,6 +182,8 @@ class LearnerStep:
                         generator=self.generator,
                     )
                 )
+        if dp is not None:
+            dp.end_step(self.policy)
         self.steps_done += 1
         if self.kl_ctl is not None:
             metrics["actor/kl_coef"] = self.kl_ctl.value  # the β this step used

@@ -79,7 +79,7 @@ def build_parts(cfg: TandemConfig) -> RunParts:
     data = enforce_prompt_lengths(build_data(cfg.data, seed=cfg.run.seed), tokenizer, cfg.data)
     rewards = build_rewards(cfg.reward, data.task)
     optimizer = build_optimizer(policy, cfg.trainer)
-    critic, critic_optimizer = build_critic(cfg, seed=cfg.run.seed)
+    critic, critic_optimizer = build_critic(cfg, seed=cfg.run.seed, policy=policy, optimizer=optimizer)
     samples = cfg.samples_per_step
     opt_steps = (
         cfg.trainer.total_steps

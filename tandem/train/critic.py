@@ -3,6 +3,11 @@ critic's own AdamW accumulated over micro-batches (same batching as the policy u
 
 Micro-batch scaling: each micro loss is divided by the mini-batch's token count (``global_tokens``), so
 accumulated gradients equal one backward over the whole mini-batch.
+
+With ``critic.shared_backbone`` the value head sits on the policy: its parameters are a param group of the
+policy optimiser (:func:`add_value_head_group`) and the value loss joins the policy's backward
+(:class:`tandem.train.update.SharedValue`, :func:`shared_value`). :func:`critic_update` then serves only
+the critic warm-up, where the head learns alone (the backbone runs without gradient).
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ import torch
 
 from tandem.algos import value_loss
 from tandem.config.schema import CriticConfig, TrainerConfig
-from tandem.train.update import autocast_context, group_shuffle
+from tandem.models.value import SharedValueHead
+from tandem.train.update import SharedValue, autocast_context, group_shuffle
 from tandem.types import Experience
 
 
@@ -30,6 +36,7 @@ class CriticSettings:
     vf_coef: float
     warmup_steps: int
     autocast_bf16: bool
+    shared_backbone: bool = False
 
     @classmethod
     def from_config(
@@ -44,6 +51,7 @@ class CriticSettings:
             vf_coef=critic.vf_coef,
             warmup_steps=critic.warmup_steps,
             autocast_bf16=autocast_bf16,
+            shared_backbone=critic.shared_backbone,
         )
 
 
@@ -53,6 +61,23 @@ def build_critic_optimizer(
     """The critic's own AdamW (constant LR ``critic.lr``; betas and weight decay from the trainer)."""
     params = [p for p in critic.parameters() if p.requires_grad]
     return torch.optim.AdamW(params, lr=cfg.lr, betas=trainer.betas, weight_decay=trainer.weight_decay)
+
+
+def add_value_head_group(
+    optimizer: torch.optim.Optimizer, head: SharedValueHead, cfg: CriticConfig, trainer: TrainerConfig
+) -> None:
+    """Give a shared-backbone value head its own param group in the policy optimiser: ``lr=critic.lr``
+    (then scaled by the trainer's LR schedule like every group) and the separate critic's weight decay.
+    Call before the scheduler is built, so the scheduler knows the group."""
+    params = [p for p in head.parameters() if p.requires_grad]
+    optimizer.add_param_group({"params": params, "lr": cfg.lr, "weight_decay": trainer.weight_decay})
+
+
+def shared_value(head: SharedValueHead, s: CriticSettings) -> SharedValue:
+    """What the policy update needs to add the head's clipped value loss to its own backward."""
+    if not isinstance(head, SharedValueHead):
+        raise TypeError(f"critic.shared_backbone needs a SharedValueHead critic, got {type(head).__name__}")
+    return SharedValue(head=head, vf_coef=s.vf_coef, value_clip=s.value_clip)
 
 
 def critic_update(

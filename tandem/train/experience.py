@@ -5,6 +5,7 @@ The estimator is looked up by name in the algorithm library; one signature serve
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -29,10 +30,17 @@ class ExperienceSettings:
     autocast_bf16: bool
     micro_batch_size: int | None
     needs_values: bool = False  # the estimator needs critic values (registry metadata, not a name)
+    group_size: int | None = None  # rows come in groups of n sharing a prompt: score the prompt once
 
     @classmethod
     def from_config(
-        cls, algo: AlgorithmConfig, *, temperature: float, autocast_bf16: bool, micro_batch_size: int | None
+        cls,
+        algo: AlgorithmConfig,
+        *,
+        temperature: float,
+        autocast_bf16: bool,
+        micro_batch_size: int | None,
+        group_size: int | None = None,
     ) -> ExperienceSettings:
         return cls(
             advantage=algo.advantage,
@@ -46,6 +54,7 @@ class ExperienceSettings:
             autocast_bf16=autocast_bf16,
             micro_batch_size=micro_batch_size,
             needs_values=ADVANTAGE_ESTIMATORS.get(algo.advantage).needs_critic,
+            group_size=group_size,
         )
 
 
@@ -64,6 +73,7 @@ def scoring_logprobs(model: torch.nn.Module, r: RolloutBatch, s: ExperienceSetti
                 r.response_mask,
                 temperature=s.temperature,
                 micro_batch_size=s.micro_batch_size,
+                group_size=s.group_size,
             )
     finally:
         model.train(was_training)
@@ -101,15 +111,18 @@ def make_experience(
     ref_model: torch.nn.Module | None = None,
     critic: torch.nn.Module | None = None,
     beta: float | None = None,
+    logprobs_fn: Callable[[torch.nn.Module, RolloutBatch, ExperienceSettings], torch.Tensor] | None = None,
 ) -> tuple[Experience, dict[str, float]]:
     """Compute what the update needs. ``policy`` is given only when old log-probs must be recomputed
     (several epochs or mini-batches); otherwise the update uses its own first forward as the old policy.
     ``critic`` gives the old values when the estimator needs them; ``beta`` overrides ``s.beta`` (an
-    adaptive KL controller's current coefficient)."""
+    adaptive KL controller's current coefficient). ``logprobs_fn`` replaces :func:`scoring_logprobs`
+    (a data-parallel learner shards these passes over its ranks)."""
     mask = rollout.response_mask
     beta = s.beta if beta is None else beta
-    old = scoring_logprobs(policy, rollout, s) if policy is not None else None
-    ref = scoring_logprobs(ref_model, rollout, s) if ref_model is not None and beta > 0 else None
+    score = logprobs_fn or scoring_logprobs
+    old = score(policy, rollout, s) if policy is not None else None
+    ref = score(ref_model, rollout, s) if ref_model is not None and beta > 0 else None
     if s.needs_values and critic is None:
         raise ValueError(f"advantage '{s.advantage}' needs critic values: pass critic=...")
     values = critic_values(critic, rollout, s) if s.needs_values else None  # [B, R]

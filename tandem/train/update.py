@@ -3,7 +3,9 @@ micro-batches. The loss comes from the algorithm library by name; this module ne
 
 Micro-batch scaling: every micro loss is the micro-batch's share of the mini-batch loss, so accumulated
 gradients equal one backward over the whole mini-batch: the aggregation divides by the mini-batch's
-token and sequence counts (``global_tokens`` / ``global_seqs``), whatever the mode.
+token and sequence counts (``global_tokens`` / ``global_seqs``), whatever the mode. Data parallelism
+(a :class:`GradientSync`) relies on the same property: each rank back-propagates its rows of the
+mini-batch and the gradients are summed over ranks before clipping.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ import contextlib
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from tandem.algos import aggregate, policy_loss
+from tandem.algos import aggregate, policy_loss, value_loss
 from tandem.config.schema import AlgorithmConfig, TrainerConfig
 from tandem.models.forward import response_logprobs
+from tandem.models.value import SharedValueHead, ValueCapture
 from tandem.types import Experience
 
 
@@ -34,6 +38,7 @@ class UpdateSettings:
     autocast_bf16: bool
     loss_name: str
     loss_kwargs: dict
+    group_size: int | None = None  # rows come in groups of n sharing a prompt: score the prompt once
 
     @classmethod
     def from_config(
@@ -44,6 +49,7 @@ class UpdateSettings:
         temperature: float,
         autocast_bf16: bool,
         max_new_tokens: int,
+        group_size: int | None = None,
     ) -> UpdateSettings:
         loss_kwargs = {
             "clip_low": algo.clip_low,
@@ -67,6 +73,7 @@ class UpdateSettings:
             autocast_bf16=autocast_bf16,
             loss_name=algo.policy_loss,
             loss_kwargs=loss_kwargs,
+            group_size=group_size,
         )
 
     @property
@@ -74,6 +81,33 @@ class UpdateSettings:
         """One epoch over one mini-batch: the first (and only) forward *is* the old policy, so the separate
         old-log-prob pass can be skipped (ratio = 1 exactly)."""
         return self.ppo_epochs == 1 and self.mini_batch_size is None
+
+
+@dataclass(frozen=True)
+class SharedValue:
+    """``critic.shared_backbone``: a value head on the policy trained in the policy's own backward — each
+    micro-batch's loss is ``policy loss + vf_coef * clipped value loss`` from one forward, and the head's
+    parameters (their own param group of the policy optimiser) are stepped and clipped with the policy's."""
+
+    head: SharedValueHead
+    vf_coef: float
+    value_clip: float | None
+
+
+class GradientSync(Protocol):
+    """How a data-parallel learner joins the update (``tandem.train.distributed.DataParallel``)."""
+
+    def local_rows(self, mb: Experience) -> torch.Tensor:
+        """Rows of the (global) mini-batch this process back-propagates. ``[b]`` long."""
+        ...
+
+    def reduce(self, params: list[torch.nn.Parameter], metrics: dict[str, float]) -> dict[str, float]:
+        """Sum gradients (in place) and the share-weighted metric sums over processes."""
+        ...
+
+    def agree(self, veto: bool) -> bool:
+        """One process's skip decision for all, so every replica steps or none does."""
+        ...
 
 
 def autocast_context(enabled: bool):
@@ -91,11 +125,16 @@ def policy_update(
     generator: torch.Generator | None = None,
     on_optimizer_step: Callable[[], None] | None = None,
     pre_step: Callable[[dict[str, float]], bool] | None = None,
+    sync: GradientSync | None = None,
+    value: SharedValue | None = None,
 ) -> dict[str, float]:
-    """Run the PPO-style update on one experience batch; returns averaged ``actor/*`` metrics.
+    """Run the PPO-style update on one experience batch; returns averaged ``actor/*`` metrics (and
+    ``critic/vf_loss``, ``critic/vf_clipfrac`` with a shared-backbone ``value`` head).
 
     ``pre_step(metrics)`` sees each mini-batch's loss and grad-norm metrics before ``optimizer.step()``;
-    returning False drops that update (alert action ``skip``; counted in ``actor/skipped_by_alert``)."""
+    returning False drops that update (alert action ``skip``; counted in ``actor/skipped_by_alert``).
+    ``sync``: data-parallel ranks; ``exp`` is then the global batch on every rank, and the gradients are
+    reduced over ranks before clipping (the result equals one process training on ``exp``)."""
     model.train()
     B = exp.batch_size
     mini = settings.mini_batch_size or B
@@ -105,7 +144,8 @@ def policy_update(
     for _ in range(settings.ppo_epochs):
         order = group_shuffle(exp.rollout.group_ids, generator) if mini < B else torch.arange(B)
         for mini_idx in order.split(mini):
-            metrics = _optimizer_step(model, optimizer, exp.select(mini_idx), micro, settings, pre_step)
+            mb = exp.select(mini_idx)
+            metrics = _optimizer_step(model, optimizer, mb, micro, settings, pre_step, sync, value)
             if scheduler is not None:
                 scheduler.step()
             if on_optimizer_step is not None:
@@ -137,19 +177,26 @@ def _optimizer_step(
     micro: int,
     s: UpdateSettings,
     pre_step: Callable[[dict[str, float]], bool] | None = None,
+    sync: GradientSync | None = None,
+    value: SharedValue | None = None,
 ) -> dict[str, float]:
     optimizer.zero_grad(set_to_none=True)
     n = mb.batch_size
-    mini_tokens = max(1, int(mb.rollout.response_mask.sum()))
+    mini_tokens = max(1, int(mb.rollout.response_mask.sum()))  # global counts, also under data parallelism
     mini_seqs = max(1, int(mb.rollout.response_mask.any(dim=1).sum()))
     sums: dict[str, float] = defaultdict(float)
-    for micro_idx in torch.arange(n).split(micro):
-        m = mb.select(micro_idx) if micro < n else mb
+    rows = torch.arange(n) if sync is None else sync.local_rows(mb)
+    for micro_idx in rows.split(micro):
+        m = mb.select(micro_idx) if len(micro_idx) < n else mb
         share = len(micro_idx) / n
-        metrics = _micro_backward(model, m, mini_tokens, mini_seqs, share, s)
+        metrics = _micro_backward(model, m, mini_tokens, mini_seqs, share, s, value)
         for k, v in metrics.items():
             sums[k] += v * share
     params = [p for p in model.parameters() if p.requires_grad]
+    if value is not None:
+        params += [p for p in value.head.parameters() if p.requires_grad]
+    if sync is not None:
+        sums = defaultdict(float, sync.reduce(params, dict(sums)))
     if s.max_grad_norm is not None:
         grad_norm = torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm)
     else:
@@ -157,7 +204,10 @@ def _optimizer_step(
             torch.stack([p.grad.norm() for p in params if p.grad is not None])
         )
     sums["actor/grad_norm"] = float(grad_norm)
-    if pre_step is not None and not pre_step(dict(sums)):
+    veto = pre_step is not None and not pre_step(dict(sums))
+    if sync is not None:
+        veto = sync.agree(veto)
+    if veto:
         optimizer.zero_grad(set_to_none=True)
         sums["actor/skipped_by_alert"] = 1.0
     elif torch.isfinite(grad_norm):
@@ -168,11 +218,18 @@ def _optimizer_step(
 
 
 def _micro_backward(
-    model: torch.nn.Module, m: Experience, mini_tokens: int, mini_seqs: int, share: float, s: UpdateSettings
+    model: torch.nn.Module,
+    m: Experience,
+    mini_tokens: int,
+    mini_seqs: int,
+    share: float,
+    s: UpdateSettings,
+    value: SharedValue | None = None,
 ) -> dict[str, float]:
     r = m.rollout
     mask = r.response_mask
-    with autocast_context(s.autocast_bf16):
+    capture = value.head.capture() if value is not None else contextlib.nullcontext()
+    with autocast_context(s.autocast_bf16), capture as cap:
         logprobs, entropy = response_logprobs(
             model,
             r.prompt_ids,
@@ -181,6 +238,7 @@ def _micro_backward(
             mask,
             temperature=s.temperature,
             with_entropy=True,
+            group_size=s.group_size,
         )
     logprobs = logprobs.float()
     old = m.old_logprobs if m.old_logprobs is not None else logprobs.detach()
@@ -209,11 +267,31 @@ def _micro_backward(
             norm_constant=kw["norm_constant"],
         )
         loss = loss - s.entropy_coef * ent
-    loss.backward()
+    vf, vf_term = _shared_value_loss(value, cap, m, mini_tokens, share) if value is not None else ({}, 0.0)
+    (loss + vf_term).backward()  # actor/loss below stays the policy's part; the value part is critic/vf_loss
     # Metrics are averaged over micro-batches weighted by ``share``; losses are shares of the mini-batch
     # loss, so divide them back to per-micro-batch values first.
     out = {f"actor/{k}": float(v) for k, v in metrics.items()}
     out["actor/pg_loss"] = float(metrics["pg_loss"]) / share
     out["actor/loss"] = float(loss.detach()) / share
     out["actor/entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
+    out.update(vf)
     return out
+
+
+def _shared_value_loss(
+    value: SharedValue, cap: ValueCapture, m: Experience, mini_tokens: int, share: float
+) -> tuple[dict[str, float], torch.Tensor]:
+    """``vf_coef *`` the clipped value loss of the values captured in the policy forward, and its metrics
+    (shares of the mini-batch loss divided back like ``pg_loss``; clipfrac weighted by tokens)."""
+    if m.values is None:
+        raise ValueError("a shared value head needs exp.values (make_experience with critic=the head)")
+    mask = m.rollout.response_mask
+    vloss, clipfrac = value_loss(
+        cap.values(mask), m.values, m.returns, mask, clip=value.value_clip, global_tokens=mini_tokens
+    )
+    metrics = {
+        "critic/vf_loss": float(vloss.detach()) / share,
+        "critic/vf_clipfrac": clipfrac * int(mask.sum()) / mini_tokens / share,
+    }
+    return metrics, value.vf_coef * vloss

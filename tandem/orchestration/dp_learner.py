@@ -1,0 +1,234 @@
+"""Data-parallel learner processes: rank 0 is the run's own learner; ranks 1..M-1 are spawned here.
+
+Each extra rank loads the policy (and the reference model when β > 0) from ``model.path``, builds the same
+optimiser and schedule, then receives rank 0's weights and optimiser state, so a resumed run starts in
+sync too. Per step it receives the batch from rank 0 and runs the shared
+:class:`~tandem.orchestration.learner.LearnerStep` (sharded log-probs, gradient all-reduce, identical
+optimiser step); the math lives in ``tandem.train.update`` and ``tandem.train.distributed``.
+
+Rendezvous: a TCP store on a free 127.0.0.1 port, hosted by rank 0; rank 0 waits for every rank to check
+in while watching that none died. Shutdown: a ``stop`` message, then join; after a broken step (an
+exception or Ctrl-C inside a collective) the ranks are terminated instead. Ranks ignore SIGINT (rank 0
+handles Ctrl-C) and exit on their own when rank 0 disappears.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing.context import BaseContext
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tandem.algos import POLICY_LOSSES
+from tandem.config.schema import TandemConfig
+from tandem.errors import TandemError
+from tandem.models import load_causal_lm
+from tandem.monitor import PhaseTimer
+from tandem.orchestration.build import build_reference
+from tandem.orchestration.learner import LearnerStep
+from tandem.train.distributed import DataParallel, host_store, init_group, join_store, resolve_backend
+from tandem.train.optim import build_optimizer, build_scheduler
+
+log = logging.getLogger(__name__)
+
+STARTUP_TIMEOUT_S = 300.0  # ranks load torch, transformers and the models before checking in
+
+
+class LearnerRankError(TandemError):
+    """A data-parallel learner rank failed to start or died."""
+
+
+@dataclass
+class RankSpec:
+    """What an extra learner rank needs (picklable)."""
+
+    cfg: TandemConfig
+    rank: int
+    port: int
+    backend: str
+    errors: Any  # multiprocessing queue of one-line error strings
+
+
+def optimizer_steps(cfg: TandemConfig) -> int:
+    """Optimiser steps of the whole run (the schedule's horizon), as ``build_parts`` computes them."""
+    samples = cfg.samples_per_step
+    return (
+        cfg.trainer.total_steps
+        * cfg.trainer.ppo_epochs
+        * (samples // (cfg.trainer.mini_batch_size or samples))
+    )
+
+
+def whole_groups(cfg: TandemConfig) -> bool:
+    """Split mini-batches between ranks by whole groups when the loss needs them (registry metadata)."""
+    return POLICY_LOSSES.get(cfg.algorithm.policy_loss).needs_whole_groups
+
+
+class DataParallelLearner:
+    """Rank 0's handle on the group: :meth:`start` spawns and connects the ranks, :meth:`close` stops them."""
+
+    def __init__(self, learn: LearnerStep, procs: list[Any], errors: Any) -> None:
+        self.learn, self.procs, self.errors = learn, procs, errors
+
+    @classmethod
+    def start(
+        cls, cfg: TandemConfig, learn: LearnerStep, ctx: BaseContext | None = None
+    ) -> DataParallelLearner:
+        """Spawn ranks 1..M-1, join the process group as rank 0, share rank 0's state; sets ``learn.dp``."""
+        world = cfg.architecture.learner.world_size
+        device = next(learn.policy.parameters()).device
+        backend = resolve_backend(cfg.architecture.learner.dist_backend, device)
+        ctx = ctx or mp.get_context("spawn")
+        store = host_store(world, STARTUP_TIMEOUT_S)
+        errors = ctx.Queue()
+        procs = []
+        for rank in range(1, world):
+            spec = RankSpec(cfg, rank, store.port, backend, errors)
+            proc = ctx.Process(target=rank_main, args=(spec,), name=f"tandem-learner-rank{rank}", daemon=True)
+            proc.start()
+            procs.append(proc)
+        handle = cls(learn, procs, errors)
+        try:
+            handle._await_ranks(store, world)
+            init_group(store, 0, world, backend)
+            dp = DataParallel(0, world, whole_groups=whole_groups(cfg), device=device)
+            extra = {"optimizer": learn.optimizer.state_dict()}
+            if learn.scheduler is not None:
+                extra["scheduler"] = learn.scheduler.state_dict()
+            dp.broadcast_replica(learn.policy, extra)
+            learn.dp = dp
+        except BaseException:
+            handle.close()
+            raise
+        log.info("data-parallel learner: %d ranks, backend %s, port %d", world, backend, store.port)
+        return handle
+
+    def _await_ranks(self, store: Any, world: int) -> None:
+        """Wait until every rank checked in; a rank that dies first fails the start with its error."""
+        keys = [f"ready/{r}" for r in range(1, world)]
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while not store.check(keys):
+            dead = [p for p in self.procs if not p.is_alive()]
+            if dead or time.monotonic() > deadline:
+                why = self._last_error() or (f"exit code {dead[0].exitcode}" if dead else "timed out")
+                raise LearnerRankError(
+                    f"a data-parallel learner rank did not start: {why}",
+                    where="architecture.learner.world_size",
+                )
+            time.sleep(0.05)
+
+    def _last_error(self) -> str | None:
+        msg = None
+        while True:
+            try:
+                msg = self.errors.get_nowait()
+            except Exception:  # queue.Empty
+                return msg
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs if p.pid is not None]
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the ranks (never raises): ``stop`` when idle, terminate after a broken step; then leave
+        the process group and join every rank."""
+        dp = self.learn.dp
+        try:
+            if dp is not None and not dp.in_step and all(p.is_alive() for p in self.procs):
+                dp.send_stop()
+            else:
+                for p in self.procs:
+                    p.terminate()
+            for p in self.procs:
+                p.join(timeout=timeout)
+                if p.is_alive():
+                    p.terminate()
+                    p.join(timeout=2.0)
+                if p.is_alive():
+                    p.kill()
+                    p.join(timeout=2.0)
+        except Exception:  # a failed stop message must not hide the run's own error
+            log.exception("stopping the data-parallel learner ranks")
+            for p in self.procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join(timeout=2.0)
+        finally:
+            if (err := self._last_error()) is not None:
+                log.error("%s", err)
+            self.learn.dp = None
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            self.errors.cancel_join_thread()
+
+
+def rank_main(spec: RankSpec) -> None:
+    """Entry point of ranks 1..M-1: one torch thread by default; Ctrl-C is left to rank 0."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(spec.cfg.architecture.learner.threads)
+    threading.Thread(target=_exit_with_parent, name="parent-watch", daemon=True).start()
+    try:
+        _serve(spec)
+    except TandemError as err:
+        spec.errors.put(f"learner rank {spec.rank}: {err}")
+        raise SystemExit(3) from None
+    except Exception:
+        parent = mp.parent_process()
+        if parent is not None and not parent.is_alive():
+            os._exit(1)  # rank 0 died first: its broken connection is not this rank's error
+        spec.errors.put(f"learner rank {spec.rank} crashed:\n{traceback.format_exc()}")
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _exit_with_parent() -> None:
+    """Exit at once when rank 0 is gone (e.g. SIGKILL): a rank blocked in a collective would wait long."""
+    parent = mp.parent_process()
+    while parent is None or parent.is_alive():
+        time.sleep(1.0)
+    os._exit(1)
+
+
+def _serve(spec: RankSpec) -> None:
+    cfg = spec.cfg
+    world = cfg.architecture.learner.world_size
+    policy = load_causal_lm(cfg.model.path, dtype=cfg.model.dtype)
+    ref = build_reference(cfg.model, cfg.algorithm.beta)
+    optimizer = build_optimizer(policy, cfg.trainer)
+    scheduler = build_scheduler(optimizer, cfg.trainer, optimizer_steps(cfg))
+    store = join_store(spec.port, world, STARTUP_TIMEOUT_S)
+    store.set(f"ready/{spec.rank}", "1")
+    init_group(store, spec.rank, world, spec.backend)
+    dp = DataParallel(
+        spec.rank, world, whole_groups=whole_groups(cfg), device=next(policy.parameters()).device
+    )
+    extra = dp.broadcast_replica(policy)
+    optimizer.load_state_dict(extra["optimizer"])
+    if "scheduler" in extra:
+        scheduler.load_state_dict(extra["scheduler"])
+    learn = LearnerStep.from_config(
+        cfg,
+        policy=policy,
+        ref_model=ref,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        timer=PhaseTimer(),
+        generator=torch.Generator(),
+    )
+    learn.dp = dp
+    while (inputs := dp.receive()) is not None:
+        learn.generator.set_state(inputs.generator_state)
+        if learn.kl_ctl is not None and inputs.beta is not None:
+            learn.kl_ctl.value = inputs.beta
+        learn(inputs.batch, inputs.scores)

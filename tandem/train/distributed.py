@@ -1,0 +1,314 @@
+"""Data parallelism for the learner over ``torch.distributed``: rendezvous, batch broadcast, sharded
+log-probs and the gradient all-reduce that :func:`~tandem.train.update.policy_update` calls before clipping.
+
+Why the gradients equal one process training on the global batch: every rank holds the whole global batch
+and the same shuffling generator, so all ranks walk the same mini-batches in the same order; each rank
+back-propagates only its rows of a mini-batch (:meth:`DataParallel.local_rows`), and every micro loss is
+divided by the mini-batch's GLOBAL token and sequence counts (see ``update.py``), so the sum over ranks
+of their gradients is the full mini-batch gradient (up to fp32 summation order). ``all_reduce(SUM)``
+returns the same bytes to every rank, so clipping and the optimiser step — identical float operations
+on identical inputs — keep the replicas bitwise identical (:meth:`DataParallel.verify_in_sync` checks).
+
+The whole batch is broadcast (rather than each rank receiving a fixed shard) because a shuffled
+mini-batch may draw any row; its bytes (token ids, masks, log-probs) are tiny next to one gradient
+all-reduce. The expensive no-grad passes (old and reference log-probs) are sharded by rows and gathered.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tandem.errors import ConfigError, TandemError
+from tandem.train.experience import ExperienceSettings
+from tandem.types import Experience, RolloutBatch
+
+log = logging.getLogger(__name__)
+
+BUCKET_BYTES = 32 * 2**20  # gradients are all-reduced in flat buckets of at most this size
+_BATCH_TENSORS = (
+    "prompt_ids",
+    "prompt_mask",
+    "response_ids",
+    "response_mask",
+    "behavior_logprobs",
+    "group_ids",
+    "policy_version",
+)
+LONG_TIMEOUT = datetime.timedelta(days=7)  # a rank waits this long for the next step (evals can be slow)
+
+
+def resolve_backend(name: str, device: torch.device) -> str:
+    """``auto`` -> NCCL when the learner's model is on a CUDA device, gloo on CPU. ConfigError when NCCL is
+    asked for a model on the CPU (NCCL reduces GPU tensors only)."""
+    if name == "auto":
+        return "nccl" if device.type == "cuda" else "gloo"
+    if name == "nccl" and device.type != "cuda":
+        raise ConfigError(
+            f"nccl needs the learner's model on a CUDA device; it is on {device.type}",
+            where="architecture.learner.dist_backend",
+            hint="use auto or gloo",
+        )
+    return name
+
+
+def host_store(world_size: int, timeout_s: float) -> dist.TCPStore:
+    """Rank 0's rendezvous store on a free loopback port (``store.port``); ranks join with :func:`join_store`."""
+    return dist.TCPStore(
+        "127.0.0.1",
+        0,
+        world_size,
+        is_master=True,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+    )
+
+
+def join_store(port: int, world_size: int, timeout_s: float) -> dist.TCPStore:
+    """A rank's client of rank 0's store on 127.0.0.1:``port``."""
+    return dist.TCPStore(
+        "127.0.0.1", port, world_size, is_master=False, timeout=datetime.timedelta(seconds=timeout_s)
+    )
+
+
+def init_group(store: dist.Store, rank: int, world_size: int, backend: str) -> None:
+    """Join the default process group through ``store``. Collectives wait up to :data:`LONG_TIMEOUT`:
+    between steps the other ranks idle while rank 0 evaluates or checkpoints."""
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=LONG_TIMEOUT)
+
+
+@dataclass
+class StepInputs:
+    """What rank 0 sends the other ranks for one learner step."""
+
+    batch: RolloutBatch
+    scores: torch.Tensor  # [B] float32
+    beta: float | None  # the KL coefficient this step uses (adaptive controllers move it)
+    generator_state: torch.Tensor  # uint8, rank 0's shuffling generator before the step
+
+
+class DataParallel:
+    """This process's place in a data-parallel learner and the collectives the learner phases call.
+
+    ``whole_groups``: split mini-batches between ranks by whole groups (losses whose registry entry says
+    ``needs_whole_groups``); otherwise by rows (better balance). ``device``: where collectives run
+    (the model's device: CPU for gloo, the rank's GPU for NCCL)."""
+
+    def __init__(
+        self, rank: int, world_size: int, *, whole_groups: bool, device: torch.device | None = None
+    ) -> None:
+        self.rank, self.world_size, self.whole_groups = rank, world_size, whole_groups
+        self.device = device or torch.device("cpu")
+        self.in_step = False  # True between send/receive of a step and its end (a broken step: no clean stop)
+
+    # -- rows ---------------------------------------------------------------------------------------------
+    def local_rows(self, mb: Experience) -> torch.Tensor:
+        """Rows of mini-batch ``mb`` this rank back-propagates: the rank-th of ``world_size`` contiguous,
+        near-equal chunks of its groups (in order of first appearance) or of its rows. ``[b]`` long."""
+        n = mb.batch_size
+        if not self.whole_groups:
+            units = n
+            owner = _chunk_owner(n, self.world_size)  # [n]
+        else:
+            uniq, inverse = torch.unique(mb.rollout.group_ids, return_inverse=True)
+            units = int(uniq.numel())
+            first = torch.full((units,), n, dtype=torch.long).scatter_reduce(
+                0, inverse, torch.arange(n), "amin"
+            )
+            group_owner = torch.empty(units, dtype=torch.long)
+            group_owner[first.argsort()] = _chunk_owner(units, self.world_size)
+            owner = group_owner[inverse]  # [n]
+        if units < self.world_size:
+            what = "groups" if self.whole_groups else "samples"
+            raise TandemError(
+                f"a mini-batch of {units} {what} cannot be split over {self.world_size} learner ranks",
+                where="architecture.learner.world_size",
+                hint="lower world_size or raise data.prompts_per_step / trainer.mini_batch_size",
+            )
+        return (owner == self.rank).nonzero().squeeze(1)
+
+    # -- collectives --------------------------------------------------------------------------------------
+    def reduce(self, params: list[torch.nn.Parameter], metrics: dict[str, float]) -> dict[str, float]:
+        """Sum gradients and share-weighted metric sums over ranks (in place for the gradients)."""
+        for p in params:
+            if p.grad is None:  # a parameter this rank's rows did not reach still joins the sum
+                p.grad = torch.zeros_like(p)
+        all_reduce_gradients([p.grad for p in params], self.device)
+        return self._reduce_metrics(metrics)
+
+    def _reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        keys = sorted(metrics)
+        key_hash = float(zlib.crc32("\n".join(keys).encode()) % 2**20)  # exact in float64 sums
+        vec = torch.tensor([*(metrics[k] for k in keys), key_hash], dtype=torch.float64, device=self.device)
+        dist.all_reduce(vec)
+        if vec[-1].item() != key_hash * self.world_size:
+            raise RuntimeError("data-parallel ranks reported different update metrics (desynchronised)")
+        return dict(zip(keys, vec[:-1].tolist(), strict=True))
+
+    def agree(self, veto: bool) -> bool:
+        """Rank 0's decision (alert action ``skip``) for every rank, so all skip or all step."""
+        flag = torch.tensor([int(veto)], device=self.device)
+        dist.broadcast(flag, src=0)
+        return bool(flag.item())
+
+    def scoring_logprobs(
+        self,
+        scorer: Callable[[torch.nn.Module, RolloutBatch, ExperienceSettings], torch.Tensor],
+        model: torch.nn.Module,
+        r: RolloutBatch,
+        s: ExperienceSettings,
+    ) -> torch.Tensor:
+        """``scorer`` over the whole batch, each rank scoring a near-equal chunk of rows, gathered on all
+        ranks. Naive equivalent: ``scorer(model, r, s)`` on one process. ``[B, R]`` float32."""
+        parts = torch.arange(r.batch_size).tensor_split(self.world_size)
+        mine = parts[self.rank]
+        width = r.response_ids.shape[1]
+        local = scorer(model, r.select(mine), s) if len(mine) else torch.zeros(0, width)
+        padded = torch.zeros(len(parts[0]), width, dtype=torch.float32, device=self.device)
+        padded[: len(mine)] = local.to(self.device)
+        gathered = [torch.empty_like(padded) for _ in range(self.world_size)]
+        dist.all_gather(gathered, padded)
+        return torch.cat([g[: len(p)] for g, p in zip(gathered, parts, strict=True)]).to(local.device)
+
+    # -- step inputs ---------------------------------------------------------------------------------------
+    def send_step(self, inputs: StepInputs) -> None:
+        """Rank 0: broadcast one step's batch, scores, β and generator state."""
+        tensors = {name: getattr(inputs.batch, name) for name in _BATCH_TENSORS}
+        tensors["scores"] = inputs.scores.float()
+        header = {
+            "cmd": "step",
+            "beta": inputs.beta,
+            "generator": inputs.generator_state.tolist(),
+            "meta": [(k, tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in tensors.items()],
+        }
+        self.in_step = True
+        dist.broadcast_object_list([header], src=0)
+        broadcast_packed(tensors, header["meta"], self.device)
+
+    def send_stop(self) -> None:
+        """Rank 0: tell the other ranks to leave their loop."""
+        dist.broadcast_object_list([{"cmd": "stop"}], src=0)
+
+    def receive(self) -> StepInputs | None:
+        """Ranks 1..M-1: the next step's inputs, or None when rank 0 stops the group."""
+        box: list[Any] = [None]
+        dist.broadcast_object_list(box, src=0)
+        header = box[0]
+        if header["cmd"] == "stop":
+            return None
+        self.in_step = True
+        t = broadcast_packed(None, header["meta"], self.device)
+        batch = RolloutBatch(
+            **{name: t[name] for name in _BATCH_TENSORS}, prompts=[], completions=[], finish_reasons=[]
+        )
+        gen = torch.tensor(header["generator"], dtype=torch.uint8)
+        return StepInputs(batch, t["scores"], header["beta"], gen)
+
+    # -- replicas -----------------------------------------------------------------------------------------
+    def broadcast_replica(
+        self, model: torch.nn.Module, extra: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Make every rank's ``model`` equal rank 0's (parameters and buffers, as tensors) and return rank
+        0's ``extra`` (optimizer/scheduler state: pickled once, at start)."""
+        with torch.no_grad():
+            for t in [*model.parameters(), *model.buffers()]:
+                buf = t.detach().to(self.device).contiguous()
+                dist.broadcast(buf, src=0)
+                if self.rank != 0:
+                    t.copy_(buf)
+        box = [extra if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0] or {}
+
+    def end_step(self, model: torch.nn.Module) -> None:
+        """Every rank, after each step: check the replicas are still identical (costs one pass over the
+        weights and one tiny all-gather), then mark the group idle (safe to stop cleanly)."""
+        self.verify_in_sync(model)
+        self.in_step = False
+
+    def verify_in_sync(self, model: torch.nn.Module) -> None:
+        """Raise if any rank's weights differ from rank 0's (an exact integer fingerprint of the bits)."""
+        mine = torch.tensor([fingerprint(model)], dtype=torch.long, device=self.device)
+        gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(gathered, mine)
+        if any(int(g.item()) != int(mine.item()) for g in gathered):
+            raise RuntimeError(f"data-parallel learner replicas diverged: fingerprints {gathered}")
+
+
+def _chunk_owner(units: int, world_size: int) -> torch.Tensor:
+    """Owner rank of each of ``units`` items split into ``world_size`` contiguous near-equal chunks."""
+    sizes = [len(c) for c in torch.arange(units).tensor_split(world_size)]
+    return torch.repeat_interleave(torch.arange(world_size), torch.tensor(sizes, dtype=torch.long))
+
+
+def all_reduce_gradients(grads: list[torch.Tensor], device: torch.device) -> None:
+    """In-place ``all_reduce(SUM)`` of ``grads``, flattened into buckets of ≤ :data:`BUCKET_BYTES` per
+    dtype (one collective per bucket instead of one per tensor). Naive equivalent: ``for g in grads:
+    dist.all_reduce(g)``."""
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for g in grads:
+        by_dtype.setdefault(g.dtype, []).append(g)
+    for group in by_dtype.values():
+        bucket: list[torch.Tensor] = []
+        size = 0
+        for g in group:
+            bucket.append(g)
+            size += g.numel() * g.element_size()
+            if size >= BUCKET_BYTES:
+                _reduce_bucket(bucket, device)
+                bucket, size = [], 0
+        if bucket:
+            _reduce_bucket(bucket, device)
+
+
+def _reduce_bucket(bucket: list[torch.Tensor], device: torch.device) -> None:
+    flat = torch.cat([g.reshape(-1) for g in bucket]).to(device)
+    dist.all_reduce(flat)
+    offset = 0
+    for g in bucket:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def broadcast_packed(
+    tensors: dict[str, torch.Tensor] | None,
+    meta: list[tuple[str, tuple[int, ...], str]],
+    device: torch.device,
+) -> dict[str, torch.Tensor]:
+    """Broadcast named tensors from rank 0 (``tensors``; None elsewhere) with one collective per dtype:
+    each dtype's tensors travel flattened into one buffer (bool as uint8). ``meta``: (name, shape,
+    dtype) of each tensor, known to every rank. Returns the tensors on every rank."""
+    dtypes = sorted({d for _, _, d in meta})
+    out: dict[str, torch.Tensor] = {}
+    for dname in dtypes:
+        dtype = getattr(torch, dname)
+        wire = torch.uint8 if dtype == torch.bool else dtype
+        items = [(k, shape) for k, shape, d in meta if d == dname]
+        numel = [int(torch.Size(shape).numel()) for _, shape in items]
+        if tensors is not None:
+            flat = torch.cat([tensors[k].reshape(-1).to(wire) for k, _ in items]).to(device)
+        else:
+            flat = torch.empty(sum(numel), dtype=wire, device=device)
+        dist.broadcast(flat, src=0)
+        for (k, shape), part in zip(items, flat.cpu().split(numel), strict=True):
+            out[k] = part.to(dtype).view(shape).clone()
+    return out
+
+
+def fingerprint(model: torch.nn.Module) -> int:
+    """Integer sum of the raw bits of every parameter and buffer: equal on two replicas iff (barring a
+    2^-64 collision) their weights are bitwise equal; exact whatever the summation order."""
+    total = torch.zeros((), dtype=torch.long)
+    with torch.no_grad():
+        for i, t in enumerate([*model.parameters(), *model.buffers()]):
+            bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.long}[t.element_size()]
+            raw = t.detach().cpu().contiguous().view(bits).long()
+            total += (raw * (i + 1)).sum()  # position-weighted so swapped tensors differ
+    return int(total)
