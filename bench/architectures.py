@@ -1,18 +1,19 @@
 """Colocated vs decoupled (η = 1 and η = 2) on ``arith``: wall time, samples/s, held-out accuracy, lag.
 
-All systems start from the same warm-started tiny Llama (``runs/cache/arith-sft-warmstart``, built by the
-quickstart's ``warm_start_sft`` if missing), draw the same prompts (same seed) and train the same number of
-samples: ``--steps`` steps × 16 prompts × 8 samples, up to 6 new tokens, loss ``decoupled_ppo`` (at lag 0
-it is plain PPO-clip, so the colocated run uses the very same objective). Threads: colocated runs in one
-process with one torch thread; decoupled runs one learner and one rollout worker process with one torch
-thread each — the two sides overlap on the two cores.
+All systems start from the quickstart's shipped warm start (``checkpoints/quickstart-warmstart``: a partial
+SFT on 2-digit addition, ~30 % held-out greedy accuracy), draw the same prompts (same seed) and train the
+same number of samples: ``--steps`` steps × 16 prompts × 8 samples, up to 6 new tokens, the quickstart's
+lr 6e-4, loss ``decoupled_ppo`` (at lag 0 it is plain PPO-clip, so the colocated run uses the very same
+objective). Threads: colocated runs in one process with one torch thread; decoupled runs one learner and
+one rollout worker process with one torch thread each — the two sides overlap on the two cores.
 
 Throughput is steady state: samples trained between the logged rows of step 1 and step ``steps − 1``
 divided by the time between them (this leaves out process start-up and the final evaluation). Wall time
-is the whole ``train()`` call (start-up, the before/after evaluations of 200 held-out prompts included).
+is the whole ``train()`` call (start-up, the before/after evaluations of the held-out prompts included).
 Each (system, round) is its own subprocess; subprocesses run one at a time, systems interleaved.
+``--no-shared-prefix`` scores every sample's prompt separately in training (the pre-2026-11-29 learner).
 
-    .venv/bin/python bench/architectures.py [--steps 40] [--rounds 2]
+    .venv/bin/python bench/architectures.py [--steps 100] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -35,35 +36,35 @@ SYSTEMS = {
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def config(arch: dict, out: Path, steps: int, prompts: int = 16, n: int = 8, new_tokens: int = 6) -> dict:
+def config(
+    arch: dict,
+    out: Path,
+    steps: int,
+    prompts: int = 16,
+    n: int = 8,
+    new_tokens: int = 6,
+    shared_prefix: bool = True,
+) -> dict:
     """The shared run config; only ``architecture`` differs between systems."""
     return {
         "run": {"output_dir": str(out), "seed": 0},
-        "model": {
-            "path": str(ROOT / "runs/cache/arith-sft-warmstart"),
-            "warm_start_sft": {
-                "task": "arith",
-                "task_options": {"digits": 2, "ops": "+-"},
-                "steps": 600,
-                "lr": 3e-3,
-            },
-        },
+        "model": {"path": str(ROOT / "checkpoints/quickstart-warmstart")},
         "data": {
             "task": "arith",
-            "task_options": {"digits": 2, "ops": "+-"},
+            "task_options": {"digits": 2, "ops": "+"},
             "prompts_per_step": prompts,
-            "eval_size": 200,
+            "eval_size": 500,
         },
         "rollout": {"n": n, "max_new_tokens": new_tokens, "temperature": 1.0},
         "algorithm": {"name": "decoupled_ppo"},
-        "trainer": {"total_steps": steps, "lr": 1e-3, "warmup_steps": 5},
+        "trainer": {"total_steps": steps, "lr": 6e-4, "warmup_steps": 5, "shared_prefix": shared_prefix},
         "architecture": arch,
         "monitor": {"eval_every": 0, "sample_every": 0, "tensorboard": False, "progress": False},
         "checkpoint": {"save_final": False},
     }
 
 
-def run_one(system: str, steps: int) -> dict:
+def run_one(system: str, steps: int, shared_prefix: bool = True) -> dict:
     """Train one system in this process; return its measurements."""
     import torch
 
@@ -73,7 +74,7 @@ def run_one(system: str, steps: int) -> dict:
     from tandem.orchestration.runner import train
 
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = build_config(config(SYSTEMS[system], Path(tmp) / "run", steps))
+        cfg = build_config(config(SYSTEMS[system], Path(tmp) / "run", steps, shared_prefix=shared_prefix))
         t0 = time.perf_counter()
         result = train(cfg, progress=False)
         wall = time.perf_counter() - t0
@@ -95,18 +96,20 @@ def run_one(system: str, steps: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--no-shared-prefix", action="store_true", help="score each sample's prompt separately")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--one", choices=list(SYSTEMS), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(run_one(args.one, args.steps)))
+        print(json.dumps(run_one(args.one, args.steps, shared_prefix=not args.no_shared_prefix)))
         return
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     results: dict[str, list[dict]] = {s: [] for s in SYSTEMS}
     for rnd in range(args.rounds):
         for system in SYSTEMS:  # interleaved: every round runs each system once, one at a time
             cmd = [sys.executable, __file__, "--one", system, "--steps", str(args.steps)]
+            cmd += ["--no-shared-prefix"] if args.no_shared_prefix else []
             out = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, check=False)
             if out.returncode:
                 sys.exit(f"{system} failed:\n{out.stderr[-3000:]}")

@@ -1,7 +1,7 @@
 """Channels of the decoupled architecture: trajectories (workers -> learner) and weights (learner -> workers).
 
-Trajectory backends are registered by name in ``BACKENDS`` and imported lazily, so ``redis`` is needed
-only when chosen. Adding a backend (e.g. Kafka) = one new module + one line here.
+Trajectory backends are registered by name in ``BACKENDS`` and imported lazily, so ``redis`` (or ``ray``)
+is needed only when chosen. Adding a backend (e.g. Kafka) = one new module + one line here.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from tandem.errors import ConfigError
 BACKENDS: dict[str, str] = {
     "queue": "tandem.channels.queue:QueueChannel",
     "redis": "tandem.channels.redis:RedisStreamChannel",
+    "ray": "tandem.channels.ray:RayQueueChannel",
 }
 
 

@@ -104,7 +104,7 @@ def test_workers_join_and_leave_mid_run(tiny_model_dir, tmp_path):
     assert any(r["decoupled/worker"] == 1 for r in rows), "the added worker contributed no samples"
     assert rows[-1]["decoupled/workers_alive"] == 1  # the removed worker exited; the learner did not stall
     assert rows[-1]["decoupled/worker_restarts"] == 0  # a retired worker is not "restarted"
-    _check_accounting(result, 16)
+    _check_accounting(result, 8)
 
 
 def test_keyboard_interrupt_stops_every_process(tiny_model_dir, tmp_path):

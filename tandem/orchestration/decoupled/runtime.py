@@ -4,6 +4,8 @@ Wiring: a trajectory channel (``architecture.channel.backend``) carries scored b
 the learner; a shared-memory weight channel carries versioned weights back; a
 :class:`~tandem.orchestration.decoupled.coordination.Coordination` admits batches under the staleness
 bound η; a :class:`~tandem.orchestration.decoupled.supervisor.LocalSupervisor` restarts dead workers.
+With ``architecture.runtime: ray`` the same parts are Ray-backed (workers are actors, weights go through
+the object store; see :mod:`tandem.orchestration.decoupled.backends`); the learner stays in this process.
 The run folder, metrics, evaluation, checkpoints and alerts (``monitor.alerts``: ``warn``, ``skip``, ``stop``;
 ``rollback`` is a config error here) are those of the colocated runner. With a durable
 channel (Redis Streams) consumed messages are acknowledged only after the checkpoint that contains their
@@ -21,17 +23,19 @@ from typing import Any, NoReturn
 
 import torch
 
-from tandem.channels import TrajectoryChannel, open_channel
+from tandem.channels import TrajectoryChannel
 from tandem.channels.weights import SharedMemoryWeights
 from tandem.config.schema import TandemConfig
 from tandem.monitor import MetricsLogger, PhaseTimer
 from tandem.orchestration.alerting import AlertController, AlertStopError, check_decoupled_rules
 from tandem.orchestration.colocated import RunParts, evaluate_heldout
 from tandem.orchestration.decoupled.autoscale import Autoscaler
+from tandem.orchestration.decoupled.backends import open_backend
 from tandem.orchestration.decoupled.coordination import Coordination
 from tandem.orchestration.decoupled.learner import DecoupledLearner
 from tandem.orchestration.decoupled.ledger import TicketLedger
 from tandem.orchestration.decoupled.supervisor import LocalSupervisor
+from tandem.orchestration.dp_learner import DataParallelLearner
 from tandem.orchestration.learner import LearnerStep
 from tandem.orchestration.runner import (
     KEY_METRICS,
@@ -73,6 +77,8 @@ def channel_options(cfg: TandemConfig, ctx: BaseContext) -> dict[str, Any]:
     ch = cfg.architecture.channel
     if ch.backend == "queue":
         return {"ctx": ctx}
+    if ch.backend == "ray":
+        return {}
     return {
         "url": ch.redis_url,
         "stream": ch.stream or f"tandem:{cfg.run.name}",
@@ -104,10 +110,9 @@ def train_decoupled(
 
     ctx = mp.get_context("spawn")
     controller = StalenessController(cfg.architecture.staleness, cfg.samples_per_step)
-    coord = Coordination(ctx, controller)
-    weights = SharedMemoryWeights(parts.policy.state_dict(), ctx)
-    channel = open_channel(cfg.architecture.channel.backend, **channel_options(cfg, ctx))
-    supervisor = LocalSupervisor(ctx, cfg, str(cfg.model.path), channel, weights, coord)
+    backend = open_backend(cfg, controller, parts.policy.state_dict(), channel_options, ctx)  # by runtime
+    coord, weights, channel, supervisor = backend.coord, backend.weights, backend.channel, backend.supervisor
+    dp: DataParallelLearner | None = None
     try:
         learn = LearnerStep.from_config(
             cfg,
@@ -118,6 +123,8 @@ def train_decoupled(
             timer=PhaseTimer(),
             generator=generator,
         )
+        if cfg.architecture.learner.world_size > 1:  # ranks 1..M-1 of a data-parallel learner
+            dp = DataParallelLearner.start(cfg, learn, ctx)
         learner = DecoupledLearner(
             learn,
             channel,
@@ -138,8 +145,9 @@ def train_decoupled(
         try:
             supervisor.shutdown()
         finally:
-            channel.close()
-            weights.unlink()
+            if dp is not None:
+                dp.close()  # never raises
+            backend.close()  # channel, weights (and the Ray instance it started)
             torch.set_num_threads(threads)
     result.steps = learner.version
     return finish_run(result, ckpt_root, accounting=ledger.state_dict()["counts"])

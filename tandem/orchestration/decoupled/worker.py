@@ -5,6 +5,10 @@ Loop: take a ticket (blocks under the staleness bound) -> load the newest publis
 (``reward``) -> put a :class:`~tandem.channels.base.TrajectoryMessage` on the channel. Ticket ``k`` always
 maps to the same prompts (the ``k``-th batch of the seeded sampler), sampling seed and group ids as step
 ``k`` of the colocated trainer, so η = 0 with one worker reproduces a colocated run.
+
+The loop (:func:`run_worker`) is shared by the two runtimes: :func:`worker_main` is the entry point of a
+worker process of the embedded runtime, and the Ray runtime's actor
+(:mod:`tandem.orchestration.decoupled.ray_supervisor`) calls it too. Each passes its own ``alive`` check.
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ import multiprocessing as mp
 import signal
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,6 +37,10 @@ from tandem.orchestration.decoupled.coordination import Coordination
 from tandem.orchestration.scoring import OverlongShaping, score_rollout
 from tandem.rollout.hf import HFEngine
 
+if TYPE_CHECKING:
+    from tandem.channels.ray_weights import RayObjectStoreWeights
+    from tandem.orchestration.decoupled.ray_coordination import RayCoordination
+
 log = logging.getLogger(__name__)
 
 EXIT_USER_ERROR = 3  # a TandemError (bad reward function, data): restarting would not help
@@ -39,15 +48,15 @@ EXIT_USER_ERROR = 3  # a TandemError (bad reward function, data): restarting wou
 
 @dataclass
 class WorkerSpec:
-    """What a worker process needs (picklable)."""
+    """What a worker needs (picklable: a process argument or a Ray actor argument)."""
 
     slot: int
     cfg: TandemConfig
     model_path: str
     channel: TrajectoryChannel
-    weights: SharedMemoryWeights
-    coord: Coordination
-    errors: Any  # multiprocessing queue of one-line error strings
+    weights: SharedMemoryWeights | RayObjectStoreWeights
+    coord: Coordination | RayCoordination
+    errors: Any = None  # multiprocessing queue of one-line error strings (embedded runtime only)
 
 
 class TicketPrompts:
@@ -91,7 +100,7 @@ def worker_main(spec: WorkerSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner process handles Ctrl-C and stops us
     torch.set_num_threads(spec.cfg.architecture.worker.threads)
     try:
-        _run(spec)
+        run_worker(spec, alive=_parent_alive)
     except TandemError as err:
         spec.errors.put(f"rollout worker {spec.slot}: {err}")
         raise SystemExit(EXIT_USER_ERROR) from None
@@ -109,7 +118,8 @@ def _parent_alive() -> bool:
     return parent is None or parent.is_alive()
 
 
-def _run(spec: WorkerSpec) -> None:
+def run_worker(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
+    """The worker loop, until the run stops, the slot is retired or ``alive()`` turns false."""
     cfg, coord = spec.cfg, spec.coord
     model = load_causal_lm(spec.model_path, dtype=cfg.model.dtype)
     tokenizer = load_tokenizer(spec.model_path)
@@ -127,7 +137,7 @@ def _run(spec: WorkerSpec) -> None:
     timer = PhaseTimer()
     while True:
         t0 = time.perf_counter()
-        ticket = coord.acquire(spec.slot, alive=_parent_alive)
+        ticket = coord.acquire(spec.slot, alive=alive)
         idle = time.perf_counter() - t0  # blocked by the staleness bound before this batch
         if ticket is None:
             return

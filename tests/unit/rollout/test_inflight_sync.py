@@ -22,7 +22,9 @@ def test_weights_published_mid_generation_are_loaded(tiny_model_dir, tmp_path):
         sync = InFlightSync(engine, weights)
         weights.publish(newer, 1)  # the learner finished an update while this generation runs
         batch = engine.generate(
-            ["12+7=", "3+4="], SamplingParams(max_new_tokens=8, temperature=1.0, seed=0), on_chunk=sync,
+            ["12+7=", "3+4="],
+            SamplingParams(max_new_tokens=8, temperature=1.0, seed=0),
+            on_chunk=sync,
             chunk_tokens=2,
         )
         assert sync.updates == 1 and engine.version == 1

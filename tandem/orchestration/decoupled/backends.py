@@ -1,0 +1,95 @@
+"""The per-runtime parts of a decoupled run, chosen by ``architecture.runtime``.
+
+=========================  =================================  =====================================
+part                       ``embedded`` (one machine)         ``ray`` (a Ray cluster)
+=========================  =================================  =====================================
+admission (coordination)   shared memory + lock               one actor on the driver's node
+weight channel             shared-memory block                numpy arrays in the object store
+trajectory channel         ``architecture.channel.backend``   ``ray`` (actor queue) or ``redis``
+rollout workers            processes (LocalSupervisor)        actors (RaySupervisor, placement group)
+=========================  =================================  =====================================
+
+In both runtimes the learner runs in this (the driver) process. :class:`Backend.close` releases what the
+factory created, including the Ray instance when it started one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.context import BaseContext
+from typing import Any
+
+import torch
+
+from tandem.channels import TrajectoryChannel, open_channel
+from tandem.channels.weights import SharedMemoryWeights
+from tandem.config.schema import TandemConfig
+from tandem.orchestration.decoupled.coordination import Coordination
+from tandem.orchestration.decoupled.supervisor import LocalSupervisor
+from tandem.orchestration.staleness import StalenessController
+
+
+@dataclass
+class Backend:
+    """Coordination, weight channel, trajectory channel and supervisor of one run, plus their cleanup."""
+
+    coord: Any  # Coordination | RayCoordination
+    weights: Any  # SharedMemoryWeights | RayObjectStoreWeights
+    channel: TrajectoryChannel
+    supervisor: Any  # LocalSupervisor | RaySupervisor
+    cleanups: list[Callable[[], None]] = field(default_factory=list)  # run in reverse order
+
+    def close(self) -> None:
+        """Release everything (after ``supervisor.shutdown()``); each step runs even if one fails."""
+        with contextlib.ExitStack() as stack:
+            for fn in self.cleanups:
+                stack.callback(fn)
+
+
+ChannelOptions = Callable[[TandemConfig, BaseContext], dict[str, Any]]
+
+
+def open_backend(
+    cfg: TandemConfig,
+    controller: StalenessController,
+    template: dict[str, torch.Tensor],
+    channel_options: ChannelOptions,
+    ctx: BaseContext,
+) -> Backend:
+    """Create the parts for ``cfg.architecture.runtime``; ``template`` is the policy's state dict,
+    ``channel_options(cfg, ctx)`` the trajectory channel's constructor options."""
+    if cfg.architecture.runtime == "ray":
+        return _open_ray(cfg, controller, channel_options, ctx)
+    coord = Coordination(ctx, controller)
+    weights = SharedMemoryWeights(template, ctx)
+    channel = open_channel(cfg.architecture.channel.backend, **channel_options(cfg, ctx))
+    supervisor = LocalSupervisor(ctx, cfg, str(cfg.model.path), channel, weights, coord)
+    return Backend(coord, weights, channel, supervisor, [weights.unlink, channel.close])
+
+
+def _open_ray(
+    cfg: TandemConfig, controller: StalenessController, channel_options: ChannelOptions, ctx: BaseContext
+) -> Backend:
+    from tandem.channels.ray_weights import RayObjectStoreWeights
+    from tandem.orchestration.decoupled.ray_cluster import RayCluster
+    from tandem.orchestration.decoupled.ray_coordination import RayCoordination
+    from tandem.orchestration.decoupled.ray_supervisor import RaySupervisor
+
+    cluster = RayCluster(cfg)
+    cleanups: list[Callable[[], None]] = [cluster.close]  # last
+    try:
+        coord = RayCoordination(controller)
+        cleanups.append(coord.close)
+        weights = RayObjectStoreWeights()
+        cleanups.append(weights.unlink)
+        channel = open_channel(cfg.architecture.channel.backend, **channel_options(cfg, ctx))
+        cleanups.append(channel.close)
+    except BaseException:
+        Backend(None, None, None, None, cleanups).close()  # type: ignore[arg-type]
+        raise
+    # a local instance has all its resources from the start: do not wait long for what cannot come
+    wait_s = 120.0 if cluster.joined or cluster.reused else 15.0
+    supervisor = RaySupervisor(cfg, str(cfg.model.path), channel, weights, coord, placement_timeout_s=wait_s)
+    return Backend(coord, weights, channel, supervisor, cleanups)

@@ -1,0 +1,91 @@
+"""A decoupled run with a two-rank data-parallel learner: it trains, the replicas stay identical (the
+learner checks a fingerprint of every rank's weights after each step and raises on a difference), the
+first update matches a one-rank run, and no rank process outlives the run."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from tandem.config import build_config
+from tandem.errors import ConfigError
+from tandem.orchestration.decoupled.runtime import RunHooks, train_decoupled
+
+DIGITS = f"{Path(__file__).parents[1] / 'e2e' / 'digits_reward.py'}:digit_share"
+
+
+def _cfg(model_dir, out, world_size, **overrides):
+    cfg = {
+        "run": {"output_dir": str(out), "seed": 5},
+        "model": {"path": str(model_dir)},
+        "data": {"task": "arith", "prompts_per_step": 2, "eval_size": 2, "train_size": 16},
+        "rollout": {"n": 4, "max_new_tokens": 4},
+        "algorithm": {"name": "grpo"},
+        "reward": {"task_reward": False, "functions": [{"path": DIGITS}]},
+        "trainer": {"total_steps": 2, "lr": 3e-3},
+        "architecture": {"mode": "decoupled", "staleness": 0, "learner": {"world_size": world_size}},
+        "monitor": {"eval_every": 0, "sample_every": 0, "tensorboard": False, "progress": False},
+    }
+    for key, value in overrides.items():
+        cfg[key] = {**cfg[key], **value}
+    return build_config(cfg)
+
+
+def _rows(run_dir):
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["step"] >= 1]
+
+
+def test_two_rank_learner_trains_in_sync_and_cleans_up(tiny_model_dir, tmp_path):
+    torch.set_num_threads(1)
+    seen: set[int] = set()
+
+    def on_step(run, step):
+        seen.update(p.pid for p in mp.active_children() if p.name.startswith("tandem-learner-rank"))
+
+    dp = train_decoupled(_cfg(tiny_model_dir, tmp_path / "dp", 2), progress=False, hooks=RunHooks(on_step))
+    assert dp.steps == 2
+    assert len(seen) == 1  # one extra rank ran
+    for pid in seen:  # joined and gone
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert not torch.distributed.is_initialized()
+    rows = _rows(dp.run_dir)
+    assert all(r["actor/grad_norm"] > 0 for r in rows)
+    # Step 1 trains on a batch sampled from the initial weights in both runs (η = 0), so the update's
+    # loss and gradient norm match a single-process learner up to fp32 summation order.
+    one = train_decoupled(
+        _cfg(tiny_model_dir, tmp_path / "one", 1, trainer={"total_steps": 1}), progress=False
+    )
+    first = _rows(one.run_dir)[0]
+    assert rows[0]["reward/mean"] == first["reward/mean"]
+    for key in ("actor/pg_loss", "actor/grad_norm"):
+        assert rows[0][key] == pytest.approx(first[key], rel=1e-5, abs=1e-7), key
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"architecture": {"mode": "colocated", "learner": {"world_size": 2}}}, "mode=decoupled"),
+        ({"architecture": {"mode": "decoupled", "learner": {"world_size": 9}}}, "exceeds the 8 samples"),
+        (
+            {"algorithm": {"name": "agro"}, "architecture": {"learner": {"world_size": 3}}},
+            "exceeds the 2 groups",
+        ),
+        (
+            {"trainer": {"mini_batch_size": 4}, "architecture": {"learner": {"world_size": 5}}},
+            "exceeds the 4",
+        ),
+    ],
+)
+def test_bad_world_size_is_a_one_line_config_error(tiny_model_dir, tmp_path, overrides, match):
+    with pytest.raises(ConfigError, match="architecture.learner.world_size") as err:
+        arch = {"mode": "decoupled", "staleness": 0, **overrides.pop("architecture", {})}
+        _cfg(tiny_model_dir, tmp_path, 1, architecture=arch, **overrides)
+    assert match in str(err.value)
+    assert "\n" not in str(err.value)

@@ -1,0 +1,279 @@
+"""The Ray runtime end to end (``architecture.runtime: ray``): rollout workers as Ray actors in a placement
+group, weights through the object store, trajectories through the actor queue, the learner in the driver.
+
+* a local run starts a private Ray instance, finishes, and leaves no process and no file behind;
+* on a joined cluster (``architecture.ray.address``), Ctrl-C (KeyboardInterrupt in the driver) and a user
+  error in a worker (its one-line message, no restart) each stop the run, remove its actors and leave the
+  cluster running;
+* a worker actor killed mid-run (on the joined cluster) is restarted by Ray and the run finishes with exact
+  accounting.
+
+Every run is tiny (2 prompts × 4 samples, 4 new tokens). The module's cluster is started once with
+``ray start --head`` in its own temp folder and stopped by killing exactly its processes (never
+``ray stop``, which would stop every Ray instance of this user on the machine).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tandem.config import build_config
+from tandem.orchestration.decoupled.runtime import RunHooks, train_decoupled
+from tandem.orchestration.decoupled.supervisor import WorkerFailedError
+
+ray = pytest.importorskip("ray", reason="the ray extra is not installed")
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+DIGITS = f"{Path(__file__).parents[1] / 'e2e' / 'digits_reward.py'}:digit_share"
+
+
+def _cfg(model_dir, out, *, steps=3, reward=DIGITS, **arch):
+    return build_config(
+        {
+            "run": {"output_dir": str(out), "seed": 3},
+            "model": {"path": str(model_dir)},
+            "data": {"task": "arith", "prompts_per_step": 2, "eval_size": 0, "train_size": 32},
+            "rollout": {"n": 4, "max_new_tokens": 4},
+            "reward": {"task_reward": False, "functions": [{"path": reward}]},
+            "algorithm": {"name": "decoupled_ppo"},
+            "trainer": {"total_steps": steps, "lr": 1e-3},
+            "architecture": {
+                "mode": "decoupled",
+                "staleness": 1,
+                "runtime": "ray",
+                "channel": {"backend": "ray"},
+                **arch,
+            },
+            "monitor": {"eval_every": 0, "sample_every": 0, "tensorboard": False, "progress": False},
+        }
+    )
+
+
+def _rows(run_dir):
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["step"] >= 1]
+
+
+def _check_accounting(result, steps, batch=8):
+    acc = json.loads((result.run_dir / "summary.json").read_text())["accounting"]
+    assert acc["trained_samples"] == steps * batch and acc["trained_batches"] == steps
+    assert (
+        acc["received_samples"] == acc["trained_samples"] + acc["dropped_samples"] + acc["duplicate_samples"]
+    )
+    tickets = [r["decoupled/ticket"] for r in _rows(result.run_dir)]
+    assert len(tickets) == len(set(tickets)) == steps, "a ticket was trained twice"
+
+
+def _pids_mentioning(text: str) -> set[int]:
+    """Processes whose command line contains ``text`` (Ray's own processes name their temp folder)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and entry.name != str(os.getpid()):
+            try:
+                if text in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    found.add(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def _children(pids: set[int]) -> set[int]:
+    """``pids`` and all their descendants (Ray's worker processes rename themselves ``ray::...``)."""
+    parent_of = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent_of[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    tree, grew = set(pids), True
+    while grew:
+        new = {p for p, pp in parent_of.items() if pp in tree and p not in tree}
+        tree |= new
+        grew = bool(new)
+    return tree
+
+
+def _alive(pid: int, grace_s: float = 10.0) -> bool:
+    """True when ``pid`` still runs after ``grace_s`` seconds (a zombie counts as gone)."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+        if state == "Z" or time.monotonic() > deadline:
+            return state != "Z"
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def short_tmp(monkeypatch):
+    """A short temp root for Ray's folder (unix socket paths are limited to 107 characters)."""
+    root = tempfile.mkdtemp(prefix="trt-", dir="/tmp")
+    monkeypatch.setattr(tempfile, "tempdir", root)
+    yield Path(root)
+    os.rmdir(root)  # fails the test if the run left anything in it
+
+
+def test_local_run_uses_actors_and_leaves_nothing_behind(tiny_model_dir, tmp_path, short_tmp):
+    torch.set_num_threads(1)
+    seen = {}
+
+    def inspect(run, step):
+        if step == 1:
+            (ray_dir,) = list(short_tmp.iterdir())
+            seen["ray_dir"] = ray_dir
+            seen["procs"] = _children(_pids_mentioning(str(ray_dir)))
+            seen["worker_pids"] = run.supervisor.pids()
+            seen["resources"] = run.supervisor.assigned_resources()
+            seen["pg"] = ray.util.placement_group_table(run.supervisor.placement_group)
+
+    cfg = _cfg(
+        tiny_model_dir,
+        tmp_path / "run",
+        ray={"num_cpus": 2},
+        worker={"cpus": 1, "memory_mb": 200},
+        learner={"cpus": 1},
+    )
+    result = train_decoupled(cfg, hooks=RunHooks(on_step=inspect))
+    assert result.steps == 3
+    _check_accounting(result, 3)
+    rows = _rows(result.run_dir)
+    assert all(r["decoupled/workers_alive"] == 1 and r["staleness/step_lag"] <= 1 for r in rows)
+    assert all(r["timing/sync"] > 0 for r in rows)  # the learner's publish into the object store is timed
+    # per-role resources reached the actor; the placement group holds a worker and a learner bundle
+    assert seen["resources"] == {0: {"CPU": 1.0, "memory": 200 * 2**20}}
+    bundles = seen["pg"]["bundles"]
+    assert seen["pg"]["state"] == "CREATED" and len(bundles) == 2
+    assert bundles[0] == {"CPU": 1.0, "memory": 200 * 2**20}
+    assert bundles[1]["CPU"] == 1.0 and any(k.startswith("node:") for k in bundles[1])
+    # the instance was real (raylet, GCS, workers in its folder) and is gone: processes and files
+    assert len(seen["procs"]) >= 3 and set(seen["worker_pids"]) <= seen["procs"]
+    assert not any(_alive(pid) for pid in seen["procs"])
+    assert not seen["ray_dir"].exists() and not ray.is_initialized()
+
+
+def test_killed_worker_actor_is_restarted_and_the_run_finishes(tiny_model_dir, tmp_path, cluster):
+    torch.set_num_threads(1)
+    killed = []
+
+    def kill_worker(run, step):
+        if step == 1:
+            killed.extend(run.supervisor.pids())
+            ray.kill(run.supervisor.actors[0], no_restart=False)  # the process dies; Ray may restart it
+
+    address, _ = cluster
+    cfg = _cfg(tiny_model_dir, tmp_path / "run", steps=4, ray={"address": address}, max_worker_restarts=2)
+    result = train_decoupled(cfg, hooks=RunHooks(on_step=kill_worker))
+    assert result.steps == 4 and killed
+    rows = _rows(result.run_dir)
+    assert rows[-1]["decoupled/worker_restarts"] >= 1
+    assert all(r["staleness/step_lag"] <= 1 for r in rows)
+    _check_accounting(result, 4)
+    assert not _alive(killed[0])
+
+
+BROKEN_REWARD = """
+def broken(prompts, completions, **kw):
+    raise ValueError("boom")
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def head_node():
+    """``ray start --head`` on 127.0.0.1 in its own folder, shared by the module's cluster tests; stopped by
+    killing exactly its processes."""
+    port, root = _free_port(), Path(tempfile.mkdtemp(prefix="trt-", dir="/tmp"))
+    ray_bin = Path(sys.executable).parent / "ray"
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}  # a loopback-only test cluster
+    cmd = [str(ray_bin), "start", "--head", f"--port={port}", "--num-cpus=2", f"--temp-dir={root}"]
+    cmd += ["--node-ip-address=127.0.0.1", "--include-dashboard=false", "--disable-usage-stats"]
+    subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=120)
+    procs = _pids_mentioning(str(root))
+    yield f"127.0.0.1:{port}", procs
+    tree = _children(_pids_mentioning(str(root)) | procs)
+    for pid in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 3  # gcs_server and the monitor ignore SIGTERM: then SIGKILL
+    while time.monotonic() < deadline and any(_alive(pid, grace_s=0.0) for pid in tree):
+        time.sleep(0.2)
+    for pid in tree:
+        if _alive(pid, grace_s=0.0):
+            os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster(head_node, monkeypatch):
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # as the head was started
+    return head_node
+
+
+def _tandem_actors(root_pids: set[int]) -> set[int]:
+    """Processes of the cluster that host one of Tandem's actors (Ray titles them ``ray::<Class>...``)."""
+    names = ("ray::RolloutActor", "ray::CoordinatorActor", "ray::WeightRegistry", "ray::_QueueActor")
+    found = set()
+    for pid in _children(root_pids):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if cmd.startswith(names):
+            found.add(pid)
+    return found
+
+
+def _wait_until(condition, limit_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + limit_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return condition()
+
+
+def test_join_cluster_ctrl_c_and_user_error_leave_the_cluster_running(tiny_model_dir, tmp_path, cluster):
+    torch.set_num_threads(1)
+    address, head_procs = cluster
+    seen = {}
+
+    def interrupt(run, step):
+        seen["actors"] = _tandem_actors(head_procs)
+        raise KeyboardInterrupt  # what Ctrl-C raises in the driver
+
+    cfg = _cfg(tiny_model_dir, tmp_path / "ok", steps=3, ray={"address": address, "namespace": "tandem-test"})
+    with pytest.raises(KeyboardInterrupt):
+        train_decoupled(cfg, hooks=RunHooks(on_step=interrupt))
+    assert len(seen["actors"]) == 4  # worker, admission, weight registry, queue: all on the joined cluster
+    assert not ray.is_initialized()  # the driver disconnected ...
+    assert head_procs and all(_alive(pid, grace_s=0.0) for pid in head_procs)  # ... the cluster runs on
+    assert _wait_until(lambda: not _tandem_actors(head_procs)), "actors of the stopped run are left"
+
+    # a worker's user error (a reward function that raises) stops the run with one line, no restarts
+    reward = tmp_path / "broken_reward.py"
+    reward.write_text(textwrap.dedent(BROKEN_REWARD))
+    bad = _cfg(tiny_model_dir, tmp_path / "bad", reward=f"{reward}:broken", ray={"address": address})
+    with pytest.raises(WorkerFailedError, match=r"rollout worker 0: .*boom") as err:
+        train_decoupled(bad)
+    assert "\n" not in str(err.value)
+    assert all(_alive(pid, grace_s=0.0) for pid in head_procs)
+    assert _wait_until(lambda: not _tandem_actors(head_procs))
