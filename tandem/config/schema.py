@@ -571,15 +571,6 @@ def _check_architecture(cfg: TandemConfig) -> None:
             "architecture.channel.backend",
             "the multiprocessing queue cannot reach Ray actors; use ray (or redis) with architecture.runtime=ray",
         )
-    if cfg.critic is not None:
-        raise CrossFieldError(
-            "critic", "a critic is not supported with architecture.mode=decoupled yet; use mode=colocated"
-        )
-    if a.kl.controller == "adaptive":
-        raise CrossFieldError(
-            "algorithm.kl.controller",
-            "the adaptive KL controller is not supported with architecture.mode=decoupled yet; use fixed",
-        )
     if a.dynamic_sampling:
         raise CrossFieldError(
             "algorithm.dynamic_sampling",

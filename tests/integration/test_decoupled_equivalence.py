@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from tandem.config import build_config
 from tandem.models import load_causal_lm
-from tandem.orchestration.decoupled.runtime import train_decoupled
+from tandem.orchestration.decoupled.runtime import RunHooks, train_decoupled
 from tandem.orchestration.runner import train
 from tandem.train.checkpoint import latest_checkpoint
 
@@ -69,3 +70,65 @@ def test_eta0_one_worker_equals_colocated(tiny_model_dir, tmp_path):
     w0 = load_causal_lm(tiny_model_dir).state_dict()
     assert any(not torch.equal(w0[k], wb[k]) for k in w0)
     assert colo.eval_after == dec.eval_after
+
+
+def _ppo_cfg(model_dir, out, mode, steps=3, **extra):
+    cfg = _cfg(model_dir, out, mode, **({"staleness": 0, "num_workers": 1} if mode == "decoupled" else {}))
+    data = cfg.model_dump(mode="json")
+    data["algorithm"] = {"name": "ppo", "beta": 0.05, "kl": {"where": "reward", "controller": "adaptive"}}
+    data["critic"] = {"lr": 1e-3}
+    data["trainer"]["total_steps"] = steps
+    for key, value in extra.items():
+        data[key].update(value)
+    return build_config(data)
+
+
+def _critic(run_dir):
+    import safetensors.torch
+
+    return safetensors.torch.load_file(
+        str(latest_checkpoint(run_dir / "checkpoints") / "critic" / "model.safetensors")
+    )
+
+
+def test_eta0_ppo_with_critic_and_adaptive_kl_equals_colocated(tiny_model_dir, tmp_path):
+    """PPO (GAE critic, KL in the reward with the adaptive controller) runs decoupled: at η = 0 with one
+    worker its losses, β trajectory, policy and critic equal the colocated run's exactly; a resumed
+    decoupled run restores critic, optimisers and β and ends where the uninterrupted one does."""
+    torch.set_num_threads(1)
+    colo = train(_ppo_cfg(tiny_model_dir, tmp_path / "colo", "colocated"), progress=False)
+    dec = train_decoupled(_ppo_cfg(tiny_model_dir, tmp_path / "dec", "decoupled"), progress=False)
+    a, b = _rows(colo.run_dir), _rows(dec.run_dir)
+    for ra, rb in zip(a, b, strict=True):
+        for key in ("reward/mean", "actor/pg_loss", "critic/vf_loss", "actor/kl_coef"):
+            assert ra[key] == rb[key], key
+    assert len({r["actor/kl_coef"] for r in b}) > 1, "the adaptive controller never moved β"
+    for wa, wb in (
+        (_weights(colo.run_dir), _weights(dec.run_dir)),
+        (_critic(colo.run_dir), _critic(dec.run_dir)),
+    ):
+        for k in wa:
+            assert torch.equal(wa[k], wb[k]), k
+
+    class CrashError(Exception):
+        pass
+
+    def crash(run, step):
+        if step == 2:  # after step 2's checkpoint
+            raise CrashError
+
+    res_cfg = _ppo_cfg(tiny_model_dir, tmp_path / "res", "decoupled", checkpoint={"every": 1})
+    with pytest.raises(CrashError):
+        train_decoupled(res_cfg, progress=False, hooks=RunHooks(on_step=crash))
+    resumed = train_decoupled(
+        _ppo_cfg(tiny_model_dir, tmp_path / "res", "decoupled", checkpoint={"every": 1}),
+        resume=True,
+        progress=False,
+    )
+    assert _rows(resumed.run_dir)[-1]["actor/kl_coef"] == b[-1]["actor/kl_coef"]
+    for wa, wb in (
+        (_weights(dec.run_dir), _weights(resumed.run_dir)),
+        (_critic(dec.run_dir), _critic(resumed.run_dir)),
+    ):
+        for k in wa:
+            assert torch.equal(wa[k], wb[k]), k

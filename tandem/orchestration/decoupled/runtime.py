@@ -28,7 +28,7 @@ from tandem.channels.weights import SharedMemoryWeights
 from tandem.config.schema import TandemConfig
 from tandem.monitor import MetricsLogger, PhaseTimer
 from tandem.orchestration.alerting import AlertController, AlertStopError, check_decoupled_rules
-from tandem.orchestration.colocated import RunParts, evaluate_heldout
+from tandem.orchestration.colocated import RunParts, evaluate_heldout, load_run_checkpoint
 from tandem.orchestration.decoupled.autoscale import Autoscaler
 from tandem.orchestration.decoupled.backends import open_backend
 from tandem.orchestration.decoupled.coordination import Coordination
@@ -46,7 +46,7 @@ from tandem.orchestration.runner import (
     prepare_run_dir,
 )
 from tandem.orchestration.staleness import StalenessController
-from tandem.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from tandem.train.checkpoint import latest_checkpoint, save_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,11 @@ def train_decoupled(
             scheduler=parts.scheduler,
             timer=PhaseTimer(),
             generator=generator,
+            critic=parts.critic,
+            critic_optimizer=parts.critic_optimizer,
         )
+        if state:
+            learn.load_state_dict(state.get("learner", {}))  # adaptive KL coefficient, critic warm-up count
         if cfg.architecture.learner.world_size > 1:  # ranks 1..M-1 of a data-parallel learner
             dp = DataParallelLearner.start(cfg, learn, ctx)
         learner = DecoupledLearner(
@@ -157,7 +161,7 @@ def _restore(parts: RunParts, ckpt_root: Any) -> dict[str, Any] | None:
     latest = latest_checkpoint(ckpt_root)
     if latest is None:
         return None
-    state = load_checkpoint(latest, model=parts.policy, optimizer=parts.optimizer, scheduler=parts.scheduler)
+    state = load_run_checkpoint(latest, parts)  # policy, critic, their optimisers, scheduler
     log.info("resumed from %s", latest)
     return {**state["extra_state"]["decoupled"], "eval_before": state["extra_state"].get("eval_before", {})}
 
@@ -258,6 +262,7 @@ def _checkpoint(run: DecoupledRun, result: RunResult, ckpt_root: Any) -> None:
             "step": learner.version,
             "ledger": learner.ledger.state_dict(),
             "generator": learner.learn.generator.get_state().tolist(),
+            "learner": learner.learn.state_dict(),
         },
         "eval_before": result.eval_before,
     }
@@ -271,4 +276,6 @@ def _checkpoint(run: DecoupledRun, result: RunResult, ckpt_root: Any) -> None:
         extra_state=extra,
         config=run.cfg.model_dump(mode="json"),
         keep_last=run.cfg.checkpoint.keep_last,
+        critic=parts.critic,
+        critic_optimizer=parts.critic_optimizer,
     )

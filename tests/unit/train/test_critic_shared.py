@@ -187,5 +187,5 @@ def test_config_keys_and_cross_field_errors(tiny_model_dir, tmp_path):
     arch = {"mode": "decoupled", "learner": {"world_size": 2}}
     with pytest.raises(ConfigError, match=r"architecture\.learner\.world_size"):
         _cfg(tiny_model_dir, tmp_path, {"shared_backbone": True}, architecture=arch)
-    with pytest.raises(ConfigError, match="critic"):  # decoupled runs have no critic of either kind
-        _cfg(tiny_model_dir, tmp_path, {"shared_backbone": True}, architecture={"mode": "decoupled"})
+    decoupled = _cfg(tiny_model_dir, tmp_path, {"shared_backbone": True}, architecture={"mode": "decoupled"})
+    assert decoupled.critic.shared_backbone  # the decoupled learner trains critics too
