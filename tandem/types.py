@@ -12,6 +12,16 @@ from dataclasses import dataclass, field, fields, replace
 
 import torch
 
+ROLLOUT_TENSORS = (
+    "prompt_ids",
+    "prompt_mask",
+    "response_ids",
+    "response_mask",
+    "behavior_logprobs",
+    "group_ids",
+    "policy_version",
+)  # the tensor fields of RolloutBatch, in declaration order (serialisers iterate over them)
+
 
 @dataclass
 class RolloutBatch:

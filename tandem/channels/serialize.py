@@ -14,18 +14,9 @@ from safetensors.torch import save as st_save
 
 from tandem.channels.base import TrajectoryMessage
 from tandem.errors import DataError
-from tandem.types import RolloutBatch
+from tandem.types import ROLLOUT_TENSORS, RolloutBatch
 
 FORMAT = "tandem.trajectory/1"
-_TENSORS = (
-    "prompt_ids",
-    "prompt_mask",
-    "response_ids",
-    "response_mask",
-    "behavior_logprobs",
-    "group_ids",
-    "policy_version",
-)
 _LISTS = ("prompts", "completions", "finish_reasons", "sample_ids", "extras")
 
 
@@ -33,7 +24,7 @@ def encode_message(msg: TrajectoryMessage) -> bytes:
     """Serialise a message to bytes (tensors as safetensors, the rest as JSON metadata)."""
     b = msg.batch
     # clone: fields may share storage (e.g. one mask tensor used twice), which safetensors refuses
-    tensors = {name: getattr(b, name).detach().clone().contiguous() for name in _TENSORS}
+    tensors = {name: getattr(b, name).detach().clone().contiguous() for name in ROLLOUT_TENSORS}
     tensors["scores"] = msg.scores.detach().float().clone().contiguous()
     header = {
         "format": FORMAT,
@@ -55,7 +46,7 @@ def decode_message(data: bytes) -> TrajectoryMessage:
     if header.get("format") != FORMAT:
         raise DataError(f"unknown trajectory message format {header.get('format')!r}, expected {FORMAT}")
     batch = RolloutBatch(
-        **{name: tensors[name] for name in _TENSORS},
+        **{name: tensors[name] for name in ROLLOUT_TENSORS},
         **{name: list(header[name]) for name in _LISTS},
     )
     return TrajectoryMessage(

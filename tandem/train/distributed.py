@@ -28,20 +28,11 @@ import torch.distributed as dist
 
 from tandem.errors import ConfigError, TandemError
 from tandem.train.experience import ExperienceSettings
-from tandem.types import Experience, RolloutBatch
+from tandem.types import ROLLOUT_TENSORS, Experience, RolloutBatch
 
 log = logging.getLogger(__name__)
 
 BUCKET_BYTES = 32 * 2**20  # gradients are all-reduced in flat buckets of at most this size
-_BATCH_TENSORS = (
-    "prompt_ids",
-    "prompt_mask",
-    "response_ids",
-    "response_mask",
-    "behavior_logprobs",
-    "group_ids",
-    "policy_version",
-)
 LONG_TIMEOUT = datetime.timedelta(days=7)  # a rank waits this long for the next step (evals can be slow)
 
 
@@ -180,7 +171,7 @@ class DataParallel:
     # -- step inputs ---------------------------------------------------------------------------------------
     def send_step(self, inputs: StepInputs) -> None:
         """Rank 0: broadcast one step's batch, scores, β and generator state."""
-        tensors = {name: getattr(inputs.batch, name) for name in _BATCH_TENSORS}
+        tensors = {name: getattr(inputs.batch, name) for name in ROLLOUT_TENSORS}
         tensors["scores"] = inputs.scores.float()
         header = {
             "cmd": "step",
@@ -206,7 +197,7 @@ class DataParallel:
         self.in_step = True
         t = broadcast_packed(None, header["meta"], self.device)
         batch = RolloutBatch(
-            **{name: t[name] for name in _BATCH_TENSORS}, prompts=[], completions=[], finish_reasons=[]
+            **{name: t[name] for name in ROLLOUT_TENSORS}, prompts=[], completions=[], finish_reasons=[]
         )
         gen = torch.tensor(header["generator"], dtype=torch.uint8)
         return StepInputs(batch, t["scores"], header["beta"], gen)
