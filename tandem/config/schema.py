@@ -270,6 +270,11 @@ class RayConfig(Section):
     )
     namespace: str | None = Field(None, description="Ray namespace (default: tandem-<run.name>).")
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a local instance (null = all).")
+    learner_actor: bool = Field(
+        False,
+        description="Run the learner in a Ray actor with architecture.learner.cpus/gpus/memory_mb (its own "
+        "placement group) instead of the driver process; the run folder is written on the learner's node.",
+    )
 
 
 class AutoscaleConfig(Section):
@@ -566,6 +571,11 @@ def _check_architecture(cfg: TandemConfig) -> None:
     _check_data_parallel(cfg)
     if arch.mode != "decoupled":
         return
+    if arch.ray.learner_actor and arch.runtime != "ray":
+        raise CrossFieldError(
+            "architecture.ray.learner_actor",
+            "a learner actor needs architecture.runtime=ray; set it to false",
+        )
     if arch.runtime == "ray" and arch.channel.backend == "queue":
         raise CrossFieldError(
             "architecture.channel.backend",

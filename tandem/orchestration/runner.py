@@ -105,6 +105,10 @@ def build_parts(cfg: TandemConfig) -> RunParts:
 def train(cfg: TandemConfig, *, resume: bool = False, progress: bool | None = None) -> RunResult:
     """Train with the configured architecture (colocated here; decoupled in ``decoupled.runtime``);
     returns the run folder and before/after evaluation."""
+    if cfg.architecture.mode == "decoupled" and cfg.architecture.ray.learner_actor:  # runtime ray
+        from tandem.orchestration.decoupled.ray_learner import train_in_learner_actor
+
+        return train_in_learner_actor(cfg, resume=resume, progress=progress)
     if cfg.architecture.mode == "decoupled":
         from tandem.orchestration.decoupled.runtime import train_decoupled
 

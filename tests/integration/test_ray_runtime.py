@@ -6,7 +6,10 @@ group, weights through the object store, trajectories through the actor queue, t
   error in a worker (its one-line message, no restart) each stop the run, remove its actors and leave the
   cluster running;
 * a worker actor killed mid-run (on the joined cluster) is restarted by Ray and the run finishes with exact
-  accounting.
+  accounting;
+* with ``architecture.ray.learner_actor`` the learner runs in an actor with the learner's resources (local
+  instance: nothing left behind); on the joined cluster Ctrl-C in the driver stops it and every actor it
+  made, and a worker's user error reaches the driver as its one line.
 
 Every run is tiny (2 prompts × 4 samples, 4 new tokens). The module's cluster is started once with
 ``ray start --head`` in its own temp folder and stopped by killing exactly its processes (never
@@ -15,6 +18,7 @@ Every run is tiny (2 prompts × 4 samples, 4 new tokens). The module's cluster i
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import json
 import os
@@ -25,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -32,8 +37,10 @@ import pytest
 import torch
 
 from tandem.config import build_config
+from tandem.orchestration.decoupled.ray_learner import train_in_learner_actor
 from tandem.orchestration.decoupled.runtime import RunHooks, train_decoupled
 from tandem.orchestration.decoupled.supervisor import WorkerFailedError
+from tandem.orchestration.runner import train
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed")
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -233,6 +240,7 @@ def cluster(head_node, monkeypatch):
 def _tandem_actors(root_pids: set[int]) -> set[int]:
     """Processes of the cluster that host one of Tandem's actors (Ray titles them ``ray::<Class>...``)."""
     names = ("ray::RolloutActor", "ray::CoordinatorActor", "ray::WeightRegistry", "ray::_QueueActor")
+    names += ("ray::LearnerActor",)
     found = set()
     for pid in _children(root_pids):
         try:
@@ -276,4 +284,101 @@ def test_join_cluster_ctrl_c_and_user_error_leave_the_cluster_running(tiny_model
         train_decoupled(bad)
     assert "\n" not in str(err.value)
     assert all(_alive(pid, grace_s=0.0) for pid in head_procs)
+    assert _wait_until(lambda: not _tandem_actors(head_procs))
+
+
+def _record_in_actor(path: Path):
+    """An ``on_step`` hook that runs inside the learner actor: at step 1 it writes where the learner runs and
+    with what into ``path`` (standard library and ray only: the hook is pickled by value)."""
+
+    def record(run, step):
+        if step != 1:
+            return
+        import json as _json
+        import os as _os
+
+        import ray as _ray
+
+        seen = {
+            "pid": _os.getpid(),
+            "in_actor": _ray.get_runtime_context().get_actor_id() is not None,
+            "resources": dict(_ray.get_runtime_context().get_assigned_resources()),
+            "worker_pids": run.supervisor.pids(),
+            "worker_resources": {str(k): v for k, v in run.supervisor.assigned_resources().items()},
+            "bundles": _ray.util.placement_group_table(run.supervisor.placement_group)["bundles"],
+        }
+        path.write_text(_json.dumps(seen))
+
+    return record
+
+
+def test_learner_actor_local_run_has_the_learner_resources_and_leaves_nothing(
+    tiny_model_dir, tmp_path, short_tmp
+):
+    torch.set_num_threads(1)
+    cfg = _cfg(
+        tiny_model_dir,
+        tmp_path / "run",
+        ray={"num_cpus": 2, "learner_actor": True},
+        worker={"cpus": 1, "memory_mb": 200},
+        learner={"cpus": 1, "memory_mb": 300},
+    )
+    seen_file = tmp_path / "seen.json"
+    result = train_in_learner_actor(cfg, hooks=RunHooks(on_step=_record_in_actor(seen_file)))
+    assert result.steps == 3 and result.run_dir == tmp_path / "run"
+    _check_accounting(result, 3)
+    seen = json.loads(seen_file.read_text())
+    # the learner ran in an actor (another process) holding exactly the learner's resources
+    assert seen["in_actor"] and seen["pid"] != os.getpid()
+    assert seen["resources"] == {"CPU": 1.0, "memory": 300 * 2**20}
+    assert seen["worker_resources"] == {"0": {"CPU": 1.0, "memory": 200 * 2**20}}
+    assert seen["bundles"] == {"0": {"CPU": 1.0, "memory": 200 * 2**20}}  # workers only: 1 + 1 = 2 CPUs
+    # nothing left: learner and worker processes gone, no Ray connection; short_tmp checks the folder
+    assert not any(_alive(pid) for pid in [seen["pid"], *seen["worker_pids"]])
+    assert not ray.is_initialized()
+
+
+def test_learner_actor_ctrl_c_and_user_error_on_a_joined_cluster(tiny_model_dir, tmp_path, cluster, caplog):
+    torch.set_num_threads(1)
+    address, head_procs = cluster
+    cfg = _cfg(tiny_model_dir, tmp_path / "ok", steps=50, ray={"address": address, "learner_actor": True})
+    seen = {}
+
+    def interrupt_after_step_1():  # Ctrl-C in the driver once the learner actor has trained a step
+        rows = tmp_path / "ok" / "metrics.jsonl"
+        if not _wait_until(lambda: rows.exists() and '"step": 1,' in rows.read_text(), limit_s=300):
+            return  # the run failed or finished first: the test fails on pytest.raises
+        seen["actors"] = {
+            pid: Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+            for pid in _tandem_actors(head_procs)
+        }
+        _thread.interrupt_main()
+
+    watcher = threading.Thread(target=interrupt_after_step_1, daemon=True)
+    watcher.start()
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg)  # dispatches to the learner actor
+    watcher.join(timeout=60)
+    assert "the learner actor stopped its run" in caplog.text  # cancelled after its step, then cleaned up
+    kinds = sorted(cmd.split()[0].split(".")[0] for cmd in seen["actors"].values())  # ray::Class.method
+    assert kinds == sorted(
+        ["ray::LearnerActor", "ray::RolloutActor", "ray::CoordinatorActor", "ray::WeightRegistry"]
+        + ["ray::_QueueActor"]
+    ), kinds
+    assert not ray.is_initialized() and all(_alive(pid, grace_s=0.0) for pid in head_procs)
+    assert _wait_until(lambda: not _tandem_actors(head_procs)), "actors of the stopped run are left"
+    rows = _rows(tmp_path / "ok")
+    assert 1 <= len(rows) < 50  # stopped early
+
+    reward = tmp_path / "broken_reward.py"
+    reward.write_text(textwrap.dedent(BROKEN_REWARD))
+    bad = _cfg(
+        tiny_model_dir,
+        tmp_path / "bad",
+        reward=f"{reward}:broken",
+        ray={"address": address, "learner_actor": True},
+    )
+    with pytest.raises(WorkerFailedError, match=r"rollout worker 0: .*boom") as err:
+        train(bad)
+    assert "\n" not in str(err.value) and type(err.value) is WorkerFailedError
     assert _wait_until(lambda: not _tandem_actors(head_procs))

@@ -9,8 +9,9 @@ trajectory channel         ``architecture.channel.backend``   ``ray`` (actor que
 rollout workers            processes (LocalSupervisor)        actors (RaySupervisor, placement group)
 =========================  =================================  =====================================
 
-In both runtimes the learner runs in this (the driver) process. :class:`Backend.close` releases what the
-factory created, including the Ray instance when it started one.
+In both runtimes the learner runs in the process that calls the factory: the driver, or with
+``architecture.ray.learner_actor`` the learner actor (:mod:`~tandem.orchestration.decoupled.ray_learner`).
+:class:`Backend.close` releases what the factory created, including the Ray instance when it started one.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ process of the embedded runtime (:func:`~tandem.orchestration.decoupled.worker.r
 
 Placement: one placement group with a bundle per configured worker plus one learner bundle
 (``architecture.learner.*``) pinned to the driver's node — the learner runs in the driver process (rank 0),
-so its bundle reserves its CPUs/GPUs there and the workers cannot oversubscribe them. Workers added later
+so its bundle reserves its CPUs/GPUs there and the workers cannot oversubscribe them. When the learner is
+itself a Ray actor (``architecture.ray.learner_actor``, :mod:`~tandem.orchestration.decoupled.ray_learner`)
+the actor already holds those resources, so the group has the worker bundles only. Workers added later
 (elastic scale-up) beyond the group's bundles are ordinary actors with the same resources.
 
 Faults mirror :class:`~tandem.orchestration.decoupled.supervisor.LocalSupervisor`: when a worker's process
@@ -109,11 +111,13 @@ class RaySupervisor:
         self._pids: dict[int, int] = {}  # slot -> process id of its actor, as last seen
         self._pid_refs: dict[int, Any] = {}  # slot -> pending pid() answer
         self.placement_group: Any = None
+        self._worker_bundles = 0  # the first bundles of the group are the workers'
         self._run_id = uuid.uuid4().hex[:8]  # actor names stay unique on a shared cluster
 
     # -- placement -----------------------------------------------------------------------------------------
     def _reserve(self, num_workers: int) -> None:
-        """One bundle per worker + the learner's bundle on the driver's node; wait until Ray grants it."""
+        """One bundle per worker + the learner's bundle on the driver's node (none when this process is an
+        actor: its resources are reserved already); wait until Ray grants the group."""
         ray = import_ray()
         from ray.util.placement_group import placement_group
 
@@ -121,22 +125,26 @@ class RaySupervisor:
         worker = role_resources(arch.worker)
         if not worker:  # Ray cannot reserve an empty bundle: nothing to place
             return
-        learner = {**role_resources(arch.learner), f"node:{_driver_node_ip(ray)}": 0.001}
-        pg = placement_group([worker] * num_workers + [learner], strategy="PACK")
+        bundles = [worker] * num_workers
+        in_actor = ray.get_runtime_context().get_actor_id() is not None
+        if not in_actor:
+            bundles.append({**role_resources(arch.learner), f"node:{_driver_node_ip(ray)}": 0.001})
+        pg = placement_group(bundles, strategy="PACK")
         ready, _ = ray.wait([pg.ready()], timeout=self.placement_timeout_s)
         if not ready:
             from ray.util.placement_group import remove_placement_group
 
             remove_placement_group(pg)
+            learner_part = "" if in_actor else f" plus the learner's {role_resources(arch.learner)}"
             raise ConfigError(
-                f"the Ray cluster cannot reserve {num_workers} rollout worker(s) of {worker} plus the learner's "
-                f"{role_resources(arch.learner)} within {self.placement_timeout_s:.0f} s "
+                f"the Ray cluster cannot reserve {num_workers} rollout worker(s) of {worker}{learner_part} "
+                f"within {self.placement_timeout_s:.0f} s "
                 f"(cluster: {ray.cluster_resources()})",
                 where="architecture.worker.cpus",
                 hint="lower architecture.worker/learner resources or num_workers, or add nodes "
                 "(architecture.ray.num_cpus for a local instance)",
             )
-        self.placement_group = pg
+        self.placement_group, self._worker_bundles = pg, num_workers
 
     def _options(self, slot: int) -> dict[str, Any]:
         arch = self.cfg.architecture
@@ -150,7 +158,7 @@ class RaySupervisor:
         if arch.worker.memory_mb is not None:
             opts["memory"] = arch.worker.memory_mb * 2**20
         pg = self.placement_group
-        if pg is not None and slot < len(pg.bundle_specs) - 1:  # the last bundle is the learner's
+        if pg is not None and slot < self._worker_bundles:  # beyond them: the learner's bundle, or none
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
@@ -309,7 +317,7 @@ class RaySupervisor:
                 from ray.util.placement_group import remove_placement_group
 
                 remove_placement_group(self.placement_group)
-                self.placement_group = None
+                self.placement_group, self._worker_bundles = None, 0
 
     def pids(self) -> list[int]:
         """Process ids of the worker actors (waits for a restarting actor to come back)."""

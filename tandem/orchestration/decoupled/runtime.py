@@ -5,7 +5,8 @@ the learner; a shared-memory weight channel carries versioned weights back; a
 :class:`~tandem.orchestration.decoupled.coordination.Coordination` admits batches under the staleness
 bound η; a :class:`~tandem.orchestration.decoupled.supervisor.LocalSupervisor` restarts dead workers.
 With ``architecture.runtime: ray`` the same parts are Ray-backed (workers are actors, weights go through
-the object store; see :mod:`tandem.orchestration.decoupled.backends`); the learner stays in this process.
+the object store; see :mod:`tandem.orchestration.decoupled.backends`); the learner stays in this process
+(which is a Ray actor with ``architecture.ray.learner_actor``: :mod:`~tandem.orchestration.decoupled.ray_learner`).
 The run folder, metrics, evaluation, checkpoints and alerts (``monitor.alerts``: ``warn``, ``skip``, ``stop``;
 ``rollback`` is a config error here) are those of the colocated runner. With a durable
 channel (Redis Streams) consumed messages are acknowledged only after the checkpoint that contains their
