@@ -152,5 +152,5 @@ def test_ppo_preset_and_cross_field_checks(tiny_model_dir, tmp_path):
         )
     with pytest.raises(ConfigError, match="kl.controller"):
         _ppo_config(tiny_model_dir, tmp_path, algorithm={"name": "ppo", "kl": {"controller": "adaptive"}})
-    with pytest.raises(ConfigError, match="critic"):
-        _ppo_config(tiny_model_dir, tmp_path, architecture={"mode": "decoupled"})
+    decoupled = _ppo_config(tiny_model_dir, tmp_path, architecture={"mode": "decoupled"})
+    assert decoupled.critic is not None  # the decoupled learner trains the critic too
