@@ -194,6 +194,28 @@ def test_killed_worker_actor_is_restarted_and_the_run_finishes(tiny_model_dir, t
     assert not _alive(killed[0])
 
 
+def test_worker_actors_join_and_leave_mid_run(tiny_model_dir, tmp_path, cluster):
+    """Elasticity on Ray: an actor added mid-run takes over when the first one is retired; the learner
+    never stops, and the accounting stays exact. (Half-CPU workers so two fit beside the learner bundle.)"""
+    torch.set_num_threads(1)
+    events = {}
+
+    def scale(run, step):
+        if step == 1:
+            events["added"] = run.supervisor.add_worker()
+        if step == 2:
+            events["removed"] = run.supervisor.remove_worker(0)
+
+    address, _ = cluster
+    cfg = _cfg(tiny_model_dir, tmp_path / "run", steps=6, ray={"address": address}, worker={"cpus": 0.5})
+    result = train_decoupled(cfg, hooks=RunHooks(on_step=scale))
+    assert result.steps == 6 and events == {"added": 1, "removed": 0}
+    rows = _rows(result.run_dir)
+    assert rows[-1]["decoupled/worker"] == 1.0, "the added actor's batches were trained"
+    assert rows[-1]["decoupled/workers_alive"] == 1.0 and rows[-1]["decoupled/worker_restarts"] == 0
+    _check_accounting(result, 6)
+
+
 BROKEN_REWARD = """
 def broken(prompts, completions, **kw):
     raise ValueError("boom")
