@@ -596,8 +596,8 @@ def _check_architecture(cfg: TandemConfig) -> None:
 
 
 def _check_data_parallel(cfg: TandemConfig) -> None:
-    """``architecture.learner.world_size > 1``: decoupled, no critic, and every rank gets a share of each
-    mini-batch (whole groups when the loss needs them, else samples)."""
+    """``architecture.learner.world_size > 1``: decoupled, and every rank gets a share of each mini-batch
+    (whole groups when the loss needs them, else samples; a critic's update splits the same way)."""
     ws, key = cfg.architecture.learner.world_size, "architecture.learner.world_size"
     if ws == 1:
         return
@@ -605,8 +605,6 @@ def _check_data_parallel(cfg: TandemConfig) -> None:
         raise CrossFieldError(
             key, f"world_size={ws} needs architecture.mode=decoupled (the colocated trainer is one process)"
         )
-    if cfg.critic is not None:
-        raise CrossFieldError(key, f"world_size={ws}: the data-parallel learner has no critic yet; use 1")
     from tandem.algos import POLICY_LOSSES  # lazily, as in _check_algorithm
 
     whole = POLICY_LOSSES.get(cfg.algorithm.policy_loss).needs_whole_groups

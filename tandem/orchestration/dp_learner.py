@@ -1,10 +1,13 @@
 """Data-parallel learner processes: rank 0 is the run's own learner; ranks 1..M-1 are spawned here.
 
 Each extra rank loads the policy (and the reference model when β > 0) from ``model.path``, builds the same
-optimiser and schedule, then receives rank 0's weights and optimiser state, so a resumed run starts in
-sync too. Per step it receives the batch from rank 0 and runs the shared
-:class:`~tandem.orchestration.learner.LearnerStep` (sharded log-probs, gradient all-reduce, identical
-optimiser step); the math lives in ``tandem.train.update`` and ``tandem.train.distributed``.
+optimiser and schedule — and with a PPO critic the same critic (a separate value model with its own
+optimiser, or a shared-backbone head in a param group of the policy optimiser) — then receives rank 0's
+weights, optimiser state and learner state (critic warm-up count), so a resumed run starts in sync
+too. Per step it receives the batch from rank 0 and runs the shared
+:class:`~tandem.orchestration.learner.LearnerStep` (sharded log-probs and old values, gradient
+all-reduce, identical policy and critic optimiser steps); the math lives in ``tandem.train.update``,
+``tandem.train.critic`` and ``tandem.train.distributed``.
 
 Rendezvous: a TCP store on a free 127.0.0.1 port, hosted by rank 0; rank 0 waits for every rank to check
 in while watching that none died. Shutdown: a ``stop`` message, then join; after a broken step (an
@@ -33,7 +36,7 @@ from tandem.config.schema import TandemConfig
 from tandem.errors import TandemError
 from tandem.models import load_causal_lm
 from tandem.monitor import PhaseTimer
-from tandem.orchestration.build import build_reference
+from tandem.orchestration.build import build_critic, build_reference
 from tandem.orchestration.learner import LearnerStep
 from tandem.train.distributed import DataParallel, host_store, init_group, join_store, resolve_backend
 from tandem.train.optim import build_optimizer, build_scheduler
@@ -101,10 +104,14 @@ class DataParallelLearner:
             handle._await_ranks(store, world)
             init_group(store, 0, world, backend)
             dp = DataParallel(0, world, whole_groups=whole_groups(cfg), device=device)
-            extra = {"optimizer": learn.optimizer.state_dict()}
+            extra = {"optimizer": learn.optimizer.state_dict(), "learner": learn.state_dict()}
             if learn.scheduler is not None:
                 extra["scheduler"] = learn.scheduler.state_dict()
             dp.broadcast_replica(learn.policy, extra)
+            if learn.critic is not None:  # after the policy, in the order the ranks receive (_serve)
+                separate = learn.critic_optimizer is not learn.optimizer  # a shared head's is the policy's
+                critic_extra = {"optimizer": learn.critic_optimizer.state_dict()} if separate else {}
+                dp.broadcast_replica(learn.critic, critic_extra)
             learn.dp = dp
         except BaseException:
             handle.close()
@@ -206,6 +213,8 @@ def _serve(spec: RankSpec) -> None:
     policy = load_causal_lm(cfg.model.path, dtype=cfg.model.dtype)
     ref = build_reference(cfg.model, cfg.algorithm.beta)
     optimizer = build_optimizer(policy, cfg.trainer)
+    # As build_parts: the critic (a shared head joins the policy optimiser) before the scheduler.
+    critic, critic_optimizer = build_critic(cfg, seed=cfg.run.seed, policy=policy, optimizer=optimizer)
     scheduler = build_scheduler(optimizer, cfg.trainer, optimizer_steps(cfg))
     store = join_store(spec.port, world, STARTUP_TIMEOUT_S)
     store.set(f"ready/{spec.rank}", "1")
@@ -217,6 +226,10 @@ def _serve(spec: RankSpec) -> None:
     optimizer.load_state_dict(extra["optimizer"])
     if "scheduler" in extra:
         scheduler.load_state_dict(extra["scheduler"])
+    if critic is not None:
+        critic_extra = dp.broadcast_replica(critic)
+        if critic_optimizer is not None:
+            critic_optimizer.load_state_dict(critic_extra["optimizer"])
     learn = LearnerStep.from_config(
         cfg,
         policy=policy,
@@ -225,7 +238,10 @@ def _serve(spec: RankSpec) -> None:
         scheduler=scheduler,
         timer=PhaseTimer(),
         generator=torch.Generator(),
+        critic=critic,
+        critic_optimizer=critic_optimizer,
     )
+    learn.load_state_dict(extra["learner"])  # critic warm-up steps taken (a resumed run)
     learn.dp = dp
     while (inputs := dp.receive()) is not None:
         learn.generator.set_state(inputs.generator_state)

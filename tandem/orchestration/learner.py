@@ -6,7 +6,8 @@ differs. Losses and estimators come from the algorithm library by name (through 
 
 Data-parallel (``dp`` set, ``architecture.learner.world_size > 1``): rank 0 broadcasts each step's batch
 to the other ranks (see ``tandem.orchestration.dp_learner``), then every rank runs this same code; the
-log-prob passes are sharded over the ranks and the update reduces gradients over them.
+log-prob and old-value passes are sharded over the ranks, and the policy and critic updates reduce
+gradients over them (every rank holds a critic replica).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from tandem.config.schema import TandemConfig
 from tandem.monitor import PhaseTimer
 from tandem.train.critic import CriticSettings, critic_update, shared_value
 from tandem.train.distributed import DataParallel, StepInputs
-from tandem.train.experience import ExperienceSettings, make_experience, scoring_logprobs
+from tandem.train.experience import ExperienceSettings, critic_values, make_experience, scoring_logprobs
 from tandem.train.update import SharedValue, UpdateSettings, policy_update
 from tandem.types import RolloutBatch
 
@@ -139,8 +140,6 @@ class LearnerStep:
         """One update on ``batch`` with sequence rewards ``scores`` ``[B]``; returns ``actor/*`` metrics."""
         s, dp = self.update_settings, self.dp
         beta = None if self.kl_ctl is None else self.kl_ctl.value
-        if dp is not None and self.critic is not None:
-            raise ValueError("a data-parallel learner does not train a critic")
         if dp is not None and dp.rank == 0:
             dp.send_step(StepInputs(batch, scores, beta, self.generator.get_state()))
         with self.timer.phase("logprob"):
@@ -153,6 +152,7 @@ class LearnerStep:
                 critic=self.critic,
                 beta=beta,
                 logprobs_fn=None if dp is None else partial(dp.scoring_logprobs, scoring_logprobs),
+                values_fn=None if dp is None else partial(dp.scoring_logprobs, critic_values),
             )
         with self.timer.phase("update"):
             if self.in_critic_warmup:
@@ -180,10 +180,11 @@ class LearnerStep:
                         exp,
                         self.critic_settings,
                         generator=self.generator,
+                        sync=dp,
                     )
                 )
         if dp is not None:
-            dp.end_step(self.policy)
+            dp.end_step(self.policy, *([] if self.critic is None else [self.critic]))
         self.steps_done += 1
         if self.kl_ctl is not None:
             metrics["actor/kl_coef"] = self.kl_ctl.value  # the β this step used

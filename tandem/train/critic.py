@@ -2,7 +2,10 @@
 critic's own AdamW accumulated over micro-batches (same batching as the policy update).
 
 Micro-batch scaling: each micro loss is divided by the mini-batch's token count (``global_tokens``), so
-accumulated gradients equal one backward over the whole mini-batch.
+accumulated gradients equal one backward over the whole mini-batch. Data parallelism (``sync``, a
+:class:`~tandem.train.update.GradientSync`, as in the policy update) relies on the same property: each
+rank back-propagates its rows of the global mini-batch and the gradients are summed over ranks before
+clipping, so every replica takes the same critic step.
 
 With ``critic.shared_backbone`` the value head sits on the policy: its parameters are a param group of the
 policy optimiser (:func:`add_value_head_group`) and the value loss joins the policy's backward
@@ -20,7 +23,7 @@ import torch
 from tandem.algos import value_loss
 from tandem.config.schema import CriticConfig, TrainerConfig
 from tandem.models.value import SharedValueHead
-from tandem.train.update import SharedValue, autocast_context, group_shuffle
+from tandem.train.update import GradientSync, SharedValue, autocast_context, group_shuffle
 from tandem.types import Experience
 
 
@@ -87,9 +90,14 @@ def critic_update(
     s: CriticSettings,
     *,
     generator: torch.Generator | None = None,
+    sync: GradientSync | None = None,
 ) -> dict[str, float]:
     """Fit the critic to ``exp.returns`` (``exp.values`` are the rollout-time values the clip is
-    measured from); returns averaged ``critic/vf_loss`` and ``critic/vf_clipfrac``."""
+    measured from); returns averaged ``critic/vf_loss``, ``critic/vf_clipfrac`` and ``critic/grad_norm``.
+
+    ``sync``: data-parallel ranks; ``exp`` is then the global batch on every rank (same ``generator``
+    state everywhere), and the critic's gradients are reduced over ranks before clipping (the result
+    equals one process training on ``exp``)."""
     if exp.values is None:
         raise ValueError("critic_update needs exp.values (old values from make_experience with a critic)")
     critic.train()
@@ -101,21 +109,27 @@ def critic_update(
     for _ in range(s.ppo_epochs):
         order = group_shuffle(exp.rollout.group_ids, generator) if mini < B else torch.arange(B)
         for mini_idx in order.split(mini):
-            for k, v in _critic_step(critic, optimizer, exp.select(mini_idx), micro, s).items():
+            for k, v in _critic_step(critic, optimizer, exp.select(mini_idx), micro, s, sync).items():
                 sums[k] += v
             n_steps += 1
     return {k: v / max(1, n_steps) for k, v in sums.items()}
 
 
 def _critic_step(
-    critic: torch.nn.Module, optimizer: torch.optim.Optimizer, mb: Experience, micro: int, s: CriticSettings
+    critic: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    mb: Experience,
+    micro: int,
+    s: CriticSettings,
+    sync: GradientSync | None = None,
 ) -> dict[str, float]:
     optimizer.zero_grad(set_to_none=True)
     n = mb.batch_size
-    mini_tokens = max(1, int(mb.rollout.response_mask.sum()))
+    mini_tokens = max(1, int(mb.rollout.response_mask.sum()))  # global count, also under data parallelism
     out: dict[str, float] = defaultdict(float)
-    for micro_idx in torch.arange(n).split(micro):
-        m = mb.select(micro_idx) if micro < n else mb
+    rows = torch.arange(n) if sync is None else sync.local_rows(mb)
+    for micro_idx in rows.split(micro):
+        m = mb.select(micro_idx) if len(micro_idx) < n else mb
         r = m.rollout
         with autocast_context(s.autocast_bf16):
             values = critic.values(r.prompt_ids, r.prompt_mask, r.response_ids, r.response_mask)  # [b, R]
@@ -126,6 +140,8 @@ def _critic_step(
         tokens = int(r.response_mask.sum())
         out["critic/vf_loss"] += float(loss.detach())  # shares of the mini-batch loss add up to it
         out["critic/vf_clipfrac"] += clipfrac * tokens / mini_tokens
+    if sync is not None:  # every trainable parameter joins the sum (zeros where this rank's rows missed it)
+        out = defaultdict(float, sync.reduce([p for p in critic.parameters() if p.requires_grad], dict(out)))
     params = [p for p in critic.parameters() if p.grad is not None]
     if s.max_grad_norm is not None:
         grad_norm = torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm)

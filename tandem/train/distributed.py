@@ -5,13 +5,16 @@ Why the gradients equal one process training on the global batch: every rank hol
 and the same shuffling generator, so all ranks walk the same mini-batches in the same order; each rank
 back-propagates only its rows of a mini-batch (:meth:`DataParallel.local_rows`), and every micro loss is
 divided by the mini-batch's GLOBAL token and sequence counts (see ``update.py``), so the sum over ranks
-of their gradients is the full mini-batch gradient (up to fp32 summation order). ``all_reduce(SUM)``
+of their gradients is the full mini-batch gradient (up to fp32 summation order). The critic's update
+(:func:`~tandem.train.critic.critic_update`) joins through the same :class:`DataParallel` methods, so a
+PPO critic trains data-parallel by the same argument. ``all_reduce(SUM)``
 returns the same bytes to every rank, so clipping and the optimiser step — identical float operations
 on identical inputs — keep the replicas bitwise identical (:meth:`DataParallel.verify_in_sync` checks).
 
 The whole batch is broadcast (rather than each rank receiving a fixed shard) because a shuffled
 mini-batch may draw any row; its bytes (token ids, masks, log-probs) are tiny next to one gradient
-all-reduce. The expensive no-grad passes (old and reference log-probs) are sharded by rows and gathered.
+all-reduce. The expensive no-grad passes (old and reference log-probs, the critic's old values) are
+sharded by rows and gathered, which also makes their results the same bytes on every rank.
 """
 
 from __future__ import annotations
@@ -157,7 +160,8 @@ class DataParallel:
         s: ExperienceSettings,
     ) -> torch.Tensor:
         """``scorer`` over the whole batch, each rank scoring a near-equal chunk of rows, gathered on all
-        ranks. Naive equivalent: ``scorer(model, r, s)`` on one process. ``[B, R]`` float32."""
+        ranks. Naive equivalent: ``scorer(model, r, s)`` on one process. ``[B, R]`` float32. Serves the
+        log-prob passes and the critic's old values (any per-token ``[b, R]`` no-grad pass)."""
         parts = torch.arange(r.batch_size).tensor_split(self.world_size)
         mine = parts[self.rank]
         width = r.response_ids.shape[1]
@@ -218,18 +222,20 @@ class DataParallel:
         dist.broadcast_object_list(box, src=0)
         return box[0] or {}
 
-    def end_step(self, model: torch.nn.Module) -> None:
-        """Every rank, after each step: check the replicas are still identical (costs one pass over the
-        weights and one tiny all-gather), then mark the group idle (safe to stop cleanly)."""
-        self.verify_in_sync(model)
+    def end_step(self, *models: torch.nn.Module) -> None:
+        """Every rank, after each step: check the replicas (policy, and the critic when there is one) are
+        still identical (costs one pass over the weights and one tiny all-gather), then mark the group
+        idle (safe to stop cleanly)."""
+        self.verify_in_sync(*models)
         self.in_step = False
 
-    def verify_in_sync(self, model: torch.nn.Module) -> None:
-        """Raise if any rank's weights differ from rank 0's (an exact integer fingerprint of the bits)."""
-        mine = torch.tensor([fingerprint(model)], dtype=torch.long, device=self.device)
+    def verify_in_sync(self, *models: torch.nn.Module) -> None:
+        """Raise if any rank's weights differ from rank 0's (an exact integer fingerprint of the bits of
+        each model; one all-gather for all of them)."""
+        mine = torch.tensor([fingerprint(m) for m in models], dtype=torch.long, device=self.device)
         gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
         dist.all_gather(gathered, mine)
-        if any(int(g.item()) != int(mine.item()) for g in gathered):
+        if any(not torch.equal(g, mine) for g in gathered):
             raise RuntimeError(f"data-parallel learner replicas diverged: fingerprints {gathered}")
 
 

@@ -112,12 +112,14 @@ def make_experience(
     critic: torch.nn.Module | None = None,
     beta: float | None = None,
     logprobs_fn: Callable[[torch.nn.Module, RolloutBatch, ExperienceSettings], torch.Tensor] | None = None,
+    values_fn: Callable[[torch.nn.Module, RolloutBatch, ExperienceSettings], torch.Tensor] | None = None,
 ) -> tuple[Experience, dict[str, float]]:
     """Compute what the update needs. ``policy`` is given only when old log-probs must be recomputed
     (several epochs or mini-batches); otherwise the update uses its own first forward as the old policy.
     ``critic`` gives the old values when the estimator needs them; ``beta`` overrides ``s.beta`` (an
     adaptive KL controller's current coefficient). ``logprobs_fn`` replaces :func:`scoring_logprobs`
-    (a data-parallel learner shards these passes over its ranks)."""
+    (a data-parallel learner shards these passes over its ranks); ``values_fn`` likewise replaces
+    :func:`critic_values`."""
     mask = rollout.response_mask
     beta = s.beta if beta is None else beta
     score = logprobs_fn or scoring_logprobs
@@ -125,7 +127,7 @@ def make_experience(
     ref = score(ref_model, rollout, s) if ref_model is not None and beta > 0 else None
     if s.needs_values and critic is None:
         raise ValueError(f"advantage '{s.advantage}' needs critic values: pass critic=...")
-    values = critic_values(critic, rollout, s) if s.needs_values else None  # [B, R]
+    values = (values_fn or critic_values)(critic, rollout, s) if s.needs_values else None  # [B, R]
     metrics: dict[str, float] = {}
     token_rewards = None
     if ref is not None:

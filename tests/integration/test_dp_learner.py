@@ -1,6 +1,7 @@
 """A decoupled run with a two-rank data-parallel learner: it trains, the replicas stay identical (the
 learner checks a fingerprint of every rank's weights after each step and raises on a difference), the
-first update matches a one-rank run, and no rank process outlives the run."""
+first update matches a one-rank run, and no rank process outlives the run. PPO trains its critic on every
+rank too (a separate value model, and a shared-backbone head through a critic warm-up step)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def _cfg(model_dir, out, world_size, **overrides):
         "monitor": {"eval_every": 0, "sample_every": 0, "tensorboard": False, "progress": False},
     }
     for key, value in overrides.items():
-        cfg[key] = {**cfg[key], **value}
+        cfg[key] = {**cfg.get(key, {}), **value}
     return build_config(cfg)
 
 
@@ -66,6 +67,47 @@ def test_two_rank_learner_trains_in_sync_and_cleans_up(tiny_model_dir, tmp_path)
     assert rows[0]["reward/mean"] == first["reward/mean"]
     for key in ("actor/pg_loss", "actor/grad_norm"):
         assert rows[0][key] == pytest.approx(first[key], rel=1e-5, abs=1e-7), key
+
+
+CRITIC_KEYS = ("critic/vf_loss", "critic/vf_clipfrac", "critic/values_mean", "critic/explained_var")
+
+
+@pytest.mark.parametrize(
+    "critic",
+    [{"lr": 1e-3}, {"lr": 1e-3, "shared_backbone": True, "warmup_steps": 1}],
+    ids=["separate", "shared_head"],
+)
+def test_two_rank_ppo_trains_its_critic_in_sync(tiny_model_dir, tmp_path, critic):
+    torch.set_num_threads(1)
+    seen: set[int] = set()
+
+    def on_step(run, step):
+        seen.update(p.pid for p in mp.active_children() if p.name.startswith("tandem-learner-rank"))
+
+    cfg = _cfg(
+        tiny_model_dir,
+        tmp_path / "ppo",
+        2,
+        algorithm={"name": "ppo", "beta": 0.05},
+        trainer={"mini_batch_size": 4, "micro_batch_size": 2},
+        critic=critic,
+    )
+    result = train_decoupled(cfg, progress=False, hooks=RunHooks(on_step))
+    assert result.steps == 2  # every step ended with the policy and critic fingerprints equal on both ranks
+    assert len(seen) == 1
+    for pid in seen:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert not torch.distributed.is_initialized()
+    rows = _rows(result.run_dir)
+    for r in rows:
+        assert all(k in r for k in CRITIC_KEYS), sorted(r)
+        assert r["critic/vf_loss"] > 0
+    if critic.get("warmup_steps"):  # step 1 trains the head alone, step 2 policy and head together
+        assert rows[0]["actor/critic_warmup"] == 1.0 and "actor/pg_loss" not in rows[0]
+        assert "actor/critic_warmup" not in rows[1] and rows[1]["actor/grad_norm"] > 0
+    else:
+        assert all(r["critic/grad_norm"] > 0 and r["actor/grad_norm"] > 0 for r in rows)
 
 
 @pytest.mark.parametrize(

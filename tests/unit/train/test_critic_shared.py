@@ -185,7 +185,7 @@ def test_config_keys_and_cross_field_errors(tiny_model_dir, tmp_path):
         _cfg(tiny_model_dir, tmp_path, {"shared_backbone": True, "path": str(tiny_model_dir)})
     assert "\n" not in str(err.value)
     arch = {"mode": "decoupled", "learner": {"world_size": 2}}
-    with pytest.raises(ConfigError, match=r"architecture\.learner\.world_size"):
-        _cfg(tiny_model_dir, tmp_path, {"shared_backbone": True}, architecture=arch)
+    dp = _cfg(tiny_model_dir, tmp_path, {"shared_backbone": True}, architecture=arch)
+    assert dp.critic.shared_backbone  # the data-parallel learner trains the head too
     decoupled = _cfg(tiny_model_dir, tmp_path, {"shared_backbone": True}, architecture={"mode": "decoupled"})
     assert decoupled.critic.shared_backbone  # the decoupled learner trains critics too

@@ -1,9 +1,11 @@
 """Data-parallel learner math: two gloo ranks (spawned processes on 127.0.0.1) == one process.
 
-The ranks run the real :class:`LearnerStep` (rank 0 broadcasts the batch, log-prob passes are sharded,
-gradients are all-reduced before clipping); the reference runs the same step in this process. Batches
-have ragged response lengths, so per-rank normalisers would give different gradients: the comparison
-fails unless the GLOBAL token/sequence counts are used.
+The ranks run the real :class:`LearnerStep` (rank 0 broadcasts the batch, log-prob and old-value passes
+are sharded, policy and critic gradients are all-reduced before clipping); the reference runs the same
+step in this process. Batches have ragged response lengths, so per-rank normalisers would give different
+gradients: the comparison fails unless the GLOBAL token/sequence counts are used. PPO cases record the
+critic's gradients (value loss) too: a separate value model with its own optimiser, a shared-backbone
+head trained in the policy's backward, and that head's warm-up (only the head learns).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from tandem.config import build_config
 from tandem.errors import ConfigError, TandemError
 from tandem.models import load_causal_lm
 from tandem.monitor import PhaseTimer
+from tandem.orchestration.build import build_critic
 from tandem.orchestration.dp_learner import whole_groups
 from tandem.orchestration.learner import LearnerStep
 from tandem.train.distributed import (
@@ -48,6 +51,24 @@ CASES = {
     },
     # a loss that needs whole groups: ranks split by groups
     "whole_groups": {"algorithm": {"name": "agro"}, "trainer": {"micro_batch_size": 3}},
+    # PPO, separate critic: GAE on sharded old values, critic update over 2 shuffled mini-batches
+    "ppo_critic": {
+        "algorithm": {"name": "ppo", "beta": 0.05},
+        "trainer": {"mini_batch_size": 6, "micro_batch_size": 2},
+        "critic": {"lr": 1e-3},
+    },
+    # PPO, shared-backbone head: its gradients join the policy's reduction
+    "ppo_shared": {
+        "algorithm": {"name": "ppo", "beta": 0.0},
+        "trainer": {"micro_batch_size": 4},
+        "critic": {"lr": 1e-3, "shared_backbone": True},
+    },
+    # the shared head's warm-up: critic_update with the policy optimiser, only the head learns
+    "ppo_shared_warmup": {
+        "algorithm": {"name": "ppo", "beta": 0.0},
+        "trainer": {"micro_batch_size": 4},
+        "critic": {"lr": 1e-3, "shared_backbone": True, "warmup_steps": 1},
+    },
 }
 
 
@@ -60,6 +81,7 @@ def _cfg(model_dir: Path, case: dict):
             "algorithm": case["algorithm"],
             "trainer": {"lr": 1e-3, "total_steps": 1, **case["trainer"]},
             "architecture": {"mode": "decoupled", "learner": {"world_size": 2}},
+            **({"critic": case["critic"]} if "critic" in case else {}),
         }
     )
 
@@ -85,13 +107,38 @@ def _batch(vocab: int) -> tuple[RolloutBatch, torch.Tensor]:
     return batch, torch.rand(B, generator=g)
 
 
-def _learner(cfg) -> tuple[LearnerStep, list[torch.Tensor]]:
+def _record(optimizer: torch.optim.Optimizer, grads: list[torch.Tensor]) -> None:
+    """Append the (reduced) gradient each ``optimizer.step()`` sees: every parameter that has one."""
+
+    def hook(*_):
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        grads.append(torch.cat([p.grad.reshape(-1) for p in params]))
+
+    optimizer.register_step_pre_hook(hook)
+
+
+def _count_head_rows(critic: torch.nn.Module, rows: dict[str, int]) -> None:
+    """Count the rows the value head sees with and without autograd (back-propagated vs old values), so
+    the test can tell each rank did its share rather than the whole batch."""
+
+    def hook(_module, args, _out):
+        rows["grad" if torch.is_grad_enabled() else "no_grad"] += int(args[0].shape[0])
+
+    critic.head.register_forward_hook(hook)
+
+
+def _learner(cfg) -> tuple[LearnerStep, dict[str, list[torch.Tensor]], dict[str, int]]:
     policy = load_causal_lm(cfg.model.path)
     ref = load_causal_lm(cfg.model.path) if cfg.algorithm.beta > 0 else None
     optimizer = build_optimizer(policy, cfg.trainer)
-    grads: list[torch.Tensor] = []  # the (reduced) gradient seen by each optimizer.step()
-    params = [p for p in policy.parameters() if p.requires_grad]
-    optimizer.register_step_pre_hook(lambda *_: grads.append(torch.cat([p.grad.reshape(-1) for p in params])))
+    critic, critic_optimizer = build_critic(cfg, seed=1, policy=policy, optimizer=optimizer)
+    rows = {"grad": 0, "no_grad": 0}
+    if critic is not None:
+        _count_head_rows(critic, rows)
+    grads: dict[str, list[torch.Tensor]] = {"policy": [], "critic": []}
+    _record(optimizer, grads["policy"])  # with a shared head: policy and head gradients
+    if critic_optimizer is not None:
+        _record(critic_optimizer, grads["critic"])
     learn = LearnerStep.from_config(
         cfg,
         policy=policy,
@@ -100,12 +147,14 @@ def _learner(cfg) -> tuple[LearnerStep, list[torch.Tensor]]:
         scheduler=None,
         timer=PhaseTimer(),
         generator=torch.Generator().manual_seed(7),
+        critic=critic,
+        critic_optimizer=critic_optimizer,
     )
-    return learn, grads
+    return learn, grads, rows
 
 
 def _run_case(cfg, dp: DataParallel | None) -> dict:
-    learn, grads = _learner(cfg)
+    learn, grads, rows = _learner(cfg)
     learn.dp = dp
     if dp is None or dp.rank == 0:
         metrics = learn(*_batch(learn.policy.config.vocab_size))
@@ -114,8 +163,9 @@ def _run_case(cfg, dp: DataParallel | None) -> dict:
         assert inputs is not None
         learn.generator.set_state(inputs.generator_state)
         metrics = learn(inputs.batch, inputs.scores)
-    weights = torch.cat([p.detach().reshape(-1) for p in learn.policy.parameters()])
-    return {"grads": grads, "weights": weights, "metrics": metrics}
+    models = [learn.policy] + ([] if learn.critic is None else [learn.critic])
+    weights = torch.cat([p.detach().reshape(-1) for m in models for p in m.parameters()])
+    return {"grads": grads, "weights": weights, "metrics": metrics, "head_rows": rows}
 
 
 def _rank_main(rank: int, port: int, model_dir: str, out: str) -> None:
@@ -154,18 +204,37 @@ def test_two_ranks_equal_one_process(name, dp_results, tiny_model_dir):
     torch.set_num_threads(1)
     ref = _run_case(_cfg(tiny_model_dir, CASES[name]), None)
     rank0, rank1 = dp_results[0][name], dp_results[1][name]
-    assert len(ref["grads"]) == len(rank0["grads"]) == len(rank1["grads"]) >= 1
-    for g1, g0, gr in zip(ref["grads"], rank0["grads"], rank1["grads"], strict=True):
-        assert g1.abs().max() > 0
-        assert torch.equal(g0, gr)  # every rank clips and steps with the same reduced gradient
-        diff = float((g0 - g1).abs().max())
-        assert diff <= GRAD_RTOL * float(g1.abs().max()), (name, diff)
+    case = CASES[name]
+    # Optimiser steps: the policy's (with a shared head: policy + head, or the head alone in warm-up) and
+    # the separate critic's (none without one).
+    for which in ("policy", "critic"):
+        n = len(ref["grads"][which])
+        assert n == len(rank0["grads"][which]) == len(rank1["grads"][which])
+        assert (n >= 1) == (which == "policy" or name == "ppo_critic"), (which, n)
+        for g1, g0, gr in zip(ref["grads"][which], rank0["grads"][which], rank1["grads"][which], strict=True):
+            assert g1.abs().max() > 0
+            assert torch.equal(g0, gr)  # every rank clips and steps with the same reduced gradient
+            diff = float((g0 - g1).abs().max())
+            assert diff <= GRAD_RTOL * float(g1.abs().max()), (name, which, diff)
+    if "critic" in case:  # each rank valued and back-propagated its share of the rows, not all of them
+        for kind in ("grad", "no_grad"):
+            n0, n1, n = rank0["head_rows"][kind], rank1["head_rows"][kind], ref["head_rows"][kind]
+            assert n0 + n1 == n and 0 < n0 < n, (kind, n0, n1, n)
     assert torch.equal(rank0["weights"], rank1["weights"])  # replicas identical
     torch.testing.assert_close(rank0["weights"], ref["weights"], rtol=0, atol=WEIGHT_ATOL)
     start = torch.cat([p.detach().reshape(-1) for p in load_causal_lm(tiny_model_dir).parameters()])
-    assert not torch.equal(start, ref["weights"])  # the step moved the weights
-    for key in ("actor/pg_loss", "actor/grad_norm"):
-        assert rank0["metrics"][key] == pytest.approx(ref["metrics"][key], rel=1e-5, abs=1e-7), key
+    policy_moved = not torch.equal(start, ref["weights"][: start.numel()])
+    assert policy_moved == ("warmup_steps" not in case.get("critic", {}))  # warm-up: only the head learns
+    keys = ("actor/pg_loss", "actor/grad_norm") if "warmup_steps" not in case.get("critic", {}) else ()
+    if "critic" in case:
+        keys += ("critic/vf_loss", "critic/values_mean")
+    if name != "ppo_shared":  # the shared head's gradient norm is the policy's (actor/grad_norm)
+        keys += ("critic/grad_norm",) if "critic" in case else ()
+    # PPO's whitened advantages make pg_loss a sum that cancels to ~0 at ratio 1: absolute slack 1e-6.
+    atol = 1e-6 if "critic" in case else 1e-7
+    for key in keys:
+        assert rank0["metrics"][key] == pytest.approx(ref["metrics"][key], rel=1e-5, abs=atol), key
+        assert rank0["metrics"][key] == rank1["metrics"][key], key
 
 
 def _exp(group_ids: torch.Tensor) -> Experience:
