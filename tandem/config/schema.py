@@ -581,11 +581,6 @@ def _check_architecture(cfg: TandemConfig) -> None:
             "architecture.channel.backend",
             "the multiprocessing queue cannot reach Ray actors; use ray (or redis) with architecture.runtime=ray",
         )
-    if a.dynamic_sampling:
-        raise CrossFieldError(
-            "algorithm.dynamic_sampling",
-            "dynamic sampling is not supported with architecture.mode=decoupled; set it to false",
-        )
     if arch.staleness >= 2 and a.policy_loss not in OFF_POLICY_SAFE_LOSSES and a.correction is None:
         logging.getLogger("tandem.config").warning(
             "architecture.staleness=%d: '%s' is unsafe for η ≥ 2 without correction; safe choices: "

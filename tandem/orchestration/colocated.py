@@ -18,18 +18,17 @@ from typing import Any
 
 import torch
 
-from tandem.algos import filter_groups
 from tandem.config.schema import TandemConfig
 from tandem.data import PromptSampler
 from tandem.evaluate import evaluate_prompts
 from tandem.monitor import PhaseTimer
 from tandem.orchestration.build import DataParts
 from tandem.orchestration.learner import LearnerStep
-from tandem.orchestration.scoring import OverlongShaping, score_rollout
+from tandem.orchestration.scoring import OverlongShaping, collect_dynamic, score_rollout
 from tandem.rewards import RewardSet
 from tandem.rollout.base import RolloutEngine, SamplingParams
 from tandem.train.checkpoint import load_checkpoint
-from tandem.types import RolloutBatch, concat_rollouts
+from tandem.types import RolloutBatch
 
 
 @dataclass
@@ -163,26 +162,14 @@ class ColocatedTrainer:
         metrics["reward/std"] = float(scores.std()) if scores.numel() > 1 else 0.0
         if not algo.dynamic_sampling:
             return batch, scores, metrics
-        want = self.cfg.data.prompts_per_step * self.cfg.rollout.n
-        kept_b, kept_s, seen, kept = [], [], 0, 0
-        for round_ in range(algo.max_resample_rounds + 1):
-            if round_ > 0:
-                batch, scores, _ = self._generate_and_score(round_)
-            keep, _ = filter_groups(scores, batch.group_ids)
-            seen += batch.batch_size
-            idx = keep.nonzero().squeeze(1)
-            kept_b.append(batch.select(idx))
-            kept_s.append(scores[idx])
-            kept += idx.numel()
-            if kept >= want:
-                break
-        metrics["dapo/kept_frac"] = kept / max(1, seen)
-        metrics["dapo/rounds"] = round_ + 1
-        if kept == 0:  # nothing informative: train on nothing this step
-            return batch.select(torch.arange(0)), scores[:0], metrics
-        pad = self.parts.tokenizer.pad_token_id
-        out = concat_rollouts(kept_b, pad)
-        return out.select(torch.arange(min(kept, want))), torch.cat(kept_s)[:want], metrics
+        batch, scores, dapo = collect_dynamic(
+            (batch, scores),
+            lambda round_: self._generate_and_score(round_)[:2],
+            want=self.cfg.data.prompts_per_step * self.cfg.rollout.n,
+            max_rounds=algo.max_resample_rounds,
+            pad_token_id=self.parts.tokenizer.pad_token_id,
+        )
+        return batch, scores, {**metrics, **dapo}
 
     def train_step(self) -> dict[str, float]:
         """One full step; returns its metrics."""

@@ -11,3 +11,8 @@ def slow_digit_share(prompts, completions, **columns):
 
     time.sleep(0.5)
     return digit_share(prompts, completions)
+
+
+def even_length(prompts, completions, **columns):
+    """1.0 for an even-length completion: groups of a few samples are sometimes all equal (DAPO filter)."""
+    return [float(len(text) % 2 == 0) for text in completions]

@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from tandem.config import build_config
+from tandem.models import load_causal_lm
 from tandem.orchestration.decoupled.runtime import RunHooks, train_decoupled
+from tandem.train.checkpoint import latest_checkpoint
 
 DIGITS = f"{Path(__file__).parents[1] / 'e2e' / 'digits_reward.py'}:digit_share"
 pytestmark = pytest.mark.slow
@@ -200,3 +202,36 @@ def test_in_flight_weight_sync_run_finishes_with_exact_accounting(tiny_model_dir
     rows = _rows(result.run_dir)
     assert all("worker/inflight_updates" in r for r in rows)
     _check_accounting(result, 5)
+
+
+def _dapo_cfg(tiny_model_dir, out, reward, steps):
+    cfg = _cfg(tiny_model_dir, out, steps=steps, eta=1)
+    data = cfg.model_dump(mode="json")
+    data["algorithm"] = {"name": "dapo"}
+    data["reward"] = reward
+    return build_config(data)
+
+
+def test_dynamic_sampling_runs_decoupled(tiny_model_dir, tmp_path):
+    """DAPO decoupled: workers drop all-equal groups and refill (seeded per ticket and round); each step
+    trains a full batch of varied groups, and every ticket is trained once."""
+    even = {"task_reward": False, "functions": [{"path": f"{DIGITS.rsplit(':', 1)[0]}:even_length"}]}
+    result = train_decoupled(_dapo_cfg(tiny_model_dir, tmp_path / "run", even, 4), progress=False)
+    rows = _rows(result.run_dir)
+    assert all(0 < r["dapo/kept_frac"] <= 1 and r["dapo/rounds"] >= 1 for r in rows)
+    _check_accounting(result, 4)
+
+
+def test_dynamic_sampling_with_nothing_to_learn_steps_without_updates(tiny_model_dir, tmp_path):
+    """An untrained model never answers arithmetic: every group scores 0, nothing is kept after all
+    refill rounds, and the learner takes its steps without an update (as the colocated trainer does)."""
+    result = train_decoupled(
+        _dapo_cfg(tiny_model_dir, tmp_path / "run", {"task_reward": True}, 3), progress=False
+    )
+    rows = _rows(result.run_dir)
+    assert [r["dapo/kept_frac"] for r in rows] == [0.0] * 3 and all(r["dapo/rounds"] == 4 for r in rows)
+    acc = json.loads((result.run_dir / "summary.json").read_text())["accounting"]
+    assert acc["trained_batches"] == 3 and acc["trained_samples"] == 0
+    before = load_causal_lm(tiny_model_dir).state_dict()
+    after = load_causal_lm(latest_checkpoint(result.run_dir / "checkpoints") / "model").state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)

@@ -114,15 +114,20 @@ class DecoupledLearner:
             delivery = self._next()
             msg = delivery.message
             self.pending_acks.append(delivery.delivery_id)
-            sample_version = int(msg.batch.policy_version.min())
+            empty = msg.batch.batch_size == 0  # dynamic sampling kept no group: a step without an update
+            sample_version = self.version if empty else int(msg.batch.policy_version.min())
             if self.controller.is_fresh(sample_version, self.version):
                 break
             self.ledger.record_dropped(msg.ticket, msg.num_samples)
             self.coord.consume(1)
         lag = self.controller.lag(sample_version, self.version)
-        hook, known = self.pre_update, {**msg.meta, "reward/mean": float(msg.scores.mean())}
+        scored = float(msg.scores.mean()) if msg.scores.numel() else 0.0
+        hook, known = (
+            self.pre_update,
+            {"reward/mean": scored, **msg.meta},
+        )  # the worker's value if it sent one
         self.learn.pre_step = None if hook is None else (lambda m: hook({**known, **m}))
-        metrics = self.learn(msg.batch, msg.scores)
+        metrics = self.learn(msg.batch, msg.scores) if msg.batch.batch_size > 0 else {}
         self.version += 1
         with self.timer.phase("sync"):
             self.weights.publish(self.learn.policy.state_dict(), self.version)
@@ -143,8 +148,9 @@ class DecoupledLearner:
             if k.startswith("worker/timing/"):
                 out[k.removeprefix("worker/")] = v
         out["worker/sync_s"] = meta.get("worker/timing/sync", 0.0)
-        out["reward/mean"] = float(scores.mean())
-        out["reward/std"] = float(scores.std()) if scores.numel() > 1 else 0.0
+        # the worker reports the reward of everything it sampled (before a dynamic-sampling filter)
+        out["reward/mean"] = meta.get("reward/mean", float(scores.mean()) if scores.numel() else 0.0)
+        out["reward/std"] = meta.get("reward/std", float(scores.std()) if scores.numel() > 1 else 0.0)
         out.update(rollout_metrics(batch, meta.get("worker/timing/generate", 0.0)))
         out.update(self.ledger.metrics())
         out.update(self.timer.metrics())

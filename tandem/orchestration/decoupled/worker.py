@@ -32,9 +32,9 @@ from tandem.errors import TandemError
 from tandem.models import load_causal_lm, load_tokenizer
 from tandem.monitor import PhaseTimer
 from tandem.orchestration.build import build_data, build_rewards, enforce_prompt_lengths
-from tandem.orchestration.colocated import sampling_params
+from tandem.orchestration.colocated import sampling_params, step_seed
 from tandem.orchestration.decoupled.coordination import Coordination
-from tandem.orchestration.scoring import OverlongShaping, score_rollout
+from tandem.orchestration.scoring import OverlongShaping, collect_dynamic, score_rollout
 from tandem.rollout.hf import HFEngine
 
 if TYPE_CHECKING:
@@ -75,6 +75,24 @@ class TicketPrompts:
             self._next += 1
         self._next += 1
         return self._sampler.next_batch()
+
+    def refill_rows(self, ticket: int, round_: int) -> list[dict[str, Any]]:
+        """Rows of dynamic-sampling round ``round_ ≥ 1`` of ``ticket``: a draw seeded by (ticket, round), so
+        any worker — or a replacement of a dead one — refills a ticket with the same prompts."""
+        dataset, batch_size, seed = self._args
+        return PromptSampler(dataset, batch_size, step_seed(seed, ticket, round_)).next_batch()
+
+
+REFILL_GROUPS = 1 << 40  # group ids of dynamic-sampling refill rounds start here (never clash with round 0)
+
+
+def group_offset(cfg: TandemConfig, ticket: int, round_: int) -> int:
+    """First group id of round ``round_`` of ``ticket``: round 0 is step ``ticket``'s ids in the colocated
+    trainer; refill rounds get their own range."""
+    per = cfg.data.prompts_per_step
+    if round_ == 0:
+        return ticket * per
+    return REFILL_GROUPS + (ticket * cfg.algorithm.max_resample_rounds + round_ - 1) * per
 
 
 class InFlightSync:
@@ -146,20 +164,37 @@ def run_worker(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
             fetched = spec.weights.fetch(engine.version)
             if fetched is not None:
                 engine.update_weights(*fetched)
-        rows = prompts.rows(ticket)
-        extras = [{k: v for k, v in row.items() if k != "prompt"} for row in rows]
         in_flight = InFlightSync(engine, spec.weights) if inflight else None
-        with timer.phase("generate"):
-            batch = engine.generate(
-                [row["prompt"] for row in rows],
-                sampling_params(cfg, ticket),
-                group_offset=ticket * cfg.data.prompts_per_step,
-                extras=extras,
-                on_chunk=in_flight,
-                chunk_tokens=cfg.architecture.weight_sync_chunk,
+
+        def generate(round_: int, ticket: int = ticket, in_flight: InFlightSync | None = in_flight):
+            """Generate and score round ``round_`` of this ticket (round 0: the ticket's own prompts)."""
+            rows = prompts.rows(ticket) if round_ == 0 else prompts.refill_rows(ticket, round_)
+            extras = [{k: v for k, v in row.items() if k != "prompt"} for row in rows]
+            with timer.phase("generate"):
+                batch = engine.generate(
+                    [row["prompt"] for row in rows],
+                    sampling_params(cfg, ticket, round_),
+                    group_offset=group_offset(cfg, ticket, round_),
+                    extras=extras,
+                    on_chunk=in_flight,
+                    chunk_tokens=cfg.architecture.weight_sync_chunk,
+                )
+            with timer.phase("reward"):
+                scores, metrics = score_rollout(batch, rewards, overlong)
+            return batch, scores, metrics
+
+        batch, scores, reward_metrics = generate(0)
+        reward_metrics["reward/mean"] = float(scores.mean())  # of everything sampled, as colocated logs it
+        reward_metrics["reward/std"] = float(scores.std()) if scores.numel() > 1 else 0.0
+        if cfg.algorithm.dynamic_sampling:
+            batch, scores, dapo = collect_dynamic(
+                (batch, scores),
+                lambda round_: generate(round_)[:2],
+                want=cfg.samples_per_step,
+                max_rounds=cfg.algorithm.max_resample_rounds,
+                pad_token_id=tokenizer.pad_token_id,
             )
-        with timer.phase("reward"):
-            scores, reward_metrics = score_rollout(batch, rewards, overlong)
+            reward_metrics.update(dapo)
         meta = {**reward_metrics, **{f"worker/{k}": v for k, v in timer.metrics().items()}}
         meta["worker/idle_ratio"] = idle / max(1e-9, time.perf_counter() - t0)
         if in_flight is not None:

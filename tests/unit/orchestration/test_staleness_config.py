@@ -45,9 +45,8 @@ def test_unsafe_algorithm_warning(caplog, algorithm, eta, mode, warns):
         assert "decoupled_ppo, agro, topr" in text and "algorithm.correction=token_tis" in text
 
 
-def test_dynamic_sampling_is_rejected_when_decoupled():
-    with pytest.raises(ConfigError, match="algorithm.dynamic_sampling"):
-        build_config(_data({"name": "dapo"}, 1))
+def test_dynamic_sampling_is_accepted_when_decoupled():
+    assert build_config(_data({"name": "dapo"}, 1)).algorithm.dynamic_sampling is True
 
 
 def test_unknown_channel_backend_names_the_key():
