@@ -3,12 +3,12 @@ critic up without touching the policy, adapts β, and learns a trivial reward.""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import safetensors.torch
 import torch
+from run_checks import step_rows
 
 from tandem.config import build_config
 from tandem.models import build_value_model, load_causal_lm
@@ -36,11 +36,6 @@ def _cfg(tiny_model_dir, out, **sections):
     return build_config(data)
 
 
-def _rows(run_dir):
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if r["step"] >= 1]
-
-
 def _policy(path):
     return {k: v.clone() for k, v in load_causal_lm(path).state_dict().items()}
 
@@ -61,7 +56,7 @@ def test_ppo_trains_policy_and_critic(tiny_model_dir, tmp_path):
     assert _changed(_policy(tiny_model_dir), _policy(ckpt / "model")), "policy did not change"
     fresh = {k: v.clone() for k, v in build_value_model(tiny_model_dir, seed=3).state_dict().items()}
     assert _changed(fresh, _critic(ckpt)), "critic did not change"
-    rows = _rows(result.run_dir)
+    rows = step_rows(result.run_dir)
     for key in ("critic/vf_loss", "critic/vf_clipfrac", "critic/explained_var", "critic/values_mean"):
         assert all(key in r for r in rows), key
     assert all(r["actor/pg_loss"] is not None and r["actor/kl_coef"] == 0.05 for r in rows)  # fixed β
@@ -71,7 +66,7 @@ def test_ppo_trains_policy_and_critic(tiny_model_dir, tmp_path):
 def test_adaptive_kl_coefficient_moves_towards_target(tiny_model_dir, tmp_path, target, direction):
     kl = {"controller": "adaptive", "target": target, "horizon": 50}
     cfg = _cfg(tiny_model_dir, tmp_path / "run", algorithm={"kl": kl}, trainer={"total_steps": 3})
-    rows = _rows(train(cfg, progress=False).run_dir)
+    rows = step_rows(train(cfg, progress=False).run_dir)
     coefs = [r["actor/kl_coef"] for r in rows]
     assert coefs[0] == 0.05
     # Step 1 measures KL ≈ 0 (policy == reference), so only a high target is met from the start.
@@ -89,7 +84,7 @@ def test_critic_warmup_leaves_the_policy_unchanged(tiny_model_dir, tmp_path):
         torch.testing.assert_close(after[k], before[k], rtol=0, atol=0)
     fresh = {k: v.clone() for k, v in build_value_model(tiny_model_dir, seed=3).state_dict().items()}
     assert _changed(fresh, _critic(ckpt)), "critic did not change during warm-up"
-    assert all(r["actor/critic_warmup"] == 1.0 for r in _rows(result.run_dir))
+    assert all(r["actor/critic_warmup"] == 1.0 for r in step_rows(result.run_dir))
 
 
 def test_ppo_resume_is_exact(tiny_model_dir, tmp_path, crash_at_step):
@@ -114,7 +109,7 @@ def test_ppo_resume_is_exact(tiny_model_dir, tmp_path, crash_at_step):
     keys = ("reward/mean", "actor/pg_loss", "critic/vf_loss", "actor/kl_coef")
 
     def trace(run):
-        return [tuple(r.get(k) for k in keys) for r in _rows(run.run_dir)]
+        return [tuple(r.get(k) for k in keys) for r in step_rows(run.run_dir)]
 
     assert trace(resumed) == trace(full)
 
@@ -132,6 +127,6 @@ def test_ppo_learns_a_trivial_reward(tiny_model_dir, tmp_path):
         trainer={"total_steps": 30, "lr": 5e-3},
         monitor={"sample_every": 0},
     )
-    reward = [r["reward/mean"] for r in _rows(train(cfg, progress=False).run_dir)]
+    reward = [r["reward/mean"] for r in step_rows(train(cfg, progress=False).run_dir)]
     first, last = sum(reward[:5]) / 5, sum(reward[-5:]) / 5
     assert last > first + 0.15, (first, last)

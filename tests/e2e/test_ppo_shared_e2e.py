@@ -3,11 +3,11 @@ backward, checkpoints the head beside a plain policy folder, resumes exactly, wa
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import safetensors.torch
 import torch
+from run_checks import step_rows
 
 from tandem.config import build_config
 from tandem.models import load_causal_lm
@@ -34,11 +34,6 @@ def _cfg(tiny_model_dir, out, **sections):
     for key, value in sections.items():
         data.setdefault(key, {}).update(value)
     return build_config(data)
-
-
-def _rows(run_dir):
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if r["step"] >= 1]
 
 
 def _policy(path):
@@ -69,7 +64,7 @@ def test_shared_head_ppo_trains_and_checkpoints_a_plain_policy(tiny_model_dir, t
     assert not any(k.startswith("head.") for k in policy_keys)
     before, after = _policy(tiny_model_dir), _policy(ckpt / "model")  # loads strictly as a plain causal LM
     assert any(not torch.equal(before[k], after[k]) for k in before), "policy did not change"
-    rows = _rows(result.run_dir)
+    rows = step_rows(result.run_dir)
     for key in CRITIC_KEYS:
         assert all(key in r for r in rows), key
     assert "critic/grad_norm" not in rows[-1]  # no separate critic step after warm-up
@@ -86,7 +81,7 @@ def test_shared_head_warmup_leaves_the_policy_unchanged(tiny_model_dir, tmp_path
     before, after = _policy(tiny_model_dir), _policy(ckpt / "model")
     for k in before:
         torch.testing.assert_close(after[k], before[k], rtol=0, atol=0)
-    rows = _rows(result.run_dir)
+    rows = step_rows(result.run_dir)
     assert all(r["actor/critic_warmup"] == 1.0 and "critic/vf_loss" in r for r in rows)
     first = rows[0]["critic/values_mean"]
     assert rows[1]["critic/values_mean"] != first, "the head did not learn during warm-up"
@@ -110,6 +105,6 @@ def test_shared_head_resume_is_exact(tiny_model_dir, tmp_path, crash_at_step):
     keys = ("reward/mean", "actor/pg_loss", "critic/vf_loss", "critic/explained_var")
 
     def trace(run):
-        return [tuple(r.get(k) for k in keys) for r in _rows(run.run_dir)]
+        return [tuple(r.get(k) for k in keys) for r in step_rows(run.run_dir)]
 
     assert trace(resumed) == trace(full)

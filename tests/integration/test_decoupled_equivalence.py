@@ -8,11 +8,11 @@ operations in the same order. Hence equality is asserted exactly, not within a t
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
+from run_checks import step_rows
 
 from tandem.config import build_config
 from tandem.models import load_causal_lm
@@ -40,11 +40,6 @@ def _cfg(model_dir, out, mode, **arch):
     )
 
 
-def _rows(run_dir):
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if r["step"] >= 1]
-
-
 def _weights(run_dir):
     return load_causal_lm(latest_checkpoint(run_dir / "checkpoints") / "model").state_dict()
 
@@ -56,7 +51,7 @@ def test_eta0_one_worker_equals_colocated(tiny_model_dir, tmp_path):
         _cfg(tiny_model_dir, tmp_path / "dec", "decoupled", staleness=0, num_workers=1), progress=False
     )
     assert dec.steps == colo.steps == 3
-    a, b = _rows(colo.run_dir), _rows(dec.run_dir)
+    a, b = step_rows(colo.run_dir), step_rows(dec.run_dir)
     for ra, rb in zip(a, b, strict=True):
         assert ra["reward/mean"] == rb["reward/mean"]
         assert ra["actor/pg_loss"] == rb["actor/pg_loss"]
@@ -98,7 +93,7 @@ def test_eta0_ppo_with_critic_and_adaptive_kl_equals_colocated(tiny_model_dir, t
     torch.set_num_threads(1)
     colo = train(_ppo_cfg(tiny_model_dir, tmp_path / "colo", "colocated"), progress=False)
     dec = train_decoupled(_ppo_cfg(tiny_model_dir, tmp_path / "dec", "decoupled"), progress=False)
-    a, b = _rows(colo.run_dir), _rows(dec.run_dir)
+    a, b = step_rows(colo.run_dir), step_rows(dec.run_dir)
     for ra, rb in zip(a, b, strict=True):
         for key in ("reward/mean", "actor/pg_loss", "critic/vf_loss", "actor/kl_coef"):
             assert ra[key] == rb[key], key
@@ -125,7 +120,7 @@ def test_eta0_ppo_with_critic_and_adaptive_kl_equals_colocated(tiny_model_dir, t
         resume=True,
         progress=False,
     )
-    assert _rows(resumed.run_dir)[-1]["actor/kl_coef"] == b[-1]["actor/kl_coef"]
+    assert step_rows(resumed.run_dir)[-1]["actor/kl_coef"] == b[-1]["actor/kl_coef"]
     for wa, wb in (
         (_weights(dec.run_dir), _weights(resumed.run_dir)),
         (_critic(dec.run_dir), _critic(resumed.run_dir)),

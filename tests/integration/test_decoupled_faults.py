@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from run_checks import check_accounting, step_rows
 
 from tandem.config import build_config
 from tandem.models import load_causal_lm
@@ -35,22 +36,6 @@ def _cfg(model_dir, out, *, steps=5, workers=1, eta=1):
             "monitor": {"eval_every": 0, "sample_every": 0, "tensorboard": False, "progress": False},
         }
     )
-
-
-def _rows(run_dir):
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if r["step"] >= 1]
-
-
-def _check_accounting(result, steps, batch=8):
-    acc = json.loads((result.run_dir / "summary.json").read_text())["accounting"]
-    assert acc["trained_samples"] == steps * batch and acc["trained_batches"] == steps
-    assert (
-        acc["received_samples"] == acc["trained_samples"] + acc["dropped_samples"] + acc["duplicate_samples"]
-    )
-    tickets = [r["decoupled/ticket"] for r in _rows(result.run_dir)]
-    assert len(tickets) == len(set(tickets)) == steps, "a ticket was trained twice"
-    return acc
 
 
 def _alive(pid: int, grace_s: float = 5.0) -> bool:
@@ -82,10 +67,10 @@ def test_killed_worker_is_restarted_and_the_run_finishes(tiny_model_dir, tmp_pat
 
     result = train_decoupled(_cfg(tiny_model_dir, tmp_path / "run"), hooks=RunHooks(on_step=kill_worker))
     assert result.steps == 5 and killed
-    last = _rows(result.run_dir)[-1]
+    last = step_rows(result.run_dir)[-1]
     assert last["decoupled/worker_restarts"] >= 1
-    assert all(r["staleness/step_lag"] <= 1 for r in _rows(result.run_dir))
-    _check_accounting(result, 5)
+    assert all(r["staleness/step_lag"] <= 1 for r in step_rows(result.run_dir))
+    check_accounting(result, 5)
     assert not _alive(killed[0])
 
 
@@ -102,11 +87,11 @@ def test_workers_join_and_leave_mid_run(tiny_model_dir, tmp_path):
 
     result = train_decoupled(_cfg(tiny_model_dir, tmp_path / "run", steps=8), hooks=RunHooks(on_step=scale))
     assert result.steps == 8 and events["added"] == 1 and events["removed"] == 0
-    rows = _rows(result.run_dir)
+    rows = step_rows(result.run_dir)
     assert any(r["decoupled/worker"] == 1 for r in rows), "the added worker contributed no samples"
     assert rows[-1]["decoupled/workers_alive"] == 1  # the removed worker exited; the learner did not stall
     assert rows[-1]["decoupled/worker_restarts"] == 0  # a retired worker is not "restarted"
-    _check_accounting(result, 8)
+    check_accounting(result, 8)
 
 
 def test_keyboard_interrupt_stops_every_process(tiny_model_dir, tmp_path):
@@ -185,11 +170,11 @@ def test_autoscaler_adds_a_worker_when_the_learner_starves(tiny_model_dir, tmp_p
         }
     )
     result = train_decoupled(cfg, progress=False)
-    rows = _rows(result.run_dir)
+    rows = step_rows(result.run_dir)
     assert max(r["decoupled/autoscale"] for r in rows) == 1.0
     assert max(r["decoupled/workers_alive"] for r in rows) == 2.0
     assert {r["decoupled/worker"] for r in rows} == {0.0, 1.0}, "the added worker's batches were trained"
-    _check_accounting(result, 16)
+    check_accounting(result, 16)
 
 
 def test_in_flight_weight_sync_run_finishes_with_exact_accounting(tiny_model_dir, tmp_path):
@@ -199,9 +184,9 @@ def test_in_flight_weight_sync_run_finishes_with_exact_accounting(tiny_model_dir
     arch = {**cfg.architecture.model_dump(mode="json"), "weight_sync": "in_flight", "weight_sync_chunk": 1}
     cfg = build_config({**cfg.model_dump(mode="json"), "architecture": arch})
     result = train_decoupled(cfg, progress=False)
-    rows = _rows(result.run_dir)
+    rows = step_rows(result.run_dir)
     assert all("worker/inflight_updates" in r for r in rows)
-    _check_accounting(result, 5)
+    check_accounting(result, 5)
 
 
 def _dapo_cfg(tiny_model_dir, out, reward, steps):
@@ -217,9 +202,9 @@ def test_dynamic_sampling_runs_decoupled(tiny_model_dir, tmp_path):
     trains a full batch of varied groups, and every ticket is trained once."""
     even = {"task_reward": False, "functions": [{"path": f"{DIGITS.rsplit(':', 1)[0]}:even_length"}]}
     result = train_decoupled(_dapo_cfg(tiny_model_dir, tmp_path / "run", even, 4), progress=False)
-    rows = _rows(result.run_dir)
+    rows = step_rows(result.run_dir)
     assert all(0 < r["dapo/kept_frac"] <= 1 and r["dapo/rounds"] >= 1 for r in rows)
-    _check_accounting(result, 4)
+    check_accounting(result, 4)
 
 
 def test_dynamic_sampling_with_nothing_to_learn_steps_without_updates(tiny_model_dir, tmp_path):
@@ -228,7 +213,7 @@ def test_dynamic_sampling_with_nothing_to_learn_steps_without_updates(tiny_model
     result = train_decoupled(
         _dapo_cfg(tiny_model_dir, tmp_path / "run", {"task_reward": True}, 3), progress=False
     )
-    rows = _rows(result.run_dir)
+    rows = step_rows(result.run_dir)
     assert [r["dapo/kept_frac"] for r in rows] == [0.0] * 3 and all(r["dapo/rounds"] == 4 for r in rows)
     acc = json.loads((result.run_dir / "summary.json").read_text())["accounting"]
     assert acc["trained_batches"] == 3 and acc["trained_samples"] == 0

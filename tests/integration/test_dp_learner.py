@@ -5,13 +5,13 @@ rank too (a separate value model, and a shared-backbone head through a critic wa
 
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
 import os
 from pathlib import Path
 
 import pytest
 import torch
+from run_checks import step_rows
 
 from tandem.config import build_config
 from tandem.errors import ConfigError
@@ -37,11 +37,6 @@ def _cfg(model_dir, out, world_size, **overrides):
     return build_config(cfg)
 
 
-def _rows(run_dir):
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if r["step"] >= 1]
-
-
 def test_two_rank_learner_trains_in_sync_and_cleans_up(tiny_model_dir, tmp_path):
     torch.set_num_threads(1)
     seen: set[int] = set()
@@ -56,14 +51,14 @@ def test_two_rank_learner_trains_in_sync_and_cleans_up(tiny_model_dir, tmp_path)
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     assert not torch.distributed.is_initialized()
-    rows = _rows(dp.run_dir)
+    rows = step_rows(dp.run_dir)
     assert all(r["actor/grad_norm"] > 0 for r in rows)
     # Step 1 trains on a batch sampled from the initial weights in both runs (η = 0), so the update's
     # loss and gradient norm match a single-process learner up to fp32 summation order.
     one = train_decoupled(
         _cfg(tiny_model_dir, tmp_path / "one", 1, trainer={"total_steps": 1}), progress=False
     )
-    first = _rows(one.run_dir)[0]
+    first = step_rows(one.run_dir)[0]
     assert rows[0]["reward/mean"] == first["reward/mean"]
     for key in ("actor/pg_loss", "actor/grad_norm"):
         assert rows[0][key] == pytest.approx(first[key], rel=1e-5, abs=1e-7), key
@@ -99,7 +94,7 @@ def test_two_rank_ppo_trains_its_critic_in_sync(tiny_model_dir, tmp_path, critic
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     assert not torch.distributed.is_initialized()
-    rows = _rows(result.run_dir)
+    rows = step_rows(result.run_dir)
     for r in rows:
         assert all(k in r for k in CRITIC_KEYS), sorted(r)
         assert r["critic/vf_loss"] > 0

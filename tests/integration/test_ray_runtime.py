@@ -35,6 +35,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from run_checks import check_accounting, step_rows
 
 from tandem.config import build_config
 from tandem.orchestration.decoupled.ray_learner import train_in_learner_actor
@@ -67,21 +68,6 @@ def _cfg(model_dir, out, *, steps=3, reward=DIGITS, **arch):
             "monitor": {"eval_every": 0, "sample_every": 0, "tensorboard": False, "progress": False},
         }
     )
-
-
-def _rows(run_dir):
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if r["step"] >= 1]
-
-
-def _check_accounting(result, steps, batch=8):
-    acc = json.loads((result.run_dir / "summary.json").read_text())["accounting"]
-    assert acc["trained_samples"] == steps * batch and acc["trained_batches"] == steps
-    assert (
-        acc["received_samples"] == acc["trained_samples"] + acc["dropped_samples"] + acc["duplicate_samples"]
-    )
-    tickets = [r["decoupled/ticket"] for r in _rows(result.run_dir)]
-    assert len(tickets) == len(set(tickets)) == steps, "a ticket was trained twice"
 
 
 def _pids_mentioning(text: str) -> set[int]:
@@ -158,8 +144,8 @@ def test_local_run_uses_actors_and_leaves_nothing_behind(tiny_model_dir, tmp_pat
     )
     result = train_decoupled(cfg, hooks=RunHooks(on_step=inspect))
     assert result.steps == 3
-    _check_accounting(result, 3)
-    rows = _rows(result.run_dir)
+    check_accounting(result, 3)
+    rows = step_rows(result.run_dir)
     assert all(r["decoupled/workers_alive"] == 1 and r["staleness/step_lag"] <= 1 for r in rows)
     assert all(r["timing/sync"] > 0 for r in rows)  # the learner's publish into the object store is timed
     # per-role resources reached the actor; the placement group holds a worker and a learner bundle
@@ -187,10 +173,10 @@ def test_killed_worker_actor_is_restarted_and_the_run_finishes(tiny_model_dir, t
     cfg = _cfg(tiny_model_dir, tmp_path / "run", steps=4, ray={"address": address}, max_worker_restarts=2)
     result = train_decoupled(cfg, hooks=RunHooks(on_step=kill_worker))
     assert result.steps == 4 and killed
-    rows = _rows(result.run_dir)
+    rows = step_rows(result.run_dir)
     assert rows[-1]["decoupled/worker_restarts"] >= 1
     assert all(r["staleness/step_lag"] <= 1 for r in rows)
-    _check_accounting(result, 4)
+    check_accounting(result, 4)
     assert not _alive(killed[0])
 
 
@@ -210,10 +196,10 @@ def test_worker_actors_join_and_leave_mid_run(tiny_model_dir, tmp_path, cluster)
     cfg = _cfg(tiny_model_dir, tmp_path / "run", steps=6, ray={"address": address}, worker={"cpus": 0.5})
     result = train_decoupled(cfg, hooks=RunHooks(on_step=scale))
     assert result.steps == 6 and events == {"added": 1, "removed": 0}
-    rows = _rows(result.run_dir)
+    rows = step_rows(result.run_dir)
     assert rows[-1]["decoupled/worker"] == 1.0, "the added actor's batches were trained"
     assert rows[-1]["decoupled/workers_alive"] == 1.0 and rows[-1]["decoupled/worker_restarts"] == 0
-    _check_accounting(result, 6)
+    check_accounting(result, 6)
 
 
 BROKEN_REWARD = """
@@ -348,7 +334,7 @@ def test_learner_actor_local_run_has_the_learner_resources_and_leaves_nothing(
     seen_file = tmp_path / "seen.json"
     result = train_in_learner_actor(cfg, hooks=RunHooks(on_step=_record_in_actor(seen_file)))
     assert result.steps == 3 and result.run_dir == tmp_path / "run"
-    _check_accounting(result, 3)
+    check_accounting(result, 3)
     seen = json.loads(seen_file.read_text())
     # the learner ran in an actor (another process) holding exactly the learner's resources
     assert seen["in_actor"] and seen["pid"] != os.getpid()
@@ -389,7 +375,7 @@ def test_learner_actor_ctrl_c_and_user_error_on_a_joined_cluster(tiny_model_dir,
     ), kinds
     assert not ray.is_initialized() and all(_alive(pid, grace_s=0.0) for pid in head_procs)
     assert _wait_until(lambda: not _tandem_actors(head_procs)), "actors of the stopped run are left"
-    rows = _rows(tmp_path / "ok")
+    rows = step_rows(tmp_path / "ok")
     assert 1 <= len(rows) < 50  # stopped early
 
     reward = tmp_path / "broken_reward.py"
