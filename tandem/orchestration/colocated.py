@@ -27,7 +27,7 @@ from tandem.orchestration.learner import LearnerStep
 from tandem.orchestration.scoring import OverlongShaping, collect_dynamic, score_rollout
 from tandem.rewards import RewardSet
 from tandem.rollout.base import RolloutEngine, SamplingParams
-from tandem.train.checkpoint import load_checkpoint
+from tandem.train.checkpoint import load_checkpoint, save_checkpoint
 from tandem.types import RolloutBatch
 
 
@@ -56,6 +56,43 @@ def load_run_checkpoint(path: Path, parts: RunParts) -> dict[str, Any]:
         model=parts.policy,
         optimizer=parts.optimizer,
         scheduler=parts.scheduler,
+        critic=parts.critic,
+        critic_optimizer=parts.critic_optimizer,
+    )
+
+
+def save_run_checkpoint(
+    ckpt_root: Path, step: int, parts: RunParts, cfg: TandemConfig, extra_state: dict[str, Any]
+) -> Path:
+    """The counterpart of :func:`load_run_checkpoint`: policy, tokenizer, critic, their optimisers, the
+    scheduler, ``extra_state`` (the architecture's own state) and the config, atomically."""
+    return save_checkpoint(
+        ckpt_root,
+        step,
+        model=parts.policy,
+        tokenizer=parts.tokenizer,
+        optimizer=parts.optimizer,
+        scheduler=parts.scheduler,
+        extra_state=extra_state,
+        config=cfg.model_dump(mode="json"),
+        keep_last=cfg.checkpoint.keep_last,
+        critic=parts.critic,
+        critic_optimizer=parts.critic_optimizer,
+    )
+
+
+def learner_step(
+    cfg: TandemConfig, parts: RunParts, *, timer: PhaseTimer, generator: torch.Generator
+) -> LearnerStep:
+    """The shared learner phases over this run's policy, reference, critic and optimisers."""
+    return LearnerStep.from_config(
+        cfg,
+        policy=parts.policy,
+        ref_model=parts.ref_model,
+        optimizer=parts.optimizer,
+        scheduler=parts.scheduler,
+        timer=timer,
+        generator=generator,
         critic=parts.critic,
         critic_optimizer=parts.critic_optimizer,
     )
@@ -101,17 +138,7 @@ class ColocatedTrainer:
         self.step = 0
         self.next_group = 0
         self.generator = torch.Generator().manual_seed(cfg.run.seed)
-        self.learner = LearnerStep.from_config(
-            cfg,
-            policy=parts.policy,
-            ref_model=parts.ref_model,
-            optimizer=parts.optimizer,
-            scheduler=parts.scheduler,
-            timer=self.timer,
-            generator=self.generator,
-            critic=parts.critic,
-            critic_optimizer=parts.critic_optimizer,
-        )
+        self.learner = learner_step(cfg, parts, timer=self.timer, generator=self.generator)
         self._last: tuple[RolloutBatch, torch.Tensor] | None = None
         # Alert hook: sees the step's metrics so far before each optimizer.step(); False drops the update.
         self.pre_update: Callable[[dict[str, float]], bool] | None = None

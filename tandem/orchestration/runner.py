@@ -29,9 +29,14 @@ from tandem.orchestration.build import (
     build_rewards,
     enforce_prompt_lengths,
 )
-from tandem.orchestration.colocated import ColocatedTrainer, RunParts, load_run_checkpoint
+from tandem.orchestration.colocated import (
+    ColocatedTrainer,
+    RunParts,
+    load_run_checkpoint,
+    save_run_checkpoint,
+)
 from tandem.rollout.hf import HFEngine
-from tandem.train.checkpoint import latest_checkpoint, save_checkpoint
+from tandem.train.checkpoint import latest_checkpoint
 from tandem.train.optim import build_optimizer, build_scheduler
 from tandem.utils.io import atomic_write_json, atomic_write_text
 from tandem.utils.seed import seed_everything
@@ -141,19 +146,7 @@ def train(cfg: TandemConfig, *, resume: bool = False, progress: bool | None = No
 
         def checkpoint() -> None:
             extra = {"trainer": trainer.state_dict(), "eval_before": result.eval_before}
-            save_checkpoint(
-                ckpt_root,
-                trainer.step,
-                model=parts.policy,
-                tokenizer=parts.tokenizer,
-                optimizer=parts.optimizer,
-                scheduler=parts.scheduler,
-                extra_state=extra,
-                config=cfg.model_dump(mode="json"),
-                keep_last=cfg.checkpoint.keep_last,
-                critic=parts.critic,
-                critic_optimizer=parts.critic_optimizer,
-            )
+            save_run_checkpoint(ckpt_root, trainer.step, parts, cfg, extra)
 
         if alerting.wants_initial_checkpoint and latest_checkpoint(ckpt_root) is None:
             checkpoint()  # something for a rollback to restore

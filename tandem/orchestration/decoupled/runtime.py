@@ -29,7 +29,13 @@ from tandem.channels.weights import SharedMemoryWeights
 from tandem.config.schema import TandemConfig
 from tandem.monitor import MetricsLogger, PhaseTimer
 from tandem.orchestration.alerting import AlertController, AlertStopError, check_decoupled_rules
-from tandem.orchestration.colocated import RunParts, evaluate_heldout, load_run_checkpoint
+from tandem.orchestration.colocated import (
+    RunParts,
+    evaluate_heldout,
+    learner_step,
+    load_run_checkpoint,
+    save_run_checkpoint,
+)
 from tandem.orchestration.decoupled.autoscale import Autoscaler
 from tandem.orchestration.decoupled.backends import open_backend
 from tandem.orchestration.decoupled.coordination import Coordination
@@ -37,7 +43,6 @@ from tandem.orchestration.decoupled.learner import DecoupledLearner
 from tandem.orchestration.decoupled.ledger import TicketLedger
 from tandem.orchestration.decoupled.supervisor import LocalSupervisor
 from tandem.orchestration.dp_learner import DataParallelLearner
-from tandem.orchestration.learner import LearnerStep
 from tandem.orchestration.runner import (
     KEY_METRICS,
     RunResult,
@@ -47,7 +52,7 @@ from tandem.orchestration.runner import (
     prepare_run_dir,
 )
 from tandem.orchestration.staleness import StalenessController
-from tandem.train.checkpoint import latest_checkpoint, save_checkpoint
+from tandem.train.checkpoint import latest_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -115,17 +120,7 @@ def train_decoupled(
     coord, weights, channel, supervisor = backend.coord, backend.weights, backend.channel, backend.supervisor
     dp: DataParallelLearner | None = None
     try:
-        learn = LearnerStep.from_config(
-            cfg,
-            policy=parts.policy,
-            ref_model=parts.ref_model,
-            optimizer=parts.optimizer,
-            scheduler=parts.scheduler,
-            timer=PhaseTimer(),
-            generator=generator,
-            critic=parts.critic,
-            critic_optimizer=parts.critic_optimizer,
-        )
+        learn = learner_step(cfg, parts, timer=PhaseTimer(), generator=generator)
         if state:
             learn.load_state_dict(state.get("learner", {}))  # adaptive KL coefficient, critic warm-up count
         if cfg.architecture.learner.world_size > 1:  # ranks 1..M-1 of a data-parallel learner
@@ -267,16 +262,4 @@ def _checkpoint(run: DecoupledRun, result: RunResult, ckpt_root: Any) -> None:
         },
         "eval_before": result.eval_before,
     }
-    save_checkpoint(
-        ckpt_root,
-        learner.version,
-        model=parts.policy,
-        tokenizer=parts.tokenizer,
-        optimizer=parts.optimizer,
-        scheduler=parts.scheduler,
-        extra_state=extra,
-        config=run.cfg.model_dump(mode="json"),
-        keep_last=run.cfg.checkpoint.keep_last,
-        critic=parts.critic,
-        critic_optimizer=parts.critic_optimizer,
-    )
+    save_run_checkpoint(ckpt_root, learner.version, parts, run.cfg, extra)
