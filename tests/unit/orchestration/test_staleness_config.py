@@ -62,3 +62,23 @@ def test_shipped_decoupled_presets_load_without_warning(caplog, name):
         cfg = load_config(REPO / "configs" / f"{name}.yaml")
     assert cfg.architecture.mode == "decoupled" and cfg.architecture.staleness == 2
     assert not caplog.records
+
+
+@pytest.mark.parametrize(
+    ("arch", "key"),
+    [
+        (
+            {"autoscale": {"enabled": True, "min_workers": 3, "max_workers": 2}},
+            "architecture.autoscale.min_workers",
+        ),
+        ({"num_workers": 5, "autoscale": {"enabled": True, "max_workers": 4}}, "architecture.num_workers"),
+        ({"weight_sync": "sometimes"}, "architecture.weight_sync"),
+        ({"channel": {"max_age_s": -1}}, "architecture.channel.max_age_s"),
+    ],
+)
+def test_bad_elasticity_and_sync_settings_name_their_key(arch, key):
+    data = _data({"name": "decoupled_ppo"}, 1)
+    data["architecture"].update(arch)
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as err:
+        build_config(data)
+    assert "\n" not in str(err.value)
