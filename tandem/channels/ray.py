@@ -40,6 +40,28 @@ def driver_node_strategy() -> Any:
     return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
 
 
+def kill_and_wait(actor: Any, timeout_s: float = 10.0) -> bool:
+    """Kill ``actor`` (no restart) and wait until calls to it fail; True once it is gone.
+
+    ``ray.kill`` only sends the request, so a call made right after it can still be served; waiting
+    means that when this returns the actor's process holds no more work (bounded by ``timeout_s``).
+    """
+    import time
+
+    ray = import_ray()
+    ray.kill(actor, no_restart=True)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=max(0.1, deadline - time.monotonic()))
+        except ray.exceptions.RayActorError:
+            return True
+        except ray.exceptions.GetTimeoutError:
+            return False
+        time.sleep(0.05)
+    return False
+
+
 class RayQueueChannel:
     """A :class:`~tandem.channels.base.TrajectoryChannel` over an actor-backed Ray queue."""
 
@@ -83,4 +105,5 @@ class RayQueueChannel:
     def close(self) -> None:
         """Free the queue actor (creating process only; idempotent). Other processes hold just a handle."""
         if self._owner and self._queue.actor is not None:
-            self._queue.shutdown(force=True)
+            actor, self._queue.actor = self._queue.actor, None
+            kill_and_wait(actor)
