@@ -273,7 +273,8 @@ class RayConfig(Section):
     learner_actor: bool = Field(
         False,
         description="Run the learner in a Ray actor with architecture.learner.cpus/gpus/memory_mb (its own "
-        "placement group) instead of the driver process; the run folder is written on the learner's node.",
+        "placement group, one bundle per learner rank; ranks 1..M-1 are actors too) instead of the driver "
+        "process; the run folder is written on the learner's node.",
     )
 
 

@@ -9,10 +9,14 @@ too. Per step it receives the batch from rank 0 and runs the shared
 all-reduce, identical policy and critic optimiser steps); the math lives in ``tandem.train.update``,
 ``tandem.train.critic`` and ``tandem.train.distributed``.
 
-Rendezvous: a TCP store on a free 127.0.0.1 port, hosted by rank 0; rank 0 waits for every rank to check
+Where the ranks run is a :class:`RankLauncher`'s job: :class:`ProcessLauncher` (default) spawns local
+processes; with the Ray runtime's learner actor, ranks are Ray actors in the learner's placement group
+(:mod:`tandem.orchestration.decoupled.ray_ranks`). Rendezvous: a TCP store on a free port of the
+launcher's ``host`` (127.0.0.1 for local processes), hosted by rank 0; rank 0 waits for every rank to check
 in while watching that none died. Shutdown: a ``stop`` message, then join; after a broken step (an
 exception or Ctrl-C inside a collective) the ranks are terminated instead. Ranks ignore SIGINT (rank 0
-handles Ctrl-C) and exit on their own when rank 0 disappears.
+handles Ctrl-C) and exit on their own when rank 0 disappears (local processes watch their parent; Ray
+actors die with their owner).
 """
 
 from __future__ import annotations
@@ -24,9 +28,9 @@ import signal
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.context import BaseContext
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -58,7 +62,75 @@ class RankSpec:
     rank: int
     port: int
     backend: str
-    errors: Any  # multiprocessing queue of one-line error strings
+    host: str = "127.0.0.1"  # where rank 0's store listens
+    errors: Any = None  # multiprocessing queue of one-line error strings; None: errors are raised
+    watch_parent: bool = True  # exit when the parent process is gone (local processes)
+
+
+class RankProcess(Protocol):
+    """A started rank, as :class:`multiprocessing.Process` describes one."""
+
+    @property
+    def pid(self) -> int | None: ...
+
+    @property
+    def exitcode(self) -> int | None: ...
+
+    def is_alive(self) -> bool: ...
+
+    def join(self, timeout: float | None = None) -> None: ...
+
+    def terminate(self) -> None: ...
+
+    def kill(self) -> None: ...
+
+
+class RankLauncher(Protocol):
+    """Starts ranks 1..M-1 and reports their errors."""
+
+    host: str  # an address of rank 0 every rank can reach
+
+    def launch(self, specs: list[RankSpec]) -> list[RankProcess]: ...
+
+    def last_error(self) -> str | None:
+        """The newest one-line error a rank reported, if any."""
+        ...
+
+    def close(self) -> None:
+        """Release what :meth:`launch` created (after the ranks were stopped)."""
+        ...
+
+
+class ProcessLauncher:
+    """Ranks as local processes (``spawn``); they report errors through a queue."""
+
+    host = "127.0.0.1"
+
+    def __init__(self, ctx: BaseContext | None = None) -> None:
+        self.ctx = ctx or mp.get_context("spawn")
+        self.errors = self.ctx.Queue()
+
+    def launch(self, specs: list[RankSpec]) -> list[RankProcess]:
+        procs = []
+        for spec in specs:
+            spec = replace(spec, errors=self.errors, watch_parent=True)
+            proc = self.ctx.Process(
+                target=rank_main, args=(spec,), name=f"tandem-learner-rank{spec.rank}", daemon=True
+            )
+            proc.start()
+            procs.append(proc)
+        return procs
+
+    def last_error(self) -> str | None:
+        msg = None
+        while True:
+            try:
+                msg = self.errors.get_nowait()
+            except Exception:  # queue.Empty
+                return msg
+
+    def close(self) -> None:
+        self.errors.cancel_join_thread()
 
 
 def optimizer_steps(cfg: TandemConfig) -> int:
@@ -79,28 +151,25 @@ def whole_groups(cfg: TandemConfig) -> bool:
 class DataParallelLearner:
     """Rank 0's handle on the group: :meth:`start` spawns and connects the ranks, :meth:`close` stops them."""
 
-    def __init__(self, learn: LearnerStep, procs: list[Any], errors: Any) -> None:
-        self.learn, self.procs, self.errors = learn, procs, errors
+    def __init__(self, learn: LearnerStep, procs: list[RankProcess], launcher: RankLauncher) -> None:
+        self.learn, self.procs, self.launcher = learn, procs, launcher
 
     @classmethod
     def start(
-        cls, cfg: TandemConfig, learn: LearnerStep, ctx: BaseContext | None = None
+        cls, cfg: TandemConfig, learn: LearnerStep, launcher: RankLauncher | None = None
     ) -> DataParallelLearner:
-        """Spawn ranks 1..M-1, join the process group as rank 0, share rank 0's state; sets ``learn.dp``."""
+        """Start ranks 1..M-1 (local processes unless ``launcher`` says otherwise), join the process group as
+        rank 0, share rank 0's state; sets ``learn.dp``."""
         world = cfg.architecture.learner.world_size
         device = next(learn.policy.parameters()).device
         backend = resolve_backend(cfg.architecture.learner.dist_backend, device)
-        ctx = ctx or mp.get_context("spawn")
-        store = host_store(world, STARTUP_TIMEOUT_S)
-        errors = ctx.Queue()
-        procs = []
-        for rank in range(1, world):
-            spec = RankSpec(cfg, rank, store.port, backend, errors)
-            proc = ctx.Process(target=rank_main, args=(spec,), name=f"tandem-learner-rank{rank}", daemon=True)
-            proc.start()
-            procs.append(proc)
-        handle = cls(learn, procs, errors)
+        launcher = launcher or ProcessLauncher()
+        store = host_store(world, STARTUP_TIMEOUT_S, launcher.host)
+        store_at = (launcher.host, store.port)
+        handle = cls(learn, [], launcher)
         try:
+            specs = [RankSpec(cfg, rank, store.port, backend, host=launcher.host) for rank in range(1, world)]
+            handle.procs = launcher.launch(specs)
             handle._await_ranks(store, world)
             init_group(store, 0, world, backend)
             dp = DataParallel(0, world, whole_groups=whole_groups(cfg), device=device)
@@ -116,7 +185,7 @@ class DataParallelLearner:
         except BaseException:
             handle.close()
             raise
-        log.info("data-parallel learner: %d ranks, backend %s, port %d", world, backend, store.port)
+        log.info("data-parallel learner: %d ranks, backend %s, store %s:%d", world, backend, *store_at)
         return handle
 
     def _await_ranks(self, store: Any, world: int) -> None:
@@ -134,12 +203,7 @@ class DataParallelLearner:
             time.sleep(0.05)
 
     def _last_error(self) -> str | None:
-        msg = None
-        while True:
-            try:
-                msg = self.errors.get_nowait()
-            except Exception:  # queue.Empty
-                return msg
+        return self.launcher.last_error()
 
     @property
     def pids(self) -> list[int]:
@@ -175,24 +239,30 @@ class DataParallelLearner:
             self.learn.dp = None
             if dist.is_initialized():
                 dist.destroy_process_group()
-            self.errors.cancel_join_thread()
+            self.launcher.close()
 
 
 def rank_main(spec: RankSpec) -> None:
-    """Entry point of ranks 1..M-1: one torch thread by default; Ctrl-C is left to rank 0."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """Entry point of ranks 1..M-1: one torch thread by default; Ctrl-C is left to rank 0. Errors go to
+    ``spec.errors`` as one line (then exit), or are raised when there is no queue (a Ray actor's call)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(spec.cfg.architecture.learner.threads)
-    threading.Thread(target=_exit_with_parent, name="parent-watch", daemon=True).start()
+    if spec.watch_parent:
+        threading.Thread(target=_exit_with_parent, name="parent-watch", daemon=True).start()
     try:
         _serve(spec)
     except TandemError as err:
+        if spec.errors is None:
+            raise LearnerRankError(f"learner rank {spec.rank}: {err}") from None
         spec.errors.put(f"learner rank {spec.rank}: {err}")
         raise SystemExit(3) from None
     except Exception:
         parent = mp.parent_process()
-        if parent is not None and not parent.is_alive():
+        if spec.watch_parent and parent is not None and not parent.is_alive():
             os._exit(1)  # rank 0 died first: its broken connection is not this rank's error
-        spec.errors.put(f"learner rank {spec.rank} crashed:\n{traceback.format_exc()}")
+        if spec.errors is not None:
+            spec.errors.put(f"learner rank {spec.rank} crashed:\n{traceback.format_exc()}")
         raise
     finally:
         if dist.is_initialized():
@@ -216,7 +286,7 @@ def _serve(spec: RankSpec) -> None:
     # As build_parts: the critic (a shared head joins the policy optimiser) before the scheduler.
     critic, critic_optimizer = build_critic(cfg, seed=cfg.run.seed, policy=policy, optimizer=optimizer)
     scheduler = build_scheduler(optimizer, cfg.trainer, optimizer_steps(cfg))
-    store = join_store(spec.port, world, STARTUP_TIMEOUT_S)
+    store = join_store(spec.port, world, STARTUP_TIMEOUT_S, spec.host)
     store.set(f"ready/{spec.rank}", "1")
     init_group(store, spec.rank, world, spec.backend)
     dp = DataParallel(

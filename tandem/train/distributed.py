@@ -53,10 +53,11 @@ def resolve_backend(name: str, device: torch.device) -> str:
     return name
 
 
-def host_store(world_size: int, timeout_s: float) -> dist.TCPStore:
-    """Rank 0's rendezvous store on a free loopback port (``store.port``); ranks join with :func:`join_store`."""
+def host_store(world_size: int, timeout_s: float, host: str = "127.0.0.1") -> dist.TCPStore:
+    """Rank 0's rendezvous store on a free port (``store.port``) of ``host`` (loopback unless the ranks run
+    on other nodes); ranks join with :func:`join_store`."""
     return dist.TCPStore(
-        "127.0.0.1",
+        host,
         0,
         world_size,
         is_master=True,
@@ -65,10 +66,10 @@ def host_store(world_size: int, timeout_s: float) -> dist.TCPStore:
     )
 
 
-def join_store(port: int, world_size: int, timeout_s: float) -> dist.TCPStore:
-    """A rank's client of rank 0's store on 127.0.0.1:``port``."""
+def join_store(port: int, world_size: int, timeout_s: float, host: str = "127.0.0.1") -> dist.TCPStore:
+    """A rank's client of rank 0's store on ``host``:``port``."""
     return dist.TCPStore(
-        "127.0.0.1", port, world_size, is_master=False, timeout=datetime.timedelta(seconds=timeout_s)
+        host, port, world_size, is_master=False, timeout=datetime.timedelta(seconds=timeout_s)
     )
 
 

@@ -8,7 +8,8 @@ group, weights through the object store, trajectories through the actor queue, t
 * a worker actor killed mid-run (on the joined cluster) is restarted by Ray and the run finishes with exact
   accounting;
 * with ``architecture.ray.learner_actor`` the learner runs in an actor with the learner's resources (local
-  instance: nothing left behind); on the joined cluster Ctrl-C in the driver stops it and every actor it
+  instance: nothing left behind), and a data-parallel learner's other ranks are actors in the learner's
+  placement group; on the joined cluster Ctrl-C in the driver stops it and every actor it
   made, and a worker's user error reaches the driver as its one line.
 
 Every run is tiny (2 prompts × 4 samples, 4 new tokens). The module's cluster is started once with
@@ -343,6 +344,58 @@ def test_learner_actor_local_run_has_the_learner_resources_and_leaves_nothing(
     assert seen["bundles"] == {"0": {"CPU": 1.0, "memory": 200 * 2**20}}  # workers only: 1 + 1 = 2 CPUs
     # nothing left: learner and worker processes gone, no Ray connection; short_tmp checks the folder
     assert not any(_alive(pid) for pid in [seen["pid"], *seen["worker_pids"]])
+    assert not ray.is_initialized()
+
+
+def _record_ranks(path: Path):
+    """An ``on_step`` hook run inside the learner actor: at step 1 it writes where the data-parallel ranks
+    run (standard library and ray only: the hook is pickled by value)."""
+
+    def record(run, step):
+        if step != 1:
+            return
+        import json as _json
+        import os as _os
+
+        import ray as _ray
+
+        ctx = _ray.get_runtime_context()
+        seen = {
+            "pid": _os.getpid(),
+            "resources": dict(ctx.get_assigned_resources()),
+            "rank_pids": run.dp.pids,
+            "rank_resources": [r.resources for r in run.dp.procs],
+            "world": run.learner.learn.dp.world_size,
+            "bundles": _ray.util.placement_group_table(_ray.util.get_current_placement_group())["bundles"],
+        }
+        path.write_text(_json.dumps(seen))
+
+    return record
+
+
+def test_learner_actor_runs_a_data_parallel_learner_as_actors(tiny_model_dir, tmp_path, short_tmp):
+    torch.set_num_threads(1)
+    cfg = _cfg(
+        tiny_model_dir,
+        tmp_path / "run",
+        ray={"num_cpus": 3, "learner_actor": True},
+        worker={"cpus": 1},
+        learner={"cpus": 1, "memory_mb": 300, "world_size": 2},
+    )
+    seen_file = tmp_path / "seen.json"
+    result = train_in_learner_actor(cfg, hooks=RunHooks(on_step=_record_ranks(seen_file)))
+    assert result.steps == 3
+    check_accounting(result, 3)  # the ranks' replicas were compared after every step (else it raised)
+    rows = step_rows(result.run_dir)
+    assert all(r["actor/grad_norm"] > 0 for r in rows)
+    seen = json.loads(seen_file.read_text())
+    assert seen["world"] == 2 and len(seen["rank_pids"]) == 1
+    # rank 1 is another actor process with the same learner resources, in the learner's second bundle
+    assert seen["rank_pids"][0] not in (seen["pid"], os.getpid())
+    learner_res = {"CPU": 1.0, "memory": 300 * 2**20}
+    assert seen["resources"] == learner_res and seen["rank_resources"] == [learner_res]
+    assert seen["bundles"] == {"0": learner_res, "1": learner_res}
+    assert not any(_alive(pid) for pid in [seen["pid"], *seen["rank_pids"]])
     assert not ray.is_initialized()
 
 

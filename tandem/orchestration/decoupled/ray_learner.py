@@ -30,7 +30,7 @@ from tandem.channels.ray import import_ray
 from tandem.config.schema import TandemConfig
 from tandem.errors import ConfigError, TandemError
 from tandem.orchestration.decoupled.ray_cluster import RayCluster
-from tandem.orchestration.decoupled.ray_supervisor import role_resources
+from tandem.orchestration.decoupled.ray_supervisor import role_options, role_resources
 from tandem.orchestration.decoupled.runtime import RunHooks, train_decoupled
 from tandem.orchestration.runner import RunResult
 
@@ -109,17 +109,18 @@ def _place(cfg: TandemConfig, wait_s: float) -> tuple[Any, dict[str, Any]]:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     role = cfg.architecture.learner
-    options: dict[str, Any] = {"num_cpus": role.cpus, "num_gpus": role.gpus, "max_restarts": 0}
-    if role.memory_mb is not None:
-        options["memory"] = role.memory_mb * 2**20
+    options = role_options(role)
     bundle = role_resources(role)
     if not bundle:  # Ray cannot reserve an empty bundle
         return None, options
-    pg = placement_group([bundle], strategy="STRICT_PACK")
+    # one bundle per data-parallel rank: rank 0 is this actor, ranks 1..M-1 take the others (ray_ranks)
+    pg = placement_group(
+        [bundle] * role.world_size, strategy="STRICT_PACK" if role.world_size == 1 else "PACK"
+    )
     if not ray.wait([pg.ready()], timeout=wait_s)[0]:
         remove_placement_group(pg)
         raise ConfigError(
-            f"the Ray cluster cannot reserve the learner's {bundle} within {wait_s:.0f} s "
+            f"the Ray cluster cannot reserve {role.world_size} learner bundle(s) of {bundle} within {wait_s:.0f} s "
             f"(cluster: {ray.cluster_resources()})",
             where="architecture.learner.cpus",
             hint="lower architecture.learner resources, or add nodes (architecture.ray.num_cpus locally)",

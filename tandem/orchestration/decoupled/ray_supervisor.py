@@ -81,6 +81,14 @@ def role_resources(role: RoleResources) -> dict[str, float]:
     return {k: v for k, v in res.items() if v > 0}
 
 
+def role_options(role: RoleResources, max_restarts: int = 0) -> dict[str, Any]:
+    """Ray actor options of one process of a role: ``num_cpus``, ``num_gpus``, ``memory`` (bytes)."""
+    opts: dict[str, Any] = {"num_cpus": role.cpus, "num_gpus": role.gpus, "max_restarts": max_restarts}
+    if role.memory_mb is not None:
+        opts["memory"] = role.memory_mb * 2**20
+    return opts
+
+
 def _first_line(err: BaseException) -> str:
     return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
 
@@ -148,15 +156,8 @@ class RaySupervisor:
 
     def _options(self, slot: int) -> dict[str, Any]:
         arch = self.cfg.architecture
-        opts: dict[str, Any] = {
-            "num_cpus": arch.worker.cpus,
-            "num_gpus": arch.worker.gpus,
-            "max_restarts": arch.max_worker_restarts,
-            "max_concurrency": 2,
-            "name": f"tandem-rollout-{self._run_id}-{slot}",
-        }
-        if arch.worker.memory_mb is not None:
-            opts["memory"] = arch.worker.memory_mb * 2**20
+        opts = role_options(arch.worker, arch.max_worker_restarts)
+        opts.update(max_concurrency=2, name=f"tandem-rollout-{self._run_id}-{slot}")
         pg = self.placement_group
         if pg is not None and slot < self._worker_bundles:  # beyond them: the learner's bundle, or none
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy

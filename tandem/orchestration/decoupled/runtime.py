@@ -42,7 +42,7 @@ from tandem.orchestration.decoupled.coordination import Coordination
 from tandem.orchestration.decoupled.learner import DecoupledLearner
 from tandem.orchestration.decoupled.ledger import TicketLedger
 from tandem.orchestration.decoupled.supervisor import LocalSupervisor
-from tandem.orchestration.dp_learner import DataParallelLearner
+from tandem.orchestration.dp_learner import DataParallelLearner, ProcessLauncher, RankLauncher
 from tandem.orchestration.runner import (
     KEY_METRICS,
     RunResult,
@@ -68,6 +68,7 @@ class DecoupledRun:
     coord: Coordination
     supervisor: LocalSupervisor
     learner: DecoupledLearner
+    dp: DataParallelLearner | None = None  # ranks 1..M-1 of a data-parallel learner
 
 
 @dataclass
@@ -124,7 +125,7 @@ def train_decoupled(
         if state:
             learn.load_state_dict(state.get("learner", {}))  # adaptive KL coefficient, critic warm-up count
         if cfg.architecture.learner.world_size > 1:  # ranks 1..M-1 of a data-parallel learner
-            dp = DataParallelLearner.start(cfg, learn, ctx)
+            dp = DataParallelLearner.start(cfg, learn, _rank_launcher(cfg, ctx))
         learner = DecoupledLearner(
             learn,
             channel,
@@ -139,7 +140,7 @@ def train_decoupled(
         weights.publish(parts.policy.state_dict(), version)
         _admit_after_restart(learner, coord)
         supervisor.start(cfg.architecture.num_workers)
-        run = DecoupledRun(cfg, parts, channel, weights, coord, supervisor, learner)
+        run = DecoupledRun(cfg, parts, channel, weights, coord, supervisor, learner, dp)
         _loop(run, result, ckpt_root, progress, hooks)
     finally:  # each step runs even if an earlier one fails (e.g. a second Ctrl-C)
         try:
@@ -151,6 +152,16 @@ def train_decoupled(
             torch.set_num_threads(threads)
     result.steps = learner.version
     return finish_run(result, ckpt_root, accounting=ledger.state_dict()["counts"])
+
+
+def _rank_launcher(cfg: TandemConfig, ctx: BaseContext) -> RankLauncher:
+    """Ranks 1..M-1 as Ray actors inside a Ray run's learner actor, else as local processes."""
+    if cfg.architecture.runtime == "ray":
+        from tandem.orchestration.decoupled.ray_ranks import RayRankLauncher, in_learner_actor
+
+        if in_learner_actor(cfg):
+            return RayRankLauncher(cfg)
+    return ProcessLauncher(ctx)
 
 
 def _restore(parts: RunParts, ckpt_root: Any) -> dict[str, Any] | None:
