@@ -14,22 +14,19 @@ Metric names follow the stable scheme ``<group>/<name>`` (``reward/mean``, ``act
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from rich.console import Console
 
 from tandem.monitor.jsonl import JsonlWriter, keep_rows_up_to, read_jsonl
-from tandem.monitor.progress import ProgressDisplay, format_key_metrics
+from tandem.monitor.progress import MetricsProgress, ProgressDisplay
 from tandem.monitor.tb import TensorBoardWriter
-
-logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
@@ -37,6 +34,16 @@ TENSORBOARD_DIR = "tensorboard"
 DEFAULT_KEY_METRICS = ("reward/mean", "eval/accuracy", "actor/kl", "response/length_mean")
 _RESERVED_KEYS = frozenset({"step", "time"})
 _MAX_SAMPLE_ROWS_IN_TENSORBOARD = 16
+
+
+class MetricsListener(Protocol):
+    """Also receives what a :class:`MetricsLogger` records (e.g. to forward it to another process)."""
+
+    def log(self, step: int, values: Mapping[str, Any]) -> None: ...
+
+    def alert(self, message: str) -> None: ...
+
+
 _MAX_CELL_CHARS = 400
 
 
@@ -47,7 +54,8 @@ class MetricsLogger:
     training logs 0). With ``start_step > 0`` (resume from a checkpoint at that step) rows that a
     crashed run logged after ``start_step`` are removed from the JSONL files and hidden in TensorBoard,
     so the resumed run's logs match an uninterrupted run's. With ``start_step == 0`` the files start
-    empty. Pass ``console`` to share the CLI's rich console (and in tests, to capture output).
+    empty. Pass ``console`` to share the CLI's rich console (and in tests, to capture output), and
+    ``listener`` to hand every row and alert on as well.
     """
 
     def __init__(
@@ -62,13 +70,13 @@ class MetricsLogger:
         console: Console | None = None,
         description: str = "train",
         plain_interval_s: float = 5.0,
+        listener: MetricsListener | None = None,
     ) -> None:
         if total_steps < 0 or start_step < 0:
             raise ValueError(f"total_steps and start_step must be ≥ 0, got {total_steps}, {start_step}")
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.key_metrics = tuple(key_metrics)
-        self.latest: dict[str, float] = {}
+        self.listener = listener
         self.latest_samples: list[dict[str, Any]] = []
         self.alerts: deque[str] = deque(maxlen=50)
         self._non_finite_seen: set[str] = set()
@@ -83,7 +91,7 @@ class MetricsLogger:
             if tensorboard
             else None
         )
-        self._display = (
+        display = (
             ProgressDisplay(
                 total_steps=total_steps,
                 start_step=start_step,
@@ -94,6 +102,12 @@ class MetricsLogger:
             if progress
             else None
         )
+        self._view = MetricsProgress(display, key_metrics)
+
+    @property
+    def latest(self) -> dict[str, float]:
+        """The latest number logged for every key."""
+        return self._view.latest
 
     def _prepare_files(self, start_step: int) -> None:
         """Drop rows after ``start_step`` when resuming; start from empty files on a fresh run."""
@@ -121,10 +135,9 @@ class MetricsLogger:
             if isinstance(value, float) and not math.isfinite(value) and key not in self._non_finite_seen:
                 self._non_finite_seen.add(key)
                 self.alert(f"{key} is {value} at step {step}")
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                self.latest[key] = float(value)
-        if self._display is not None:
-            self._display.update(step, format_key_metrics(self.latest, self.key_metrics))
+        self._view.log(step, values)
+        if self.listener is not None:
+            self.listener.log(step, values)
 
     def log_samples(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
         """Append sample rows (``prompt``, ``completion``, ``reward``, any other fields) for ``step``.
@@ -141,18 +154,16 @@ class MetricsLogger:
     def alert(self, message: str) -> None:
         """Surface a warning (e.g. reward collapse, NaN loss) in the progress display, or log it."""
         self.alerts.append(message)
-        if self._display is not None:
-            self._display.alert(message)
-        else:
-            logger.warning("%s", message)
+        self._view.alert(message)
+        if self.listener is not None:
+            self.listener.alert(message)
 
     def close(self) -> None:
         """Finish the progress display and close all files; safe to call twice."""
         if self._closed:
             return
         self._closed = True
-        if self._display is not None:
-            self._display.close()
+        self._view.close()
         if self._tb is not None:
             self._tb.close()
         self._metrics.close()

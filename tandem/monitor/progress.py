@@ -8,6 +8,7 @@ line at most every ``plain_interval_s`` seconds, plus the first and final steps.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -23,6 +24,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.text import Text
+
+log = logging.getLogger(__name__)
 
 SHORT_LABELS: Mapping[str, str] = {
     "reward/mean": "reward",
@@ -144,6 +147,38 @@ class ProgressDisplay:
         self.console.print(self.plain_line(now), markup=False, highlight=False, soft_wrap=True)
         self._last_print = now
         self._printed_step = self._step
+
+
+class MetricsProgress:
+    """Metric rows shown on a :class:`ProgressDisplay`: keeps the latest number of every key and shows the
+    ``key_metrics`` among them. With ``display=None`` nothing is shown and alerts go to the log.
+
+    :class:`~tandem.monitor.metrics.MetricsLogger` feeds one in the training process; the Ray runtime's
+    driver feeds one with the rows its learner actor forwards, so the bar shows where the user is.
+    """
+
+    def __init__(self, display: ProgressDisplay | None, key_metrics: Iterable[str]) -> None:
+        self.display = display
+        self.key_metrics = tuple(key_metrics)
+        self.latest: dict[str, float] = {}
+
+    def log(self, step: int, values: Mapping[str, object]) -> None:
+        """Record the numbers of one row (``bool`` and non-numbers are skipped) and update the display."""
+        for key, value in values.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.latest[key] = float(value)
+        if self.display is not None:
+            self.display.update(step, format_key_metrics(self.latest, self.key_metrics))
+
+    def alert(self, message: str) -> None:
+        if self.display is not None:
+            self.display.alert(message)
+        else:
+            log.warning("%s", message)
+
+    def close(self) -> None:
+        if self.display is not None:
+            self.display.close()
 
 
 def _make_progress(console: Console) -> Progress:

@@ -322,7 +322,7 @@ def _record_in_actor(path: Path):
 
 
 def test_learner_actor_local_run_has_the_learner_resources_and_leaves_nothing(
-    tiny_model_dir, tmp_path, short_tmp
+    tiny_model_dir, tmp_path, short_tmp, capsys
 ):
     torch.set_num_threads(1)
     cfg = _cfg(
@@ -333,8 +333,11 @@ def test_learner_actor_local_run_has_the_learner_resources_and_leaves_nothing(
         learner={"cpus": 1, "memory_mb": 300},
     )
     seen_file = tmp_path / "seen.json"
-    result = train_in_learner_actor(cfg, hooks=RunHooks(on_step=_record_in_actor(seen_file)))
+    result = train_in_learner_actor(cfg, progress=True, hooks=RunHooks(on_step=_record_in_actor(seen_file)))
     assert result.steps == 3 and result.run_dir == tmp_path / "run"
+    # the driver shows the actor's progress (plain lines: stdout is not a terminal here)
+    out = capsys.readouterr().out
+    assert "train 3/3 (100%)" in out and "reward " in out and "eta " in out, out
     check_accounting(result, 3)
     seen = json.loads(seen_file.read_text())
     # the learner ran in an actor (another process) holding exactly the learner's resources

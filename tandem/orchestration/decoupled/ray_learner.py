@@ -24,14 +24,18 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
-from tandem.channels.ray import import_ray
+from rich.console import Console
+
+from tandem.channels.ray import driver_node_strategy, import_ray, kill_and_wait
 from tandem.config.schema import TandemConfig
 from tandem.errors import ConfigError, TandemError
+from tandem.monitor.progress import MetricsProgress, ProgressDisplay
 from tandem.orchestration.decoupled.ray_cluster import RayCluster
 from tandem.orchestration.decoupled.ray_supervisor import role_options, role_resources
-from tandem.orchestration.decoupled.runtime import RunHooks, train_decoupled
+from tandem.orchestration.decoupled.runtime import DECOUPLED_KEY_METRICS, RunHooks, train_decoupled
 from tandem.orchestration.runner import RunResult
 
 log = logging.getLogger(__name__)
@@ -44,13 +48,31 @@ class LearnerActorDiedError(TandemError):
     """The learner actor's process died (out of memory, node lost, killed)."""
 
 
+class ProgressForwarder:
+    """A :class:`~tandem.monitor.metrics.MetricsListener` in the learner actor: sends each logged row's numbers
+    and each alert to the driver's progress queue (fire and forget; one caller, so order is kept)."""
+
+    def __init__(self, queue: Any) -> None:
+        self.queue = queue
+
+    def log(self, step: int, values: Any) -> None:
+        numbers = {
+            k: float(v) for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+        self.queue.actor.put_nowait.remote(("log", step, numbers))
+
+    def alert(self, message: str) -> None:
+        self.queue.actor.put_nowait.remote(("alert", message))
+
+
 class LearnerActor:
     """Actor body: runs the decoupled learner; ``pid``/``assigned_resources`` say where and with what."""
 
     def train(
-        self, cfg: TandemConfig, resume: bool, progress: bool | None, hooks: RunHooks | None
+        self, cfg: TandemConfig, resume: bool, progress_queue: Any, hooks: RunHooks | None
     ) -> RunResult:
-        """``train_decoupled`` in this actor, stopping after the current step once the call is cancelled."""
+        """``train_decoupled`` in this actor, stopping after the current step once the call is cancelled;
+        rows and alerts go to ``progress_queue`` (the driver's bar) when one is given."""
         ray = import_ray()
         user = hooks or RunHooks()
 
@@ -60,8 +82,9 @@ class LearnerActor:
             if ray.get_runtime_context().is_canceled():  # the driver was interrupted
                 raise KeyboardInterrupt
 
+        listener = None if progress_queue is None else ProgressForwarder(progress_queue)
         return train_decoupled(
-            cfg, resume=resume, progress=progress, hooks=RunHooks(on_step=on_step, extra=user.extra)
+            cfg, resume=resume, progress=False, hooks=RunHooks(on_step, extra=user.extra, listener=listener)
         )
 
     def pid(self) -> int:
@@ -71,20 +94,63 @@ class LearnerActor:
         return dict(import_ray().get_runtime_context().get_assigned_resources())
 
 
+class DriverProgress:
+    """The driver's progress bar for a learner actor: drains the queue the actor's rows arrive on."""
+
+    def __init__(self, cfg: TandemConfig) -> None:
+        from ray.util.queue import Queue
+
+        self.total_steps = cfg.trainer.total_steps
+        self.queue = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": driver_node_strategy()})
+        self.view: MetricsProgress | None = None  # made at the first row, which tells a resumed run's start
+
+    def poll(self) -> None:
+        """Show what arrived since the last poll."""
+        n = self.queue.qsize()
+        for item in self.queue.get_nowait_batch(n) if n else []:
+            if self.view is None:
+                first = item[1] if item[0] == "log" else 0  # a fresh run logs step 0 or 1 first
+                display = ProgressDisplay(
+                    total_steps=self.total_steps, start_step=max(0, first - 1), console=Console()
+                )
+                self.view = MetricsProgress(display, DECOUPLED_KEY_METRICS)
+            if item[0] == "log":
+                self.view.log(item[1], item[2])
+            else:
+                self.view.alert(item[1])
+
+    def close(self) -> None:
+        """Show the last rows, stop the bar and free the queue actor (never raises)."""
+        try:
+            self.poll()
+        except Exception:  # the queue actor is gone: nothing more to show
+            log.debug("progress queue unavailable at close", exc_info=True)
+        finally:
+            if self.view is not None:
+                self.view.close()
+            if self.queue.actor is not None:
+                actor, self.queue.actor = self.queue.actor, None
+                kill_and_wait(actor)
+
+
 def train_in_learner_actor(
     cfg: TandemConfig, *, resume: bool = False, progress: bool | None = None, hooks: RunHooks | None = None
 ) -> RunResult:
-    """Run the decoupled training in a learner actor and return its result; ``hooks`` run in the actor."""
+    """Run the decoupled training in a learner actor and return its result; ``hooks`` run in the actor.
+    The progress bar (``monitor.progress`` unless ``progress`` says otherwise) is shown here, in the driver."""
     ray = import_ray()
+    show = cfg.monitor.progress if progress is None else progress
     with RayCluster(cfg) as cluster:
         wait_s = 120.0 if cluster.joined or cluster.reused else 15.0  # a local instance cannot grow
         pg, options = _place(cfg, wait_s)
         actor = None
+        bar = None
         try:
+            bar = DriverProgress(cfg) if show else None
             actor = ray.remote(LearnerActor).options(**options).remote()
-            ref = actor.train.remote(cfg, resume, progress, hooks)
+            ref = actor.train.remote(cfg, resume, None if bar is None else bar.queue, hooks)
             try:
-                return _result(ray, ref)
+                return _result(ray, ref, None if bar is None else bar.poll)
             except KeyboardInterrupt:
                 log.warning("interrupted: stopping the learner actor (up to %.0f s)", STOP_GRACE_S)
                 ray.cancel(ref)
@@ -94,6 +160,8 @@ def train_in_learner_actor(
                     log.warning("the learner actor did not stop in time: killing it and the actors it owns")
                 raise
         finally:
+            if bar is not None:
+                bar.close()
             if actor is not None:
                 ray.kill(actor, no_restart=True)  # its worker and helper actors die with it
             if pg is not None:
@@ -129,12 +197,14 @@ def _place(cfg: TandemConfig, wait_s: float) -> tuple[Any, dict[str, Any]]:
     return pg, options
 
 
-def _result(ray: Any, ref: Any) -> RunResult:
-    """Wait for ``ref`` in short polls; a user error in the actor is raised here as itself."""
+def _result(ray: Any, ref: Any, on_poll: Callable[[], None] | None = None) -> RunResult:
+    """Wait for ``ref`` in short polls (calling ``on_poll`` after each); a user error in the actor is
+    raised here as itself."""
     from ray.exceptions import RayActorError, RayTaskError
 
     while not ray.wait([ref], timeout=POLL_S)[0]:
-        pass
+        if on_poll is not None:
+            on_poll()
     try:
         return ray.get(ref)
     except RayTaskError as err:

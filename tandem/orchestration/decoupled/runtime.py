@@ -28,6 +28,7 @@ from tandem.channels import TrajectoryChannel
 from tandem.channels.weights import SharedMemoryWeights
 from tandem.config.schema import TandemConfig
 from tandem.monitor import MetricsLogger, PhaseTimer
+from tandem.monitor.metrics import MetricsListener
 from tandem.orchestration.alerting import AlertController, AlertStopError, check_decoupled_rules
 from tandem.orchestration.colocated import (
     RunParts,
@@ -71,12 +72,16 @@ class DecoupledRun:
     dp: DataParallelLearner | None = None  # ranks 1..M-1 of a data-parallel learner
 
 
+DECOUPLED_KEY_METRICS = (*KEY_METRICS, "perf/samples_per_s")  # shown on the progress bar
+
+
 @dataclass
 class RunHooks:
     """Optional callbacks; ``on_step(run, step)`` runs after each step is logged and checkpointed."""
 
     on_step: Callable[[DecoupledRun, int], None] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    listener: MetricsListener | None = None  # also gets every logged row and alert (Ray: to the driver)
 
 
 def channel_options(cfg: TandemConfig, ctx: BaseContext) -> dict[str, Any]:
@@ -193,10 +198,11 @@ def _loop(
     with MetricsLogger(
         result.run_dir,
         total_steps=cfg.trainer.total_steps,
-        key_metrics=(*KEY_METRICS, "perf/samples_per_s"),
+        key_metrics=DECOUPLED_KEY_METRICS,
         tensorboard=mon.tensorboard,
         progress=mon.progress if progress is None else progress,
         start_step=learner.version,
+        listener=hooks.listener,
     ) as logger:
         alerting = AlertController(cfg, result.run_dir, learner, logger.alert)  # rules: warn/skip/stop
         autoscaler = Autoscaler(cfg.architecture.autoscale) if cfg.architecture.autoscale.enabled else None
