@@ -113,7 +113,7 @@ def dpo(config: ConfigPath, overrides: Overrides = None) -> None:
     settings = dpolib.DPOSettings(
         beta=cfg.beta, loss_type=cfg.loss_type, label_smoothing=cfg.label_smoothing, lr=cfg.lr,
         batch_size=cfg.batch_size, epochs=cfg.epochs, max_steps=cfg.max_steps,
-        warmup_steps=cfg.warmup_steps, sft_coef=cfg.sft_coef, seed=cfg.seed,
+        warmup_steps=cfg.warmup_steps, sft_coef=cfg.sft_coef, seed=cfg.seed, shared_prefix=cfg.shared_prefix,
     )  # fmt: skip
     if cfg.online_rounds:
         _online(cfg, policy, tok, train, settings)

@@ -64,6 +64,11 @@ class DPOConfig(_Flat):
         0.0, ge=0, description="RPO: weight of the chosen completions' per-token NLL added to the loss."
     )
     seed: int = Field(0, ge=0, description="Seed.")
+    shared_prefix: bool = Field(
+        True,
+        description="Run each pair's prompt once and share its KV cache between chosen and rejected "
+        "(same log-probs and gradients; false: two full rows per pair).",
+    )
     online_rounds: int = Field(
         0,
         ge=0,

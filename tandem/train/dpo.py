@@ -47,23 +47,36 @@ class DPOSettings:
     max_grad_norm: float = 1.0
     sft_coef: float = 0.0  # RPO: + sft_coef * mean per-token NLL of the chosen completions
     seed: int = 0
+    shared_prefix: bool = True  # run each pair's prompt once for chosen and rejected (same maths)
 
 
 def sequence_logps(
-    model: torch.nn.Module, tokenizer: Any, pairs: Sequence[PreferencePair]
+    model: torch.nn.Module, tokenizer: Any, pairs: Sequence[PreferencePair], *, shared_prefix: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed completion log-probs of chosen and rejected ``([B], [B])`` in one forward of ``2B`` rows
     (gradients flow; wrap in ``no_grad`` to score)."""
-    summed, _ = _summed_logps(model, tokenizer, pairs)
+    summed, _ = _summed_logps(model, tokenizer, pairs, shared_prefix)
     return summed[: len(pairs)], summed[len(pairs) :]
 
 
 def _summed_logps(
-    model: torch.nn.Module, tokenizer: Any, pairs: Sequence[PreferencePair]
+    model: torch.nn.Module, tokenizer: Any, pairs: Sequence[PreferencePair], shared_prefix: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed log-probs ``[2B]`` (chosen rows then rejected rows) and completion token counts ``[2B]``."""
+    """Summed log-probs ``[2B]`` (chosen rows then rejected rows) and completion token counts ``[2B]``.
+
+    ``shared_prefix``: a pair's chosen and rejected rows go side by side (c0, r0, c1, r1, …) so that each
+    prompt runs through the model once and both completions reuse its KV cache — the same log-probs and
+    gradients as two full rows (up to float summation order), with the prompt's forward and backward done
+    once instead of twice. Pairs whose prompts differ in tokens fall back to full rows."""
     p_ids, p_mask, r_ids, r_mask = encode_preference_batch(tokenizer, pairs)  # [2B, P], [2B, R]
-    logps, _ = response_logprobs(model, p_ids, p_mask, r_ids, r_mask)  # [2B, R]
+    if shared_prefix and len(pairs) > 0:
+        order = torch.arange(2 * len(pairs)).view(2, -1).t().reshape(-1)  # [2B]: c0, r0, c1, r1, ...
+        logps, _ = response_logprobs(
+            model, p_ids[order], p_mask[order], r_ids[order], r_mask[order], group_size=2
+        )  # [2B, R], pair-major
+        logps = logps[order.argsort()]  # back to chosen rows, then rejected rows
+    else:
+        logps, _ = response_logprobs(model, p_ids, p_mask, r_ids, r_mask)  # [2B, R]
     return (logps * r_mask).sum(dim=1), r_mask.sum(dim=1)  # [2B], [2B]
 
 
@@ -199,7 +212,7 @@ def train_dpo(
         idx, order = order[: settings.batch_size], order[settings.batch_size :]
         batch = [pairs[i] for i in idx]
         ref = ref_logps[idx]  # [b, 2]
-        summed, lengths = _summed_logps(policy, tokenizer, batch)  # [2b], [2b]
+        summed, lengths = _summed_logps(policy, tokenizer, batch, settings.shared_prefix)  # [2b], [2b]
         pc, pr = summed[: len(batch)], summed[len(batch) :]  # [b], [b]
         losses, rc, rr = dpo_loss(
             pc, pr, ref[:, 0], ref[:, 1], settings.beta, settings.loss_type, settings.label_smoothing

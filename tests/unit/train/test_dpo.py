@@ -35,6 +35,29 @@ def test_batched_sequence_logps_equal_row_by_row(model_tok):
             )
 
 
+def test_shared_prefix_gives_the_same_logps_and_gradients(model_tok, monkeypatch):
+    """Chosen and rejected share their prompt's forward (one prompt pass per pair): same log-probs and
+    gradients as two full rows, and the shared path really runs."""
+    from tandem.models import forward
+
+    model, tok = model_tok
+    pairs = [PreferencePair("a", "bcd", "e", "w"), PreferencePair("longer prompt", "x", "yz yz", "w")]
+    pairs += toy_pairs(3)
+    grads, sums = {}, {}
+    calls = []
+    real = forward._shared_prefix_logprobs
+    monkeypatch.setattr(forward, "_shared_prefix_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for shared in (False, True):
+        model.zero_grad()
+        summed, _ = dpo._summed_logps(model, tok, pairs, shared)  # [2B]
+        (summed * torch.linspace(0.5, 1.5, len(summed))).sum().backward()
+        sums[shared] = summed.detach()
+        grads[shared] = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    assert calls == [1]  # only the shared run took the one-prompt-pass path
+    torch.testing.assert_close(sums[True], sums[False], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grads[True], grads[False], rtol=1e-4, atol=1e-6)
+
+
 def test_reference_is_cached_and_not_reloaded(model_tok, tmp_path):
     model, tok = model_tok
     pairs = toy_pairs(5)
