@@ -83,7 +83,7 @@ class _Judge(BaseHTTPRequestHandler):
         self.server.requests.append((body, self.headers.get("Authorization")))
         action = self.server.script.pop(0) if self.server.script else "A"
         if action == "sleep":
-            time.sleep(0.5)
+            time.sleep(2.0)  # beyond the client timeout below
             action = "A"
         if isinstance(action, int):
             self.send_response(action)
@@ -141,7 +141,7 @@ def test_http_500_is_retried_with_backoff_then_succeeds(server):
 
 
 def test_http_failures_are_counted_not_fatal(server, tmp_path):
-    judge, _ = http_judge(server, max_retries=1, timeout_s=0.2)
+    judge, _ = http_judge(server, max_retries=1, timeout_s=1.0)  # generous: CI machines are busy
     rows = [(f"r:{i}", {"prompt": f"p{i}", "response_a": "x", "response_b": "y"}) for i in range(4)]
     server.script = [
         "I like both",  # row 0: unparseable
