@@ -25,10 +25,15 @@ def _fmt(value, unit: str = "", digits: int = 3) -> str:
 @app.command("export")
 @user_errors
 def export_cmd(
-    model: Annotated[str, typer.Argument(help="Run folder, checkpoint folder or HF model folder.")],
+    model: Annotated[
+        str, typer.Argument(help="Run folder, checkpoint folder or HF model folder (path or fsspec URL).")
+    ],
     format: Annotated[str, typer.Option("--format", "-f", help="hf | onnx | torchscript | int8.")] = "hf",
     out_dir: Annotated[
-        Path | None, typer.Option("--out", help="Output folder (default: exports/<name>-<fmt>).")
+        str | None,
+        typer.Option(
+            "--out", help="Output folder or fsspec URL, e.g. s3://b/m (default: exports/<name>-<fmt>)."
+        ),
     ] = None,
     task: Annotated[
         str | None, typer.Option(help="Task for INT8 held-out accuracy (default: the run's).")
@@ -46,13 +51,18 @@ def export_cmd(
     Example: tandem export runs/grpo --format int8 --task arith
     """
     from tandem.cli.evaluate import parse_options
+    from tandem.data.storage import is_remote, local_input, local_output
     from tandem.export.api import export_model
     from tandem.utils.io import atomic_write_json
 
     task_opts = parse_options(task_option, "--task-option") if task_option else None
-    target = out_dir or Path("exports") / f"{Path(model).resolve().name}-{format}"
-    with out.status(f"exporting {escape(model)} as {format} ..."):
-        report = export_model(model, target, format, task=task, task_options=task_opts, eval_size=eval_size)
+    name = model.rstrip("/").rsplit("/", 1)[-1] if is_remote(model) else Path(model).resolve().name
+    target = out_dir or str(Path("exports") / f"{name}-{format}")
+    status = out.status(f"exporting {escape(model)} as {format} ...")
+    with local_input(model) as src, local_output(target) as local_target, status:  # URLs: in / uploaded
+        report = export_model(
+            src, local_target, format, task=task, task_options=task_opts, eval_size=eval_size
+        )
     table = Table(title=f"tandem export --format {format}")
     table.add_column("metric")
     table.add_column("source")

@@ -459,6 +459,12 @@ class CheckpointConfig(Section):
     every: int = Field(0, ge=0, description="Save a checkpoint every N steps (0 = only at the end).")
     keep_last: int = Field(2, ge=1, description="Keep the last K checkpoints.")
     save_final: bool = Field(True, description="Save a checkpoint at the end.")
+    remote_dir: str | None = Field(
+        None,
+        description="Also copy every checkpoint (marker last), metrics.jsonl and config.yaml to "
+        "<remote_dir>/<run.name>/ — any fsspec URL (s3://, gs://, …); --resume fetches the newest complete "
+        "one from there when the run folder has none as new.",
+    )
 
 
 class TandemConfig(Section):

@@ -72,18 +72,59 @@ def local_input(url: str | os.PathLike[str]) -> Iterator[Path]:
         yield local
 
 
-def upload(local: str | os.PathLike[str], url: str) -> None:
-    """Copy a local file or folder to ``url`` (a folder's files go under ``url/``). For a local
-    ``url`` nothing happens — the caller already wrote there atomically."""
+def upload(local: str | os.PathLike[str], url: str, *, last: str | None = None) -> None:
+    """Copy a local file or folder to ``url`` (a folder's files go under ``url/``; the file named
+    ``last``, e.g. a completion marker, goes after all others). For a local ``url`` nothing happens —
+    the caller already wrote there atomically."""
     if not is_remote(url):
         return
     fs, path = _filesystem(url)
     src = Path(local)
     if src.is_dir():
-        for file in sorted(p for p in src.rglob("*") if p.is_file()):
+        files = sorted(p for p in src.rglob("*") if p.is_file())
+        files.sort(key=lambda p: p.relative_to(src).as_posix() == last)  # stable: ``last`` moves to the end
+        for file in files:
             fs.put_file(str(file), f"{path.rstrip('/')}/{file.relative_to(src).as_posix()}")
     else:
         fs.put_file(str(src), path)
+
+
+def list_names(url: str) -> list[str]:
+    """Names of the entries directly under the folder ``url`` (empty when it does not exist)."""
+    fs, path = _filesystem(url)
+    try:
+        entries = fs.ls(path.rstrip("/"), detail=False) if fs.exists(path) else []
+    except FileNotFoundError:
+        return []
+    except Exception as err:  # botocore / network errors vary by backend
+        raise DataError(f"cannot reach storage ({type(err).__name__}: {err})", where=url) from None
+    return sorted(str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries)
+
+
+def exists(url: str) -> bool:
+    fs, path = _filesystem(url)
+    return bool(fs.exists(path))
+
+
+def download(url: str, local: str | os.PathLike[str]) -> None:
+    """Copy the remote folder ``url`` to the local path ``local`` (created)."""
+    fs, path = _filesystem(url)
+    fs.get(path.rstrip("/") + "/", str(local), recursive=True)
+
+
+def remove_file(url: str) -> None:
+    fs, path = _filesystem(url)
+    fs.rm_file(path)
+
+
+def remove(url: str, *, first: str | None = None) -> None:
+    """Delete the remote folder ``url``; the file named ``first`` (e.g. a completion marker) goes first,
+    so an interrupted delete never leaves something that still looks complete."""
+    fs, path = _filesystem(url)
+    if first is not None and fs.exists(f"{path.rstrip('/')}/{first}"):
+        fs.rm_file(f"{path.rstrip('/')}/{first}")
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
 
 
 @contextlib.contextmanager

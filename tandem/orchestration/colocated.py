@@ -24,6 +24,7 @@ from tandem.evaluate import evaluate_prompts
 from tandem.monitor import PhaseTimer
 from tandem.orchestration.build import DataParts
 from tandem.orchestration.learner import LearnerStep
+from tandem.orchestration.remote import mirror_checkpoint
 from tandem.orchestration.scoring import OverlongShaping, collect_dynamic, score_rollout
 from tandem.rewards import RewardSet
 from tandem.rollout.base import RolloutEngine, SamplingParams
@@ -65,8 +66,9 @@ def save_run_checkpoint(
     ckpt_root: Path, step: int, parts: RunParts, cfg: TandemConfig, extra_state: dict[str, Any]
 ) -> Path:
     """The counterpart of :func:`load_run_checkpoint`: policy, tokenizer, critic, their optimisers, the
-    scheduler, ``extra_state`` (the architecture's own state) and the config, atomically."""
-    return save_checkpoint(
+    scheduler, ``extra_state`` (the architecture's own state) and the config, atomically; then copied to
+    ``checkpoint.remote_dir`` when set."""
+    folder = save_checkpoint(
         ckpt_root,
         step,
         model=parts.policy,
@@ -79,6 +81,8 @@ def save_run_checkpoint(
         critic=parts.critic,
         critic_optimizer=parts.critic_optimizer,
     )
+    mirror_checkpoint(cfg, folder)  # checkpoint.remote_dir: a copy in object storage
+    return folder
 
 
 def learner_step(

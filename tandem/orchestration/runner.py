@@ -35,6 +35,7 @@ from tandem.orchestration.colocated import (
     load_run_checkpoint,
     save_run_checkpoint,
 )
+from tandem.orchestration.remote import check_remote, fetch_newer_checkpoint, local_models
 from tandem.rollout.hf import HFEngine
 from tandem.train.checkpoint import latest_checkpoint
 from tandem.train.optim import build_optimizer, build_scheduler
@@ -74,6 +75,9 @@ def prepare_run_dir(cfg: TandemConfig, *, resume: bool) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "summary.json").unlink(missing_ok=True)
     atomic_write_text(run_dir / "config.yaml", config_to_yaml(cfg))
+    check_remote(cfg)  # checkpoint.remote_dir must be writable before any training
+    if resume:  # checkpoint.remote_dir: continue from a newer copy there (e.g. on a fresh machine)
+        fetch_newer_checkpoint(cfg, run_dir / "checkpoints")
     return run_dir
 
 
@@ -109,7 +113,13 @@ def build_parts(cfg: TandemConfig) -> RunParts:
 
 def train(cfg: TandemConfig, *, resume: bool = False, progress: bool | None = None) -> RunResult:
     """Train with the configured architecture (colocated here; decoupled in ``decoupled.runtime``);
-    returns the run folder and before/after evaluation."""
+    returns the run folder and before/after evaluation. Model folders given as URLs are copied to local
+    folders for the run first (:func:`~tandem.orchestration.remote.local_models`)."""
+    with local_models(cfg) as local_cfg:
+        return _train(local_cfg, resume=resume, progress=progress)
+
+
+def _train(cfg: TandemConfig, *, resume: bool, progress: bool | None) -> RunResult:
     if cfg.architecture.mode == "decoupled" and cfg.architecture.ray.learner_actor:  # runtime ray
         from tandem.orchestration.decoupled.ray_learner import train_in_learner_actor
 

@@ -12,30 +12,7 @@ from tandem.data import storage
 from tandem.errors import DataError
 
 pytest.importorskip("s3fs")
-moto_server = pytest.importorskip("moto.server")
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    """A moto S3 server on a free loopback port with bucket 'prefs'; env points fsspec/boto at it."""
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    mp = pytest.MonkeyPatch()
-    for key, value in {
-        "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():  # fmt: skip
-        mp.setenv(key, value)
-    import fsspec
-
-    fs, _ = fsspec.core.url_to_fs("s3://prefs", client_kwargs={"endpoint_url": endpoint})
-    fs.mkdir("prefs")
-    yield fs
-    fsspec.filesystem("s3").clear_instance_cache()
-    mp.undo()
-    server.stop()
+pytest.importorskip("moto.server")
 
 
 ROWS = [
