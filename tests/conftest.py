@@ -59,7 +59,8 @@ def s3():
     import fsspec
 
     fs, _ = fsspec.core.url_to_fs("s3://prefs", client_kwargs={"endpoint_url": endpoint})
-    fs.mkdir("prefs")
+    if not fs.exists("prefs"):  # moto keeps its buckets in-process: an earlier module's server made it
+        fs.mkdir("prefs")
     yield fs
     fsspec.filesystem("s3").clear_instance_cache()
     mp.undo()
