@@ -41,9 +41,9 @@ def tiny_model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def s3():
-    """A moto S3 server on a free loopback port with bucket 'prefs'; env points fsspec/boto at it.
-    Yields the fsspec S3 filesystem."""
+def s3(tmp_path_factory):
+    """A moto S3 server on a free loopback port with bucket 'prefs'; env points fsspec/boto at it and
+    Tandem's cache of remote copies (``TANDEM_CACHE``) at a temp folder. Yields the fsspec S3 filesystem."""
     pytest.importorskip("s3fs")
     moto_server = pytest.importorskip("moto.server")
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -53,7 +53,7 @@ def s3():
     mp = pytest.MonkeyPatch()
     for key, value in {
         "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_DEFAULT_REGION": "us-east-1", "TANDEM_CACHE": str(tmp_path_factory.mktemp("tandem-cache")),
     }.items():  # fmt: skip
         mp.setenv(key, value)
     import fsspec

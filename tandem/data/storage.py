@@ -10,8 +10,10 @@ endpoint of an S3-compatible server comes from the usual ``AWS_ENDPOINT_URL`` / 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -70,6 +72,57 @@ def local_input(url: str | os.PathLike[str]) -> Iterator[Path]:
         local = Path(tmp) / Path(path.rstrip("/")).name
         fs.get(path, str(local), recursive=is_dir)
         yield local
+
+
+def cache_root() -> Path:
+    """Where :func:`cached_input` keeps remote copies: ``$TANDEM_CACHE/remote`` (default
+    ``~/.cache/tandem/remote``)."""
+    base = os.environ.get("TANDEM_CACHE") or str(Path.home() / ".cache" / "tandem")
+    return Path(base) / "remote"
+
+
+def cached_input(url: str | os.PathLike[str]) -> Path:
+    """A local path for ``url``: the path itself, or a copy of the remote file or folder in this machine's
+    cache (:func:`cache_root`), shared by every process and reused while the remote content is unchanged.
+
+    The cache key is the URL plus every object's path, size and ETag (or modification time), so a changed
+    remote folder is fetched again. A copy is downloaded under a hidden name and renamed into place, so
+    processes that fetch at once never see a partial folder (the slower one discards its copy). Unlike
+    :func:`local_input` nothing is deleted afterwards: a process killed mid-run leaves no temporary
+    folder behind, and the next run reuses the copy."""
+    if not is_remote(url):
+        return Path(str(url).removeprefix("file://"))
+    fs, path = _filesystem(str(url))
+    try:
+        if not fs.exists(path):
+            raise DataError("object does not exist", where=str(url))
+        listing = fs.find(path, detail=True) if fs.isdir(path) else {path: fs.info(path)}
+    except DataError:
+        raise
+    except Exception as err:  # botocore / network errors vary by backend
+        raise DataError(f"cannot reach storage ({type(err).__name__}: {err})", where=str(url)) from None
+    signature = sorted(
+        (key, info.get("size"), str(info.get("ETag") or info.get("mtime") or info.get("LastModified") or ""))
+        for key, info in listing.items()
+    )
+    digest = hashlib.sha256(json.dumps([str(url), signature], default=str).encode()).hexdigest()[:20]
+    name = Path(path.rstrip("/")).name
+    final = cache_root() / digest
+    if (final / name).exists():
+        return final / name
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{digest}.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        fs.get(path, str(tmp / name), recursive=fs.isdir(path))
+        os.rename(tmp, final)
+    except OSError:
+        if not (final / name).exists():  # not another process winning the rename: a real failure
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final / name
 
 
 def upload(local: str | os.PathLike[str], url: str, *, last: str | None = None) -> None:

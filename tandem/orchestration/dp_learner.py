@@ -42,6 +42,7 @@ from tandem.models import load_causal_lm
 from tandem.monitor import PhaseTimer
 from tandem.orchestration.build import build_critic, build_reference
 from tandem.orchestration.learner import LearnerStep
+from tandem.orchestration.remote import local_models
 from tandem.train.distributed import DataParallel, host_store, init_group, join_store, resolve_backend
 from tandem.train.optim import build_optimizer, build_scheduler
 
@@ -278,7 +279,7 @@ def _exit_with_parent() -> None:
 
 
 def _serve(spec: RankSpec) -> None:
-    cfg = spec.cfg
+    cfg = local_models(spec.cfg)  # URLs: this machine's copies (a rank actor may be on another node)
     world = cfg.architecture.learner.world_size
     policy = load_causal_lm(cfg.model.path, dtype=cfg.model.dtype)
     ref = build_reference(cfg.model, cfg.algorithm.beta)

@@ -1,8 +1,8 @@
 """Run inputs and checkpoints in object storage (any fsspec URL: ``s3://``, ``gs://``, …).
 
 * **Models.** ``model.path``, ``model.ref_path``, ``critic.path`` and ``reward.model.path`` may be URLs:
-  :func:`local_models` copies each to a temporary local folder for the run (deleted at the end) and
-  hands the run a config with those local paths.
+  :func:`local_models` gives each process that loads models a config with local copies from the machine's
+  cache (fetched once per machine, refetched when the remote content changes).
 * **Checkpoints** (``checkpoint.remote_dir``, like verl's ``default_hdfs_dir``): every checkpoint is
   written locally first (atomically, as always), then copied to ``<remote_dir>/<run.name>/checkpoints/
   step-<n>/`` with its ``COMPLETE`` marker uploaded last, together with the run's ``metrics.jsonl`` and
@@ -33,10 +33,11 @@ log = logging.getLogger(__name__)
 _STEP = re.compile(r"^step-(\d+)$")
 
 
-@contextlib.contextmanager
-def local_models(cfg: TandemConfig) -> Iterator[TandemConfig]:
-    """``cfg`` with every remote model folder replaced by a local copy that lives for the ``with`` block
-    (``cfg`` itself when nothing is remote)."""
+def local_models(cfg: TandemConfig) -> TandemConfig:
+    """``cfg`` with every remote model folder replaced by its copy in this machine's cache
+    (:func:`~tandem.data.storage.cached_input`); ``cfg`` itself when nothing is remote. Each process that
+    loads models calls it (driver, learner actor, rollout workers, learner ranks), so on a multi-node Ray
+    cluster every node fetches its own copy, once."""
     fields = [("model", "path"), ("model", "ref_path")]
     if cfg.critic is not None:
         fields.append(("critic", "path"))
@@ -45,18 +46,16 @@ def local_models(cfg: TandemConfig) -> Iterator[TandemConfig]:
     ]
     rm_remote = cfg.reward.model is not None and storage.is_remote(cfg.reward.model.path)
     if not remote and not rm_remote:
-        yield cfg
-        return
+        return cfg
     local_cfg = cfg.model_copy(deep=True)
-    with contextlib.ExitStack() as stack:
-        for sec, key in remote:
-            url = getattr(getattr(cfg, sec), key)
-            log.info("copying %s (%s.%s) to a local folder", url, sec, key)
-            setattr(getattr(local_cfg, sec), key, str(stack.enter_context(storage.local_input(url))))
-        if rm_remote:
-            assert local_cfg.reward.model is not None and cfg.reward.model is not None
-            local_cfg.reward.model.path = str(stack.enter_context(storage.local_input(cfg.reward.model.path)))
-        yield local_cfg
+    for sec, key in remote:
+        url = getattr(getattr(cfg, sec), key)
+        log.info("using a local copy of %s (%s.%s)", url, sec, key)
+        setattr(getattr(local_cfg, sec), key, str(storage.cached_input(url)))
+    if rm_remote:
+        assert local_cfg.reward.model is not None and cfg.reward.model is not None
+        local_cfg.reward.model.path = str(storage.cached_input(cfg.reward.model.path))
+    return local_cfg
 
 
 def remote_root(cfg: TandemConfig) -> str | None:

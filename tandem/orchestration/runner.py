@@ -113,13 +113,9 @@ def build_parts(cfg: TandemConfig) -> RunParts:
 
 def train(cfg: TandemConfig, *, resume: bool = False, progress: bool | None = None) -> RunResult:
     """Train with the configured architecture (colocated here; decoupled in ``decoupled.runtime``);
-    returns the run folder and before/after evaluation. Model folders given as URLs are copied to local
-    folders for the run first (:func:`~tandem.orchestration.remote.local_models`)."""
-    with local_models(cfg) as local_cfg:
-        return _train(local_cfg, resume=resume, progress=progress)
-
-
-def _train(cfg: TandemConfig, *, resume: bool, progress: bool | None) -> RunResult:
+    returns the run folder and before/after evaluation. Model folders given as URLs are used from this
+    machine's copies (:func:`~tandem.orchestration.remote.local_models`), fetched by each process that
+    loads them; the run's config keeps the URLs."""
     if cfg.architecture.mode == "decoupled" and cfg.architecture.ray.learner_actor:  # runtime ray
         from tandem.orchestration.decoupled.ray_learner import train_in_learner_actor
 
@@ -129,7 +125,7 @@ def _train(cfg: TandemConfig, *, resume: bool, progress: bool | None) -> RunResu
 
         return train_decoupled(cfg, resume=resume, progress=progress)
     run_dir = prepare_run_dir(cfg, resume=resume)
-    parts = build_parts(cfg)
+    parts = build_parts(local_models(cfg))  # URLs: this machine's copies
     trainer = ColocatedTrainer(parts)
     ckpt_root = run_dir / "checkpoints"
     result = RunResult(run_dir=run_dir, steps=0)

@@ -123,8 +123,13 @@ def short_tmp(monkeypatch):
     os.rmdir(root)  # fails the test if the run left anything in it
 
 
-def test_local_run_uses_actors_and_leaves_nothing_behind(tiny_model_dir, tmp_path, short_tmp):
+def test_local_run_uses_actors_and_leaves_nothing_behind(tiny_model_dir, tmp_path, short_tmp, s3):
+    """Also: the policy comes from an s3:// folder (moto); the learner and the worker actor each use the
+    machine's cached copy."""
+    from tandem.data import storage
+
     torch.set_num_threads(1)
+    storage.upload(tiny_model_dir, "s3://prefs/models/ray-tiny")
     seen = {}
 
     def inspect(run, step):
@@ -137,7 +142,7 @@ def test_local_run_uses_actors_and_leaves_nothing_behind(tiny_model_dir, tmp_pat
             seen["pg"] = ray.util.placement_group_table(run.supervisor.placement_group)
 
     cfg = _cfg(
-        tiny_model_dir,
+        "s3://prefs/models/ray-tiny",
         tmp_path / "run",
         ray={"num_cpus": 2},
         worker={"cpus": 1, "memory_mb": 200},
@@ -145,6 +150,7 @@ def test_local_run_uses_actors_and_leaves_nothing_behind(tiny_model_dir, tmp_pat
     )
     result = train_decoupled(cfg, hooks=RunHooks(on_step=inspect))
     assert result.steps == 3
+    assert len(list(storage.cache_root().iterdir())) == 1  # one cached copy, shared by learner and worker
     check_accounting(result, 3)
     rows = step_rows(result.run_dir)
     assert all(r["decoupled/workers_alive"] == 1 and r["staleness/step_lag"] <= 1 for r in rows)

@@ -44,6 +44,7 @@ from tandem.orchestration.decoupled.learner import DecoupledLearner
 from tandem.orchestration.decoupled.ledger import TicketLedger
 from tandem.orchestration.decoupled.supervisor import LocalSupervisor
 from tandem.orchestration.dp_learner import DataParallelLearner, ProcessLauncher, RankLauncher
+from tandem.orchestration.remote import local_models
 from tandem.orchestration.runner import (
     KEY_METRICS,
     RunResult,
@@ -109,7 +110,7 @@ def train_decoupled(
     run_dir = prepare_run_dir(cfg, resume=resume)
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.architecture.learner.threads)
-    parts = build_parts(cfg)
+    parts = build_parts(local_models(cfg))  # URLs: this machine's copies (workers fetch their own)
     ckpt_root = run_dir / "checkpoints"
     result = RunResult(run_dir=run_dir, steps=0)
     state = _restore(parts, ckpt_root) if resume else None

@@ -28,12 +28,14 @@ from tandem.channels.base import TrajectoryChannel, TrajectoryMessage
 from tandem.channels.weights import SharedMemoryWeights
 from tandem.config.schema import TandemConfig
 from tandem.data import PromptSampler
+from tandem.data.storage import cached_input
 from tandem.errors import TandemError
 from tandem.models import load_causal_lm, load_tokenizer
 from tandem.monitor import PhaseTimer
 from tandem.orchestration.build import build_data, build_rewards, enforce_prompt_lengths
 from tandem.orchestration.colocated import sampling_params, step_seed
 from tandem.orchestration.decoupled.coordination import Coordination
+from tandem.orchestration.remote import local_models
 from tandem.orchestration.scoring import OverlongShaping, collect_dynamic, score_rollout
 from tandem.rollout.hf import HFEngine
 
@@ -138,9 +140,10 @@ def _parent_alive() -> bool:
 
 def run_worker(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
     """The worker loop, until the run stops, the slot is retired or ``alive()`` turns false."""
-    cfg, coord = spec.cfg, spec.coord
-    model = load_causal_lm(spec.model_path, dtype=cfg.model.dtype)
-    tokenizer = load_tokenizer(spec.model_path)
+    cfg, coord = local_models(spec.cfg), spec.coord  # URLs: this machine's copies (a no-op for paths)
+    model_path = cached_input(spec.model_path)
+    model = load_causal_lm(model_path, dtype=cfg.model.dtype)
+    tokenizer = load_tokenizer(model_path)
     engine = HFEngine(model, tokenizer, max_prompt_len=cfg.data.max_prompt_len, version=-1)
     data = enforce_prompt_lengths(build_data(cfg.data, seed=cfg.run.seed), tokenizer, cfg.data)
     rewards = build_rewards(cfg.reward, data.task)

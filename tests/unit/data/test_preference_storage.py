@@ -89,3 +89,21 @@ def test_reward_model_trains_from_and_saves_to_s3(s3, tiny_model_dir, tmp_path):
     assert result.exit_code == 0, result.output
     files = {p.rsplit("/", 1)[-1] for p in s3.find("prefs/rm/out")}
     assert {"config.json", "model.safetensors", "tandem_reward.json", "tokenizer.json"} <= files
+
+
+def test_cached_input_is_reused_and_refetched_when_the_remote_changes(s3, tmp_path):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "a.txt").write_text("one")
+    storage.upload(folder, "s3://prefs/cache/m")
+    first = storage.cached_input("s3://prefs/cache/m")
+    assert (first / "a.txt").read_text() == "one" and first.name == "m"
+    assert storage.cached_input("s3://prefs/cache/m") == first  # same content: the same copy
+    (folder / "a.txt").write_text("two!")  # another size: a new copy
+    storage.upload(folder, "s3://prefs/cache/m")
+    second = storage.cached_input("s3://prefs/cache/m")
+    assert second != first and (second / "a.txt").read_text() == "two!"
+    assert not [p for p in storage.cache_root().iterdir() if p.name.startswith(".")]  # no partial copies
+    with pytest.raises(DataError, match="does not exist"):
+        storage.cached_input("s3://prefs/cache/missing")
+    assert storage.cached_input(str(folder)) == folder  # local paths are used as they are
