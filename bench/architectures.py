@@ -13,7 +13,10 @@ is the whole ``train()`` call (start-up, the before/after evaluations of the hel
 Each (system, round) is its own subprocess; subprocesses run one at a time, systems interleaved.
 ``--no-shared-prefix`` scores every sample's prompt separately in training (the pre-2026-11-29 learner).
 
-    .venv/bin/python bench/architectures.py [--steps 100] [--rounds 2]
+    .venv/bin/python bench/architectures.py [--steps 100] [--rounds 2] [--json rounds.json]
+
+This VM's speed drifts by up to ±20 % within minutes, so read the per-round ratios (and pool several runs
+with ``--json``) rather than one run's medians.
 """
 
 from __future__ import annotations
@@ -99,6 +102,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--no-shared-prefix", action="store_true", help="score each sample's prompt separately")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--json", help="also write every round's measurements to this file")
     ap.add_argument("--one", choices=list(SYSTEMS), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
@@ -148,10 +152,13 @@ def _table(results: dict[str, list[dict]], args: argparse.Namespace) -> None:
         delta = 100 * (med[s]["acc_after"] - med["colocated"]["acc_after"])
         ok = med[s]["samples_per_s"] / base >= 1.6 and abs(delta) <= 2
         print(
-            f"ratio {s}: {med[s]['samples_per_s'] / base:.2f}x (rounds {' / '.join(f'{r:.2f}' for r in per_round)}), "
+            f"ratio {s}: {med[s]['samples_per_s'] / base:.2f}x (rounds {' / '.join(f'{r:.2f}' for r in per_round)}; "
+            f"median per round {statistics.median(per_round):.2f}x, min {min(per_round):.2f}x), "
             f"accuracy {delta:+.1f} points vs colocated -> {'meets' if ok else 'misses'} the target "
             "(≥ 1.6x, within 2 points)"
         )
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))  # raw rounds, to pool several runs
 
 
 if __name__ == "__main__":
