@@ -466,6 +466,16 @@ class CheckpointConfig(Section):
         "one from there when the run folder has none as new.",
     )
 
+    @field_validator("remote_dir")
+    @classmethod
+    def _remote_url(cls, value: str | None) -> str | None:
+        if value is not None and ("://" not in value or value.startswith("file://")):
+            raise ValueError(
+                f"'{value}' is not an object-storage URL (e.g. s3://bucket/runs); for a local or mounted "
+                "folder set run.output_dir instead"
+            )
+        return value
+
 
 class TandemConfig(Section):
     run: RunConfig = Field(default_factory=RunConfig, description="Run identity and output.")

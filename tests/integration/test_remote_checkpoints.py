@@ -98,3 +98,11 @@ def test_unwritable_remote_dir_is_one_line_before_training(s3, tiny_model_dir, t
         train(cfg)
     assert "\n" not in str(err.value), str(err.value)
     assert not (tmp_path / "run" / "checkpoints").exists()  # nothing trained
+
+
+def test_remote_dir_must_be_a_url(tiny_model_dir, tmp_path):
+    from tandem.errors import ConfigError
+
+    raw = {"model": {"path": str(tiny_model_dir)}, "checkpoint": {"remote_dir": str(tmp_path / "x")}}
+    with pytest.raises(ConfigError, match=r"checkpoint\.remote_dir: .* is not an object-storage URL"):
+        build_config(raw)
