@@ -8,6 +8,12 @@ fix it. The CLI prints the message without a traceback and exits non-zero.
 from __future__ import annotations
 
 
+def first_line(err: BaseException) -> str:
+    """The first line of ``str(err)``, or the exception's type name when it has no message."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 class TandemError(Exception):
     """An expected, user-caused error; ``str(err)`` is the one line shown to the user."""
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from tandem.errors import ModelError
+from tandem.errors import ModelError, first_line
 from tandem.utils.io import atomic_dir
 
 logger = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerBase:
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, padding_side="left")
     except (OSError, ValueError) as err:
-        raise ModelError(f"cannot load tokenizer: {_first_line(err)}", where=str(folder)) from err
+        raise ModelError(f"cannot load tokenizer: {first_line(err)}", where=str(folder)) from err
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token_id is None:
             raise ModelError(
@@ -100,13 +100,8 @@ def load_causal_lm(
             str(folder), local_files_only=True, dtype=DTYPES[dtype], use_safetensors=True
         )
     except (OSError, ValueError, KeyError) as err:
-        raise ModelError(f"cannot load model: {_first_line(err)}", where=str(folder)) from err
+        raise ModelError(f"cannot load model: {first_line(err)}", where=str(folder)) from err
     return model.to(device)
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 def save_pretrained_atomic(

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from tandem.config.schema import TandemConfig
 from tandem.data import storage
-from tandem.errors import DataError, TandemError
+from tandem.errors import DataError, TandemError, first_line
 from tandem.train.checkpoint import COMPLETE_MARKER, latest_checkpoint
 
 log = logging.getLogger(__name__)
@@ -86,9 +86,8 @@ def _remote_errors(what: str, root: str) -> Iterator[None]:
             raise DataError(f"{what} {root}: {err}", where="checkpoint.remote_dir") from None
         raise
     except Exception as err:  # botocore, gcsfs, OSError: vary by backend
-        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         raise DataError(
-            f"{what} {root}: {type(err).__name__}: {first}", where="checkpoint.remote_dir"
+            f"{what} {root}: {type(err).__name__}: {first_line(err)}", where="checkpoint.remote_dir"
         ) from None
 
 

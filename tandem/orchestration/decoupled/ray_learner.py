@@ -31,7 +31,7 @@ from rich.console import Console
 
 from tandem.channels.ray import driver_node_strategy, import_ray, kill_and_wait
 from tandem.config.schema import TandemConfig
-from tandem.errors import ConfigError, TandemError
+from tandem.errors import ConfigError, TandemError, first_line
 from tandem.monitor.progress import MetricsProgress, ProgressDisplay
 from tandem.orchestration.decoupled.ray_cluster import RayCluster
 from tandem.orchestration.decoupled.ray_supervisor import role_options, role_resources
@@ -212,7 +212,6 @@ def _result(ray: Any, ref: Any, on_poll: Callable[[], None] | None = None) -> Ru
             raise err.cause from None
         raise
     except RayActorError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise LearnerActorDiedError(
-            f"the learner actor died: {first}", where="architecture.ray.learner_actor"
+            f"the learner actor died: {first_line(err)}", where="architecture.ray.learner_actor"
         ) from None

@@ -20,7 +20,7 @@ from typing import Any
 
 from tandem.channels.ray import import_ray, kill_and_wait
 from tandem.config.schema import TandemConfig
-from tandem.errors import TandemError
+from tandem.errors import TandemError, first_line
 from tandem.orchestration.decoupled.ray_supervisor import role_options
 from tandem.orchestration.dp_learner import (
     STARTUP_TIMEOUT_S,
@@ -74,7 +74,7 @@ class RayRank:
         except ray.exceptions.RayTaskError as err:
             return str(err.cause) if isinstance(err.cause, TandemError) else str(err)
         except ray.exceptions.RayActorError as err:
-            return f"learner rank actor died: {str(err).strip().splitlines()[0] if str(err).strip() else err}"
+            return f"learner rank actor died: {first_line(err)}"
         return None
 
     def join(self, timeout: float | None = None) -> None:

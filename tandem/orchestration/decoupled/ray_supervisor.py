@@ -35,7 +35,7 @@ from tandem.channels.base import TrajectoryChannel
 from tandem.channels.ray import import_ray
 from tandem.channels.ray_weights import RayObjectStoreWeights
 from tandem.config.schema import RoleResources, TandemConfig
-from tandem.errors import ConfigError, TandemError
+from tandem.errors import ConfigError, TandemError, first_line
 from tandem.orchestration.decoupled.coordination import MAX_SLOTS
 from tandem.orchestration.decoupled.ray_coordination import RayCoordination
 from tandem.orchestration.decoupled.supervisor import WorkerFailedError
@@ -87,10 +87,6 @@ def role_options(role: RoleResources, max_restarts: int = 0) -> dict[str, Any]:
     if role.memory_mb is not None:
         opts["memory"] = role.memory_mb * 2**20
     return opts
-
-
-def _first_line(err: BaseException) -> str:
-    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
 
 
 def _driver_node_ip(ray: Any) -> str:
@@ -241,11 +237,11 @@ class RaySupervisor:
                     self._submit(slot)
                     continue
                 if unavailable is None:
-                    self._restart_loop(slot, f"actor died: {_first_line(err)}")
+                    self._restart_loop(slot, f"actor died: {first_line(err)}")
                     continue
                 raise WorkerFailedError(  # Ray gave up: restarts exhausted
                     f"rollout worker {slot} died more than {self.cfg.architecture.max_worker_restarts} times "
-                    f"({_first_line(err)})",
+                    f"({first_line(err)})",
                     where="architecture.max_worker_restarts",
                 ) from None
             except exceptions.RayTaskError as err:  # an exception in the loop; the process lives on
