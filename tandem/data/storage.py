@@ -96,7 +96,8 @@ def cached_input(url: str | os.PathLike[str]) -> Path:
     try:
         if not fs.exists(path):
             raise DataError("object does not exist", where=str(url))
-        listing = fs.find(path, detail=True) if fs.isdir(path) else {path: fs.info(path)}
+        is_dir = fs.isdir(path)
+        listing = fs.find(path, detail=True) if is_dir else {path: fs.info(path)}
     except DataError:
         raise
     except Exception as err:  # botocore / network errors vary by backend
@@ -115,7 +116,7 @@ def cached_input(url: str | os.PathLike[str]) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        fs.get(path, str(tmp / name), recursive=fs.isdir(path))
+        fs.get(path, str(tmp / name), recursive=is_dir)
         os.rename(tmp, final)
     except OSError:
         if not (final / name).exists():  # not another process winning the rename: a real failure

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,11 +25,9 @@ from pathlib import Path
 from tandem.config.schema import TandemConfig
 from tandem.data import storage
 from tandem.errors import DataError, TandemError, first_line
-from tandem.train.checkpoint import COMPLETE_MARKER, latest_checkpoint
+from tandem.train.checkpoint import COMPLETE_MARKER, checkpoint_step, latest_checkpoint
 
 log = logging.getLogger(__name__)
-
-_STEP = re.compile(r"^step-(\d+)$")
 
 
 def local_models(cfg: TandemConfig) -> TandemConfig:
@@ -38,24 +35,17 @@ def local_models(cfg: TandemConfig) -> TandemConfig:
     (:func:`~tandem.data.storage.cached_input`); ``cfg`` itself when nothing is remote. Each process that
     loads models calls it (driver, learner actor, rollout workers, learner ranks), so on a multi-node Ray
     cluster every node fetches its own copy, once."""
-    fields = [("model", "path"), ("model", "ref_path")]
-    if cfg.critic is not None:
-        fields.append(("critic", "path"))
-    remote = [
-        (sec, key) for sec, key in fields if (u := getattr(getattr(cfg, sec), key)) and storage.is_remote(u)
-    ]
-    rm_remote = cfg.reward.model is not None and storage.is_remote(cfg.reward.model.path)
-    if not remote and not rm_remote:
-        return cfg
     local_cfg = cfg.model_copy(deep=True)
-    for sec, key in remote:
-        url = getattr(getattr(cfg, sec), key)
-        log.info("using a local copy of %s (%s.%s)", url, sec, key)
-        setattr(getattr(local_cfg, sec), key, str(storage.cached_input(url)))
-    if rm_remote:
-        assert local_cfg.reward.model is not None and cfg.reward.model is not None
-        local_cfg.reward.model.path = str(storage.cached_input(cfg.reward.model.path))
-    return local_cfg
+    owners = [(local_cfg.model, "path"), (local_cfg.model, "ref_path")]
+    owners += [(local_cfg.critic, "path"), (local_cfg.reward.model, "path")]  # either may be absent
+    changed = False
+    for owner, key in owners:
+        url = getattr(owner, key) if owner is not None else None
+        if url and storage.is_remote(url):
+            log.info("using this machine's copy of %s", url)
+            setattr(owner, key, str(storage.cached_input(url)))
+            changed = True
+    return local_cfg if changed else cfg
 
 
 def remote_root(cfg: TandemConfig) -> str | None:
@@ -69,10 +59,9 @@ def _remote_steps(root: str) -> list[tuple[int, str]]:
     ckpts = storage.join_url(root, "checkpoints")
     found = []
     for name in storage.list_names(ckpts):
-        match = _STEP.match(name)
-        url = storage.join_url(ckpts, name)
-        if match and storage.exists(storage.join_url(url, COMPLETE_MARKER)):
-            found.append((int(match.group(1)), url))
+        step, url = checkpoint_step(name), storage.join_url(ckpts, name)
+        if step is not None and storage.exists(storage.join_url(url, COMPLETE_MARKER)):
+            found.append((step, url))
     return sorted(found)
 
 
@@ -133,7 +122,7 @@ def fetch_newer_checkpoint(cfg: TandemConfig, ckpt_root: Path) -> Path | None:
         return None
     step, url = steps[-1]
     local = latest_checkpoint(ckpt_root)
-    if local is not None and int(_STEP.match(local.name).group(1)) >= step:  # type: ignore[union-attr]
+    if local is not None and (checkpoint_step(local.name) or 0) >= step:
         return None
     name = url.rstrip("/").rsplit("/", 1)[-1]
     ckpt_root.mkdir(parents=True, exist_ok=True)

@@ -46,6 +46,12 @@ CRITIC_OPTIMIZER = "critic/optimizer.pt"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
+def checkpoint_step(name: str) -> int | None:
+    """The step of a checkpoint folder name (``step-00000042`` -> 42), or None for any other name."""
+    match = _STEP_DIR.match(name)
+    return int(match.group(1)) if match else None
+
+
 def checkpoint_dir(ckpt_root: str | Path, step: int) -> Path:
     """Path of the checkpoint folder for ``step`` (``step-00000042``)."""
     return Path(ckpt_root) / f"step-{step:08d}"
@@ -107,9 +113,9 @@ def list_checkpoints(ckpt_root: str | Path) -> list[Path]:
         return []
     found = []
     for child in root.iterdir():
-        match = _STEP_DIR.match(child.name)
-        if match and child.is_dir() and (child / COMPLETE_MARKER).is_file():
-            found.append((int(match.group(1)), child))
+        step = checkpoint_step(child.name)
+        if step is not None and child.is_dir() and (child / COMPLETE_MARKER).is_file():
+            found.append((step, child))
     return [path for _, path in sorted(found)]
 
 
