@@ -62,6 +62,13 @@ def kill_and_wait(actor: Any, timeout_s: float = 10.0) -> bool:
     return False
 
 
+def free_queue(queue: Any) -> None:
+    """Kill the actor behind a ``ray.util.queue.Queue`` and wait until it is gone (idempotent)."""
+    if queue.actor is not None:
+        actor, queue.actor = queue.actor, None
+        kill_and_wait(actor)
+
+
 class RayQueueChannel:
     """A :class:`~tandem.channels.base.TrajectoryChannel` over an actor-backed Ray queue."""
 
@@ -104,6 +111,5 @@ class RayQueueChannel:
 
     def close(self) -> None:
         """Free the queue actor (creating process only; idempotent). Other processes hold just a handle."""
-        if self._owner and self._queue.actor is not None:
-            actor, self._queue.actor = self._queue.actor, None
-            kill_and_wait(actor)
+        if self._owner:
+            free_queue(self._queue)

@@ -29,7 +29,7 @@ from typing import Any
 
 from rich.console import Console
 
-from tandem.channels.ray import driver_node_strategy, import_ray, kill_and_wait
+from tandem.channels.ray import driver_node_strategy, free_queue, import_ray
 from tandem.config.schema import TandemConfig
 from tandem.errors import ConfigError, TandemError, first_line
 from tandem.monitor.progress import MetricsProgress, ProgressDisplay
@@ -49,17 +49,15 @@ class LearnerActorDiedError(TandemError):
 
 
 class ProgressForwarder:
-    """A :class:`~tandem.monitor.metrics.MetricsListener` in the learner actor: sends each logged row's numbers
-    and each alert to the driver's progress queue (fire and forget; one caller, so order is kept)."""
+    """A :class:`~tandem.monitor.metrics.MetricsListener` in the learner actor: sends each logged row (plain
+    numbers and strings) and each alert to the driver's progress queue (fire and forget; one caller, so
+    order is kept)."""
 
     def __init__(self, queue: Any) -> None:
         self.queue = queue
 
     def log(self, step: int, values: Any) -> None:
-        numbers = {
-            k: float(v) for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-        }
-        self.queue.actor.put_nowait.remote(("log", step, numbers))
+        self.queue.actor.put_nowait.remote(("log", step, dict(values)))
 
     def alert(self, message: str) -> None:
         self.queue.actor.put_nowait.remote(("alert", message))
@@ -128,9 +126,7 @@ class DriverProgress:
         finally:
             if self.view is not None:
                 self.view.close()
-            if self.queue.actor is not None:
-                actor, self.queue.actor = self.queue.actor, None
-                kill_and_wait(actor)
+            free_queue(self.queue)
 
 
 def train_in_learner_actor(
