@@ -66,7 +66,7 @@ def open_backend(
     coord = Coordination(ctx, controller)
     weights = SharedMemoryWeights(template, ctx)
     channel = open_channel(cfg.architecture.channel.backend, **channel_options(cfg, ctx))
-    supervisor = LocalSupervisor(ctx, cfg, str(cfg.model.path), channel, weights, coord)
+    supervisor = LocalSupervisor(ctx, cfg, channel, weights, coord)
     return Backend(coord, weights, channel, supervisor, [weights.unlink, channel.close])
 
 
@@ -92,5 +92,5 @@ def _open_ray(
         raise
     # a local instance has all its resources from the start: do not wait long for what cannot come
     wait_s = 120.0 if cluster.joined or cluster.reused else 15.0
-    supervisor = RaySupervisor(cfg, str(cfg.model.path), channel, weights, coord, placement_timeout_s=wait_s)
+    supervisor = RaySupervisor(cfg, channel, weights, coord, placement_timeout_s=wait_s)
     return Backend(coord, weights, channel, supervisor, cleanups)

@@ -100,13 +100,12 @@ class RaySupervisor:
     def __init__(
         self,
         cfg: TandemConfig,
-        model_path: str,
         channel: TrajectoryChannel,
         weights: RayObjectStoreWeights,
         coord: RayCoordination,
         placement_timeout_s: float = PLACEMENT_TIMEOUT_S,
     ) -> None:
-        self.cfg, self.model_path, self.placement_timeout_s = cfg, model_path, placement_timeout_s
+        self.cfg, self.placement_timeout_s = cfg, placement_timeout_s
         self.channel, self.weights, self.coord = channel, weights, coord
         self.actors: dict[int, Any] = {}
         self.runs: dict[int, Any] = {}  # slot -> ObjectRef of the running run()
@@ -166,7 +165,7 @@ class RaySupervisor:
     # -- lifecycle -----------------------------------------------------------------------------------------
     def _spawn(self, slot: int) -> None:
         ray = import_ray()
-        spec = WorkerSpec(slot, self.cfg, self.model_path, self.channel, self.weights, self.coord)
+        spec = WorkerSpec(slot, self.cfg, self.channel, self.weights, self.coord)
         actor = ray.remote(RolloutActor).options(**self._options(slot)).remote(spec)
         self.actors[slot] = actor
         self._submit(slot)

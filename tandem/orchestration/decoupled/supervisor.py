@@ -36,12 +36,11 @@ class LocalSupervisor:
         self,
         ctx: BaseContext,
         cfg: TandemConfig,
-        model_path: str,
         channel: TrajectoryChannel,
         weights: SharedMemoryWeights,
         coord: Coordination,
     ) -> None:
-        self.ctx, self.cfg, self.model_path = ctx, cfg, model_path
+        self.ctx, self.cfg = ctx, cfg
         self.channel, self.weights, self.coord = channel, weights, coord
         self.errors: Any = ctx.Queue()
         self.procs: dict[int, BaseProcess] = {}
@@ -50,9 +49,7 @@ class LocalSupervisor:
 
     # -- lifecycle ----------------------------------------------------------------------------------------
     def _spawn(self, slot: int) -> None:
-        spec = WorkerSpec(
-            slot, self.cfg, self.model_path, self.channel, self.weights, self.coord, self.errors
-        )
+        spec = WorkerSpec(slot, self.cfg, self.channel, self.weights, self.coord, self.errors)
         proc = self.ctx.Process(target=worker_main, args=(spec,), name=f"tandem-rollout-{slot}", daemon=True)
         proc.start()
         self.procs[slot] = proc

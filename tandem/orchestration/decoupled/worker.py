@@ -28,7 +28,6 @@ from tandem.channels.base import TrajectoryChannel, TrajectoryMessage
 from tandem.channels.weights import SharedMemoryWeights
 from tandem.config.schema import TandemConfig
 from tandem.data import PromptSampler
-from tandem.data.storage import cached_input
 from tandem.errors import TandemError
 from tandem.models import load_causal_lm, load_tokenizer
 from tandem.monitor import PhaseTimer
@@ -53,8 +52,7 @@ class WorkerSpec:
     """What a worker needs (picklable: a process argument or a Ray actor argument)."""
 
     slot: int
-    cfg: TandemConfig
-    model_path: str
+    cfg: TandemConfig  # model folders may be URLs: the worker uses this machine's copies
     channel: TrajectoryChannel
     weights: SharedMemoryWeights | RayObjectStoreWeights
     coord: Coordination | RayCoordination
@@ -141,9 +139,8 @@ def _parent_alive() -> bool:
 def run_worker(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
     """The worker loop, until the run stops, the slot is retired or ``alive()`` turns false."""
     cfg, coord = local_models(spec.cfg), spec.coord  # URLs: this machine's copies (a no-op for paths)
-    model_path = cached_input(spec.model_path)
-    model = load_causal_lm(model_path, dtype=cfg.model.dtype)
-    tokenizer = load_tokenizer(model_path)
+    model = load_causal_lm(cfg.model.path, dtype=cfg.model.dtype)
+    tokenizer = load_tokenizer(cfg.model.path)
     engine = HFEngine(model, tokenizer, max_prompt_len=cfg.data.max_prompt_len, version=-1)
     data = enforce_prompt_lengths(build_data(cfg.data, seed=cfg.run.seed), tokenizer, cfg.data)
     rewards = build_rewards(cfg.reward, data.task)

@@ -184,7 +184,7 @@ def test_placement_that_cannot_fit_names_the_resource_key(ray_instance):
     from tandem.orchestration.decoupled.ray_supervisor import RaySupervisor
 
     cfg = _cfg(runtime="ray", channel={"backend": "ray"}, worker={"cpus": 8})  # the instance has 2 CPUs
-    supervisor = RaySupervisor(cfg, "unused", None, None, None, placement_timeout_s=1.0)
+    supervisor = RaySupervisor(cfg, None, None, None, placement_timeout_s=1.0)
     with pytest.raises(ConfigError, match=r"architecture.worker.cpus: the Ray cluster cannot reserve 1"):
         supervisor.start(1)
     assert supervisor.placement_group is None and not supervisor.actors
