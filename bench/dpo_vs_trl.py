@@ -8,7 +8,9 @@ at 1.0, fp32, no evaluation, no checkpoints. Variants:
 - ``tandem``: ``tandem.train.dpo`` — reference log-probs computed once before training (that time is
   reported separately as ``ref s``), one policy forward/backward of the 2B stacked rows per step;
 - ``trl``: ``DPOTrainer`` with its defaults (a reference forward at every step);
-- ``trl-precompute``: ``DPOTrainer`` with ``precompute_ref_log_probs=True`` (TRL's own cache).
+- ``trl-precompute``: ``DPOTrainer`` with ``precompute_ref_log_probs=True`` (TRL's own cache);
+- ``tandem-full-rows`` (only with ``--variants``): ``tandem`` with ``shared_prefix=False`` — each pair's
+  prompt runs twice, once per completion, as before 2026-11-29.
 
 Each (variant, round) is a separate subprocess (one JSON line back), run one at a time with the variant
 order reversed every round, so peak RSS is per variant. Every run sets ``torch.set_num_threads(--threads)``
@@ -37,6 +39,7 @@ BATCH = 8
 BETA = 0.1
 TRAIN_PAIRS = 2000
 VARIANTS = ("tandem", "trl", "trl-precompute")
+EXTRA_VARIANTS = ("tandem-full-rows",)
 
 
 def _rows(seed: int) -> list[dict[str, Any]]:
@@ -50,7 +53,9 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
-def run_tandem(model_dir: str, steps: int, lr: float, seed: int) -> dict[str, Any]:
+def run_tandem(
+    model_dir: str, steps: int, lr: float, seed: int, shared_prefix: bool = True
+) -> dict[str, Any]:
     from tandem.data.preference import validate_row
     from tandem.models import load_causal_lm, load_tokenizer
     from tandem.train import dpo
@@ -63,7 +68,15 @@ def run_tandem(model_dir: str, steps: int, lr: float, seed: int) -> dict[str, An
     del ref_model
     ref_s = time.perf_counter() - t0
     policy = load_causal_lm(model_dir)
-    settings = dpo.DPOSettings(beta=BETA, lr=lr, batch_size=BATCH, max_steps=steps, warmup_steps=0, seed=seed)
+    settings = dpo.DPOSettings(
+        beta=BETA,
+        lr=lr,
+        batch_size=BATCH,
+        max_steps=steps,
+        warmup_steps=0,
+        seed=seed,
+        shared_prefix=shared_prefix,
+    )
     marks = [(time.perf_counter(), time.process_time())]
     acc: list[float] = []
 
@@ -130,8 +143,8 @@ def child(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     torch.set_num_interop_threads(1)
-    if args.variant == "tandem":
-        out = run_tandem(args.model, args.steps, args.lr, args.seed)
+    if args.variant.startswith("tandem"):
+        out = run_tandem(args.model, args.steps, args.lr, args.seed, shared_prefix=args.variant == "tandem")
     else:
         out = run_trl(args.model, args.steps, args.lr, args.seed, precompute=args.variant == "trl-precompute")
     out.update(variant=args.variant, peak_rss_mb=_peak_rss_mb())
@@ -199,9 +212,9 @@ def parent(args: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
+    ap.add_argument("--variant", choices=VARIANTS + EXTRA_VARIANTS, help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
-    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS + EXTRA_VARIANTS, default=list(VARIANTS))
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=3)
