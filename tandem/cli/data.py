@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -11,6 +13,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from tandem.cli.main import app, user_errors
+
+if TYPE_CHECKING:
+    from tandem.data.preference import InvalidRow
 
 data_app = typer.Typer(
     help="Preference data: validate, split, stats, dedup, aggregate, make-safety.", no_args_is_help=True
@@ -28,6 +33,7 @@ Sidecar = Annotated[
     str | None, typer.Option(help="Sidecar for invalid rows (default <input>.invalid.jsonl).")
 ]
 MaxLength = Annotated[int | None, typer.Option(help="Max characters of prompt + completion.")]
+MAX_LISTED = 50  # invalid rows `validate` lists before it only counts the rest
 
 
 def _load(path: str, skip_invalid: bool, sidecar: str | None, max_length: int | None):
@@ -52,12 +58,49 @@ def _load(path: str, skip_invalid: bool, sidecar: str | None, max_length: int | 
 def validate(
     path: InputFile, skip_invalid: SkipInvalid = False, sidecar: Sidecar = None, max_length: MaxLength = None
 ) -> None:
-    """Check every row; the first bad one is reported as file:line: reason (exit 2).
+    """Check every row; list each bad one as file:line: reason, like a linter (exit 2 if any).
+
+    The first 50 bad rows are listed, then a count of the rest. With --skip-invalid, bad rows go to
+    the sidecar file instead and the command succeeds if any valid pair is left.
 
     Example: tandem data validate data/prefs.jsonl --skip-invalid
     """
-    data = _load(path, skip_invalid, sidecar, max_length)
-    out.print(f"{len(data.pairs)} valid pairs, {len(data.invalid)} invalid rows in {escape(path)}")
+    if skip_invalid:
+        data = _load(path, skip_invalid, sidecar, max_length)
+        out.print(f"{len(data.pairs)} valid pairs, {len(data.invalid)} invalid rows in {escape(path)}")
+        return
+    from tandem.data.preference import read_preferences
+    from tandem.data.storage import local_input
+    from tandem.errors import DataError
+
+    with local_input(path) as local:
+        data = read_preferences(local, max_length=max_length)
+    for line in invalid_listing(data.invalid):
+        out.print(escape(line), highlight=False, soft_wrap=True)
+    if data.invalid:
+        raise DataError(
+            f"{len(data.invalid)} invalid rows, {len(data.pairs)} valid pairs",
+            where=path,
+            hint="fix the rows or pass --skip-invalid",
+        )
+    if not data.pairs:
+        raise DataError("no valid preference pairs", where=path)
+    out.print(f"{len(data.pairs)} valid pairs, 0 invalid rows in {escape(path)}")
+
+
+def invalid_listing(invalid: Sequence[InvalidRow], limit: int = MAX_LISTED) -> list[str]:
+    """``file:line: reason`` for the first ``limit`` invalid rows in file order, then a count of the rest."""
+    ordered = sorted(invalid, key=lambda row: _line_number(row.where))
+    lines = [f"{row.where}: {row.reason}" for row in ordered[:limit]]
+    if len(ordered) > limit:
+        lines.append(f"… and {len(ordered) - limit} more invalid rows")
+    return lines
+
+
+def _line_number(where: str) -> int:
+    """The line (or row) number in ``file:LINE``, ``file:row N`` or ``file:L1+L2`` (0 if none)."""
+    match = re.search(r":(?:row )?(\d+)(?:\+\d+)?$", where)
+    return int(match.group(1)) if match else 0
 
 
 @data_app.command("stats")
@@ -120,7 +163,11 @@ def split_cmd(
     val_fraction: Annotated[float, typer.Option(help="Share of prompts held out.")] = 0.2,
     seed: Annotated[int, typer.Option(help="Split seed.")] = 0,
     augment: Annotated[
-        str | None, typer.Option(help="Hook 'module:function' applied to the train split only.")
+        str | None,
+        typer.Option(
+            help="Hook 'module:function' or 'file.py:function' applied to the train split only. "
+            "It imports and runs that Python code with your permissions: use only code you trust."
+        ),
     ] = None,
     rebalance: Annotated[
         bool, typer.Option("--rebalance", help="Resample train categories to equal counts.")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,8 @@ Text = str | list[dict[str, str]]
 LengthFn = Callable[[str], int]
 
 KNOWN_COLUMNS = {"prompt", "chosen", "rejected", "margin", "category", "completion", "score"}
+MAX_DEPTH = 64  # nesting levels a row may have; a message list row needs 3
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -93,13 +96,13 @@ def iter_raw_rows(path: str | Path) -> Iterator[tuple[str, Any | InvalidRow]]:
     if not p.exists():
         raise DataError("preference file does not exist", where=str(p))
     if p.is_dir():
-        yield from _iter_arrow_dir(p)
+        yield from (_checked(where, row) for where, row in _iter_arrow_dir(p))
     elif p.suffix == ".parquet":
         from tandem.data.parquet import read_parquet_rows
 
         _, rows = read_parquet_rows(p)
         for i, row in enumerate(rows):
-            yield f"{p}:row {i}", row
+            yield _checked(f"{p}:row {i}", row)
     elif p.suffix in (".jsonl", ".json"):
         yield from _iter_jsonl(p)
     else:
@@ -108,6 +111,12 @@ def iter_raw_rows(path: str | Path) -> Iterator[tuple[str, Any | InvalidRow]]:
             where=str(p),
             hint="use .jsonl, .parquet or a folder written by datasets.save_to_disk",
         )
+
+
+def _checked(where: str, row: Any) -> tuple[str, Any]:
+    """``(where, row)``, or ``(where, InvalidRow)`` when :func:`row_problem` finds one."""
+    problem = row_problem(row)
+    return where, (InvalidRow(where, problem, repr(row)[:1000]) if problem else row)
 
 
 def _iter_jsonl(path: Path) -> Iterator[tuple[str, Any]]:
@@ -126,10 +135,36 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[str, Any]]:
             except json.JSONDecodeError as err:
                 yield where, InvalidRow(where, f"invalid JSON ({err.msg} at column {err.colno})", line)
                 continue
-            if not isinstance(obj, dict):
-                yield where, InvalidRow(where, "expected a JSON object", obj)
+            except RecursionError:
+                yield where, InvalidRow(where, f"nested deeper than {MAX_DEPTH} levels", line.strip())
                 continue
-            yield where, obj
+            if not isinstance(obj, dict):
+                yield where, InvalidRow(where, "expected a JSON object", line.strip())
+                continue
+            problem = row_problem(obj)
+            # The raw line (plain JSON text) is kept for the sidecar: it is valid UTF-8 and shallow to write.
+            yield where, (InvalidRow(where, problem, line.strip()) if problem else obj)
+
+
+def row_problem(row: Any) -> str | None:
+    """Why a decoded row cannot be processed at all, or None: nested deeper than :data:`MAX_DEPTH`
+    levels (later JSON writes would overflow the stack), or a string holding a lone UTF-16 surrogate
+    such as ``"\\ud800"`` (legal JSON, but not Unicode text: it cannot be written back as UTF-8)."""
+    stack: list[tuple[Any, int, str]] = [(row, 0, "")]
+    while stack:
+        value, depth, column = stack.pop()
+        if depth > MAX_DEPTH:
+            return f"nested deeper than {MAX_DEPTH} levels"
+        if isinstance(value, str) and _SURROGATE.search(value):
+            return f"field '{column}' holds a lone surrogate (not valid Unicode text)"
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(key, str) and _SURROGATE.search(key):
+                    return "a key holds a lone surrogate (not valid Unicode text)"
+                stack.append((item, depth + 1, column or str(key)))
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1, column) for item in value)
+    return None
 
 
 def _iter_arrow_dir(folder: Path) -> Iterator[tuple[str, Any]]:
@@ -333,12 +368,20 @@ def write_invalid(rows: Sequence[InvalidRow], path: str | Path) -> Path:
     """Write rejected rows with their location and reason, atomically."""
     from tandem.utils.io import atomic_write_text
 
-    lines = [
-        json.dumps({"where": r.where, "reason": r.reason, "row": r.row}, ensure_ascii=False, default=str)
-        for r in rows
-    ]
+    lines = [_sidecar_line(r) for r in rows]
     atomic_write_text(path, "".join(line + "\n" for line in lines))
     return Path(path)
+
+
+def _sidecar_line(row: InvalidRow) -> str:
+    """One sidecar line; ASCII escapes where the raw row holds text UTF-8 cannot encode (lone surrogates)."""
+    obj = {"where": row.where, "reason": row.reason, "row": row.row}
+    line = json.dumps(obj, ensure_ascii=False, default=str)
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        line = json.dumps(obj, ensure_ascii=True, default=str)
+    return line
 
 
 def write_pairs(pairs: Sequence[PreferencePair], path: str | Path) -> Path:

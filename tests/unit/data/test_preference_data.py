@@ -13,6 +13,7 @@ from tandem.data.preference import (
     read_preferences,
     split_implicit,
     validate_row,
+    write_invalid,
 )
 from tandem.errors import DataError
 
@@ -143,3 +144,46 @@ def test_unknown_file_type_and_missing_file(tmp_path):
         read_preferences(tmp_path / "x.csv")
     with pytest.raises(DataError, match="does not exist"):
         read_preferences(tmp_path / "nope.jsonl")
+
+
+def test_row_nested_100k_deep_is_an_invalid_row_not_a_crash(tmp_path):
+    deep = '{"prompt": "p", "chosen": "a", "rejected": "b", "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    shallow_enough = {**GOOD, "x": json.loads("[" * 70 + "]" * 70)}  # loads, but deeper than the limit
+    path = write_jsonl(tmp_path / "deep.jsonl", [GOOD, deep, shallow_enough])
+    data = read_preferences(path)
+    assert [(r.where, r.reason) for r in data.invalid] == [
+        (f"{path}:2", "nested deeper than 64 levels"),
+        (f"{path}:3", "nested deeper than 64 levels"),
+    ]
+    loaded = load_preferences(path, skip_invalid=True, sidecar=tmp_path / "side.jsonl")
+    assert len(loaded.pairs) == 1
+    side = [json.loads(x) for x in (tmp_path / "side.jsonl").read_text().splitlines()]
+    assert [s["where"] for s in side] == [f"{path}:2", f"{path}:3"]
+
+
+def test_lone_surrogate_is_an_invalid_row_and_the_sidecar_still_writes(tmp_path):
+    path = write_jsonl(
+        tmp_path / "sur.jsonl",
+        [
+            GOOD,
+            '{"prompt": "p", "chosen": "\\ud800", "rejected": "b"}',
+            '{"prompt": "q", "chosen": "c", "rejected": "d", "\\udc00": 1}',
+        ],
+    )
+    data = read_preferences(path)
+    assert [(r.where, r.reason) for r in data.invalid] == [
+        (f"{path}:2", "field 'chosen' holds a lone surrogate (not valid Unicode text)"),
+        (f"{path}:3", "a key holds a lone surrogate (not valid Unicode text)"),
+    ]
+    with pytest.raises(DataError, match=r"sur.jsonl:2: field 'chosen' holds a lone surrogate"):
+        load_preferences(path)
+    load_preferences(path, skip_invalid=True, sidecar=tmp_path / "side.jsonl")
+    side = [json.loads(x) for x in (tmp_path / "side.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert json.loads(side[0]["row"])["chosen"] == "\ud800"  # the raw line, kept exactly
+
+
+def test_sidecar_escapes_text_that_utf8_cannot_encode(tmp_path):
+    rows = [InvalidRow("f:1", "bad", {"chosen": "\ud800"}), InvalidRow("f:2", "bad", {"chosen": "é"})]
+    write_invalid(rows, tmp_path / "side.jsonl")
+    text = (tmp_path / "side.jsonl").read_text(encoding="utf-8")
+    assert '"\\ud800"' in text and '"é"' in text  # only the unencodable line is ASCII-escaped
