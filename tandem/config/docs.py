@@ -47,6 +47,9 @@ def config_reference() -> str:
         "",
         "Generated from the pydantic schema by `tandem config docs` — do not edit by hand.",
         "Every key can be set in YAML or overridden on the command line as `section.key=value`.",
+        "Floats must be finite (`.inf`/`.nan` are errors); a key given twice in one mapping, a recursive",
+        "alias, aliases that expand to more than 100,000 nodes, or nesting deeper than 64 levels is an error",
+        "naming the file (and line).",
         "",
     ]
     for name, field in TandemConfig.model_fields.items():

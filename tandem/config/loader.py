@@ -13,6 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from tandem.config.schema import CrossFieldError, TandemConfig
+from tandem.config.yaml_guard import load_yaml
 from tandem.errors import ConfigError
 
 _EXPONENT_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
@@ -27,7 +28,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override '{text}' has an empty key part")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = load_yaml(raw, f"override '{key}'")[0] if raw.strip() else None
     except yaml.YAMLError:
         value = raw
     if isinstance(value, str) and _EXPONENT_NUMBER.match(value):
@@ -51,28 +52,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-def _key_lines(text: str) -> dict[str, int]:
-    """Map dotted keys of a YAML mapping to their 1-based line numbers."""
-    out: dict[str, int] = {}
-
-    def walk(node: yaml.Node, prefix: str) -> None:
-        if isinstance(node, yaml.MappingNode):
-            for k, v in node.value:
-                key = f"{prefix}{k.value}"
-                out[key] = k.start_mark.line + 1
-                walk(v, key + ".")
-
-    try:
-        root = yaml.compose(text)
-    except yaml.YAMLError:
-        return out
-    if root is not None:
-        walk(root, "")
-    return out
-
-
 def read_yaml(path: str | Path) -> tuple[dict[str, Any], dict[str, int]]:
-    """Read a YAML mapping; returns (data, key -> line)."""
+    """Read a YAML mapping; returns (data, key -> line). Alias bombs, recursive aliases, deep nesting
+    and duplicate keys are refused (see :mod:`tandem.config.yaml_guard`)."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
@@ -81,14 +63,16 @@ def read_yaml(path: str | Path) -> tuple[dict[str, Any], dict[str, int]]:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"not UTF-8 text (byte {exc.start})", where=str(p)) from None
     try:
-        data = yaml.safe_load(text) or {}
+        data, lines = load_yaml(text, str(p))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{p}:{mark.line + 1}" if mark else str(p)
         raise ConfigError(f"invalid YAML ({getattr(exc, 'problem', exc)})", where=where) from None
+    if data is None:
+        data = {}
     if not isinstance(data, dict):
         raise ConfigError("top level must be a mapping of sections", where=str(p))
-    return data, _key_lines(text)
+    return data, lines
 
 
 def build_config(
