@@ -18,7 +18,8 @@ from tandem.errors import ConfigError
 
 
 class _Flat(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: a float key set to .inf/.nan (e.g. trainer.lr=.inf) is an error naming the key.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class PreferenceDataConfig(_Flat):

@@ -15,7 +15,8 @@ from tandem.config.presets import ALGORITHM_PRESETS, GROUP_ESTIMATORS, TOKEN_REW
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: a float key set to .inf/.nan (e.g. trainer.lr=.inf) is an error naming the key.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class RunConfig(Section):
