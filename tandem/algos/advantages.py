@@ -30,7 +30,7 @@ class AdvantageInputs:
     gamma: float = 1.0
     lam: float = 1.0
     norm_by_std: bool = True
-    eps: float = 1e-6
+    eps: float = 1e-6  # added to the group std (grpo); batch whitening adds 1e-8 to the variance
 
 
 EstimatorFn = Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor]]
@@ -178,7 +178,7 @@ def _gae(inp: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     adv = gae_scan(_token_rewards(inp, inp.scores), values, inp.response_mask, inp.gamma, inp.lam)
     returns = adv + values
     if inp.norm_by_std:
-        adv = masked_whiten(adv, inp.response_mask, eps=inp.eps)
+        adv = masked_whiten(adv, inp.response_mask)  # variance eps 1e-8, not the group-std eps
     return adv, returns
 
 
@@ -208,7 +208,7 @@ def _rloo(inp: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
 def _reinforce_pp_common(inp: AdvantageInputs, per_seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     returns = discounted_returns(_token_rewards(inp, per_seq), inp.response_mask, inp.gamma)
     if inp.norm_by_std:
-        adv = masked_whiten(returns, inp.response_mask, eps=inp.eps)
+        adv = masked_whiten(returns, inp.response_mask)  # variance eps 1e-8, not the group-std eps
     else:
         adv = returns - masked_mean(returns, inp.response_mask)
     return adv, returns

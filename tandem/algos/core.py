@@ -19,11 +19,21 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
     return total / count.clamp(min=1.0)
 
 
+def _clamp_to_range(mean: torch.Tensor, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``mean`` clamped into ``[min, max]`` of the masked entries of ``x`` (unchanged if none is masked).
+
+    The float mean of equal values can round one ulp away from them; clamping makes it exact, so the
+    deviations of a constant input are exactly 0. A no-op for any other input."""
+    lo = torch.where(mask, x, torch.full_like(x, float("inf"))).amin()
+    hi = torch.where(mask, x, torch.full_like(x, -float("inf"))).amax()
+    return torch.where(lo <= hi, torch.minimum(torch.maximum(mean, lo), hi), mean)
+
+
 def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
     """Variance of the masked entries of ``x`` (Bessel-corrected when ``unbiased`` and count > 1)."""
     m = mask.to(x.dtype)
     count = m.sum()
-    mean = masked_mean(x, mask)
+    mean = _clamp_to_range(masked_mean(x, mask), x, mask.to(torch.bool))
     var = (((x - mean) ** 2) * m).sum() / count.clamp(min=1.0)
     if unbiased and count > 1:
         var = var * count / (count - 1)
@@ -34,8 +44,13 @@ def masked_whiten(
     x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8
 ) -> torch.Tensor:
     """Standardise the masked entries of ``x`` to zero mean (optional) and unit variance; masked-out
-    entries are set to zero."""
-    mean = masked_mean(x, mask)
+    entries are set to zero. ``eps`` is added to the variance (1e-8, as in verl and OpenRLHF).
+
+    Constant input whitens to exactly 0: the float mean of equal values can be one ulp off, and
+    ``rsqrt(0 + eps)`` would magnify that ulp into a visible value, so the mean is clamped into the
+    range of the masked values (a no-op whenever the values differ).
+    """
+    mean = _clamp_to_range(masked_mean(x, mask), x, mask.to(torch.bool))
     var = masked_var(x, mask)
     out = (x - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
@@ -75,7 +90,8 @@ def group_stats(
     """Per-sample statistics of the group each sample belongs to.
 
     values ``[B]`` float, group_ids ``[B]`` int -> (group mean ``[B]``, unbiased group std ``[B]``,
-    group size ``[B]``), each broadcast back to the samples. The std of a group of one is 0 (not NaN).
+    group size ``[B]``), each broadcast back to the samples. The std of a group of one is 0 (not NaN); a
+    group of equal values has exactly that value as its mean and exactly 0 as its std.
 
     Naive equivalent: ``for g in unique(ids): sel = ids == g; mean[sel] = v[sel].mean();
     std[sel] = v[sel].std() if sel.sum() > 1 else 0``. Here two scatter-add passes over ``[B]``
@@ -86,7 +102,11 @@ def group_stats(
     v = values.to(torch.float32) if not values.is_floating_point() else values
     count = torch.zeros(g, dtype=v.dtype, device=v.device).index_add_(0, inverse, torch.ones_like(v))  # [G]
     total = torch.zeros(g, dtype=v.dtype, device=v.device).index_add_(0, inverse, v)  # [G]
-    mean = total / count  # [G]; every group has >= 1 member
+    gmin = torch.full((g,), float("inf"), dtype=v.dtype, device=v.device).scatter_reduce(0, inverse, v, "amin")
+    gmax = torch.full((g,), -float("inf"), dtype=v.dtype, device=v.device).scatter_reduce(0, inverse, v, "amax")
+    # Every group has >= 1 member. Clamped into the group's range, the mean of a group of equal values is
+    # exactly that value (a float sum of 8 x 3.3 is one ulp off), so its deviations and std are exactly 0.
+    mean = torch.minimum(torch.maximum(total / count, gmin), gmax)  # [G]
     dev2 = (v - mean[inverse]) ** 2  # [B]
     ss = torch.zeros(g, dtype=v.dtype, device=v.device).index_add_(0, inverse, dev2)  # [G]
     std = torch.where(count > 1, (ss / (count - 1).clamp(min=1.0)).sqrt(), torch.zeros_like(ss))  # [G]

@@ -146,14 +146,14 @@ def test_reinforce_pp_hand_computed() -> None:
     expected_ret = torch.tensor([[0.8, 0.9, 1.0], [-0.2, -0.2, 0.0]])
     torch.testing.assert_close(ret, expected_ret)
     valid = expected_ret[_mask([3, 2], 3)]
-    torch.testing.assert_close(adv[_mask([3, 2], 3)], (valid - valid.mean()) / (valid.var() + 1e-6).sqrt())
+    torch.testing.assert_close(adv[_mask([3, 2], 3)], (valid - valid.mean()) / (valid.var() + 1e-8).sqrt())
 
 
 def test_reinforce_pp_baseline_subtracts_group_mean_first() -> None:
     adv, ret = _adv("reinforce_pp_baseline", [1.0, 0.0, 5.0, 5.0], [0, 0, 1, 1], [1, 1, 1, 1], t=1)
     torch.testing.assert_close(ret[:, 0], torch.tensor([0.5, -0.5, 0.0, 0.0]))
     x = torch.tensor([0.5, -0.5, 0.0, 0.0])
-    torch.testing.assert_close(adv[:, 0], (x - x.mean()) / (x.var() + 1e-6).sqrt())
+    torch.testing.assert_close(adv[:, 0], (x - x.mean()) / (x.var() + 1e-8).sqrt())
 
 
 def test_discount_skips_holes_in_the_mask() -> None:
@@ -239,3 +239,68 @@ def test_gae_matches_loop(b: int, t: int, gamma: float, lam: float, seed: int) -
     torch.testing.assert_close(
         gae_scan(rewards, values, mask, gamma, lam), _loop_gae(rewards, values, mask, gamma, lam)
     )
+
+
+# ---------------------------------------------------------------- constant groups give exactly 0
+
+# Float32 values of any magnitude and sign, including the fractional ones whose float mean is one ulp off.
+_any_reward = st.floats(-1e6, 1e6, allow_nan=False, width=32)
+
+
+def test_constant_fractional_group_gives_exactly_zero() -> None:
+    """The reported defect: 8 samples all rewarded 3.3 got a GRPO advantage of 0.19 (the float32 group mean
+    is one ulp off 3.3 and dividing by std + 1e-6 magnified it)."""
+    for name in ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"):
+        adv, _ = _adv(name, [3.3] * 8, [0] * 8, [3] * 8)
+        assert adv.eq(0).all(), (name, adv[:, 0].tolist())
+
+
+@given(
+    _any_reward,
+    st.integers(2, 16),
+    st.lists(st.tuples(_any_reward, st.integers(1, 6)), max_size=4),
+    st.integers(0, 2**16),
+)
+def test_constant_group_is_exactly_zero_among_any_groups(
+    value: float, n: int, others: list[tuple[float, int]], seed: int
+) -> None:
+    """A group of ``n`` equal rewards gets advantage exactly 0 from every group-relative estimator,
+    whatever the value and whatever the other groups of the batch hold."""
+    gen = torch.Generator().manual_seed(seed)
+    scores, ids = [value] * n, [0] * n
+    for g, (scale, size) in enumerate(others, start=1):
+        scores += (torch.randn(size, generator=gen) * scale).tolist()
+        ids += [g] * size
+    lengths = torch.randint(1, 4, (len(ids),), generator=gen).tolist()
+    for name in ("grpo", "dr_grpo", "rloo"):
+        adv, _ = _adv(name, scores, ids, lengths)
+        assert adv[:n].eq(0).all(), (name, value, adv[:n, 0].tolist())
+    # REINFORCE++-baseline centres each group (exactly 0 here) and then whitens over the whole batch, so the
+    # constant group's tokens share one value, and that value is exactly 0 when every group is constant.
+    adv, ret = _adv("reinforce_pp_baseline", scores, ids, lengths)
+    assert ret[:n].eq(0).all()
+    valid = adv[:n][_mask(lengths[:n], 3)]
+    assert valid.eq(valid[0]).all()
+
+
+@given(st.lists(st.tuples(_any_reward, st.integers(1, 8)), min_size=1, max_size=5))
+def test_batch_of_constant_groups_is_exactly_zero(groups: list[tuple[float, int]]) -> None:
+    scores = [v for v, size in groups for _ in range(size)]
+    ids = [g for g, (_, size) in enumerate(groups) for _ in range(size)]
+    for name in ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"):
+        adv, _ = _adv(name, scores, ids, [3] * len(ids))
+        assert adv.eq(0).all(), (name, groups)
+
+
+@given(_any_reward, st.integers(1, 6), st.integers(1, 5))
+def test_whitening_a_constant_batch_is_exactly_zero(value: float, b: int, t: int) -> None:
+    """Batch whitening (``reinforce_pp``; ``gae``'s final step) of equal returns gives 0, not ulp noise
+    magnified by ``rsqrt(0 + 1e-8)``."""
+    adv, ret = compute_advantages(
+        "reinforce_pp",
+        scores=torch.full((b,), value),
+        response_mask=torch.ones(b, t, dtype=torch.bool),
+        group_ids=torch.arange(b),
+        gamma=1.0,
+    )
+    assert ret.eq(value).all() and adv.eq(0).all()
