@@ -2,7 +2,8 @@
 
 For a token sampled from the policy, with ``d = log pi(y) - log pi_ref(y)`` (Schulman, "Approximating KL
 divergence", 2020): ``k1 = d`` (unbiased, high variance, can be negative), ``k2 = d^2 / 2`` (biased, low
-variance), ``k3 = exp(-d) + d - 1`` (unbiased, always >= 0, low variance; GRPO's "KL in loss").
+variance), ``k3 = exp(-d) + d - 1`` (unbiased, always >= 0, low variance; GRPO's "KL in loss"), ``abs = |d|``, and
+``k3+`` (k3's value with k2's gradient, verl's straight-through variant).
 """
 
 from __future__ import annotations
@@ -53,6 +54,23 @@ def _k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
 
 KL_ESTIMATORS.add("k3", _k3)
 KL_ESTIMATORS.add("low_var_kl", _k3)  # verl's name for k3
+
+
+@KL_ESTIMATORS.register("abs")
+def _abs(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """``|log pi - log pi_ref|``: always >= 0 but biased upwards (its mean is >= the KL); verl's ``abs``."""
+    return (logprobs - ref_logprobs).abs()
+
+
+@KL_ESTIMATORS.register("k3+")
+def _k3_plus(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Value of ``k3``, gradient of ``k2`` (straight-through): ``k2 - sg(k2) + sg(k3)``.
+
+    k3 is an unbiased estimate of the KL's *value*, but its gradient is not the KL's gradient in
+    expectation; k2's is (Schulman 2020). verl's ``k3+``: log ``k3``, optimise with ``k2``'s gradient.
+    """
+    k2 = _k2(logprobs, ref_logprobs)
+    return k2 - k2.detach() + _k3(logprobs, ref_logprobs).detach()
 
 
 @dataclass

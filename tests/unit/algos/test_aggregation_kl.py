@@ -77,8 +77,21 @@ def test_kl_estimators_hand_computed() -> None:
     torch.testing.assert_close(kl_penalty(lp, ref, "k2"), d**2 / 2)
     torch.testing.assert_close(kl_penalty(lp, ref, "k3"), torch.exp(-d) + d - 1)
     torch.testing.assert_close(kl_penalty(lp, ref, "low_var_kl"), kl_penalty(lp, ref, "k3"))
+    torch.testing.assert_close(kl_penalty(lp, ref, "abs"), d.abs())
     with pytest.raises(KeyError, match="valid names: k1, k2, k3"):
         kl_penalty(lp, ref, "k4")
+
+
+def test_k3_plus_has_k3_value_and_k2_gradient() -> None:
+    lp = torch.tensor([[-1.0, -2.0, -0.3]], requires_grad=True)
+    ref = torch.tensor([[-1.5, -1.0, -0.3]])
+    k3p = kl_penalty(lp, ref, "k3+")
+    torch.testing.assert_close(k3p.detach(), kl_penalty(lp.detach(), ref, "k3"))
+    (g_plus,) = torch.autograd.grad(k3p.sum(), lp)
+    (g_k2,) = torch.autograd.grad(kl_penalty(lp, ref, "k2").sum(), lp)
+    (g_k3,) = torch.autograd.grad(kl_penalty(lp, ref, "k3").sum(), lp)
+    torch.testing.assert_close(g_plus, g_k2)
+    assert not torch.allclose(g_plus, g_k3)  # the point of k3+: not k3's gradient
 
 
 @given(st.floats(-80, 0), st.floats(-80, 0))

@@ -42,13 +42,13 @@ def test_empty_name_rejected() -> None:
             {"gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "remax"},
         ),
         (A.POLICY_LOSSES, {"ppo_clip", "decoupled_ppo", "gspo", "cispo", "topr", "agro"}),
-        (A.KL_ESTIMATORS, {"k1", "k2", "k3", "low_var_kl"}),
+        (A.KL_ESTIMATORS, {"k1", "k2", "k3", "low_var_kl", "abs", "k3+"}),
         (
             A.AGGREGATIONS,
             {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"},
         ),
         (A.PREFERENCE_LOSSES, {"sigmoid", "ipo", "hinge", "robust"}),
-        (A.CORRECTIONS, {"token_tis", "seq_tis", "token_mis", "seq_mis"}),
+        (A.CORRECTIONS, {"token_tis", "seq_tis", "token_mis", "seq_mis", "token_rs", "seq_rs"}),
     ],
 )
 def test_registered_names(registry: Registry, expected: set[str]) -> None:
