@@ -6,10 +6,14 @@ probabilities, so samples are off-policy even at lag 0. With ``rho_t = pi_traine
 multiplies the per-token policy loss:
 
 - truncated IS (TIS): weight ``min(rho, high)`` — bounded variance, small bias;
-- masked IS (MIS, "IcePop"): weight 1 inside ``[low, high]``, 0 outside — drops tokens the trainer would
-  never have produced, no reweighting.
+- masked IS (MIS, "IcePop"): weight ``rho`` inside ``[low, high]``, 0 outside — drops tokens the trainer
+  would never have produced and importance-weights the rest;
+- rejection sampling (RS): weight 1 inside ``[low, high]``, 0 outside — drops the same tokens, no
+  reweighting.
 
-Sequence variants use ``prod_t rho_t`` (computed as a sum of logs) broadcast to every token.
+The bounds apply to ``rho`` itself (verl's IcePop does the same; its ``k1`` rejection options bound
+``1/rho``). Rejected tokens get weight 0 but stay in the aggregation's token count. Sequence variants use
+``prod_t rho_t`` (computed as a sum of logs) broadcast to every token.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ def correction_weights(
 ) -> torch.Tensor:
     """Detached weights ``[B, T]`` (0 on masked positions) for the registered correction ``kind``.
 
-    ``low`` defaults to ``1 / high``; it is used only by the masked variants.
+    ``low`` defaults to ``1 / high``; it is used only by the masked (``*_mis``) and rejection (``*_rs``)
+    variants.
     """
     if high <= 0:
         raise ValueError(f"correction_high must be > 0, got {high}")
@@ -72,13 +77,31 @@ def _seq_tis(log_rho: torch.Tensor, mask: torch.Tensor, low: float, high: float)
     return torch.exp(_seq_log_rho(log_rho, mask).clamp(max=math.log(high))).expand_as(log_rho)
 
 
+def _masked_weight(log_x: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """``x * 1[low <= x <= high]`` from ``log x`` (in range, ``x <= high``, so no overflow)."""
+    keep = _in_range(log_x, low, high)
+    return torch.where(keep, torch.exp(log_x.clamp(max=math.log(high))), torch.zeros_like(log_x))
+
+
 @CORRECTIONS.register("token_mis")
 def _token_mis(log_rho: torch.Tensor, mask: torch.Tensor, low: float, high: float) -> torch.Tensor:
-    """1 where ``low <= rho_t <= high``, else 0."""
-    return _in_range(log_rho, low, high).to(log_rho.dtype)
+    """IcePop: ``rho_t`` where ``low <= rho_t <= high``, else 0."""
+    return _masked_weight(log_rho, low, high)
 
 
 @CORRECTIONS.register("seq_mis")
 def _seq_mis(log_rho: torch.Tensor, mask: torch.Tensor, low: float, high: float) -> torch.Tensor:
-    """1 for every token of sequences with ``low <= prod_t rho_t <= high``, else 0."""
+    """``prod_t rho_t`` for every token of sequences with ``low <= prod_t rho_t <= high``, else 0."""
+    return _masked_weight(_seq_log_rho(log_rho, mask), low, high).expand_as(log_rho)
+
+
+@CORRECTIONS.register("token_rs")
+def _token_rs(log_rho: torch.Tensor, mask: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """Token rejection: 1 where ``low <= rho_t <= high``, else 0 (no reweighting)."""
+    return _in_range(log_rho, low, high).to(log_rho.dtype)
+
+
+@CORRECTIONS.register("seq_rs")
+def _seq_rs(log_rho: torch.Tensor, mask: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """Sequence rejection: 1 for every token of sequences with ``low <= prod_t rho_t <= high``, else 0."""
     return _in_range(_seq_log_rho(log_rho, mask), low, high).to(log_rho.dtype).expand_as(log_rho)

@@ -45,8 +45,9 @@ def policy_loss(
     """Scalar loss to minimise and a dict of float metrics for the registered policy loss ``name``.
 
     Tensors are ``[B, T]`` (``scores``, ``group_ids``: ``[B]``); only ``logprobs`` carries gradient.
-    ``correction`` (``token_tis``, ``seq_tis``, ``token_mis``, ``seq_mis``) reweights by
-    ``pi_old / pi_behavior`` with bounds ``[correction_low (default 1/high), correction_high]``;
+    ``correction`` (a name in ``CORRECTIONS``: ``token_tis``, ``seq_tis``, ``token_mis``, ``seq_mis``,
+    ``token_rs``, ``seq_rs``) reweights by ``pi_old / pi_behavior`` with bounds
+    ``[correction_low (default 1/high), correction_high]``;
     ``decoupled_ppo`` uses ``correction_high`` as its behaviour-weight cap instead. ``global_tokens`` /
     ``global_seqs`` / ``norm_constant`` are passed to :func:`aggregate` (micro-batch invariance).
     Metrics: ``clipfrac_low``, ``clipfrac_high``, ``clipfrac``, ``approx_kl`` (k3 of old -> new),

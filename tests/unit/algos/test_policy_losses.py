@@ -7,7 +7,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tandem.algos import POLICY_LOSSES, correction_weights, policy_loss
+from tandem.algos import CORRECTIONS, POLICY_LOSSES, correction_weights, policy_loss
 
 
 def _lp(values) -> torch.Tensor:
@@ -169,10 +169,18 @@ def test_correction_weights_hand_computed() -> None:
     )
     tm = correction_weights("token_mis", old, behav, mask, high=2.0)  # low defaults to 0.5
     torch.testing.assert_close(tm, torch.tensor([[0.0, 1.0, 0.0]]))
-    torch.testing.assert_close(correction_weights("seq_mis", old, behav, mask, high=2.5), torch.ones(1, 3))
+    tm = correction_weights("token_mis", old, behav, mask, low=0.3, high=2.0)  # IcePop: rho inside bounds
+    torch.testing.assert_close(tm, torch.tensor([[0.0, 1.0, 0.4]]))
+    tr = correction_weights("token_rs", old, behav, mask, low=0.3, high=2.0)  # rejection: 1 inside bounds
+    torch.testing.assert_close(tr, torch.tensor([[0.0, 1.0, 1.0]]))
     torch.testing.assert_close(
-        correction_weights("seq_mis", old, behav, mask, low=0.1, high=1.9), torch.zeros(1, 3)
+        correction_weights("seq_mis", old, behav, mask, high=2.5), torch.full((1, 3), 2.0)
     )
+    torch.testing.assert_close(correction_weights("seq_rs", old, behav, mask, high=2.5), torch.ones(1, 3))
+    for kind in ("seq_mis", "seq_rs"):
+        torch.testing.assert_close(
+            correction_weights(kind, old, behav, mask, low=0.1, high=1.9), torch.zeros(1, 3)
+        )
 
 
 def test_correction_multiplies_policy_loss_and_reports_stats() -> None:
@@ -216,7 +224,7 @@ _EXTREME = dict(
 _LOSS_X_CORRECTION = [
     (name, corr)
     for name in POLICY_LOSSES.names()
-    for corr in (None, "token_tis", "seq_tis", "token_mis", "seq_mis")
+    for corr in (None, *CORRECTIONS.names())
     if corr is None or not POLICY_LOSSES.get(name).owns_behavior_correction
 ]
 
