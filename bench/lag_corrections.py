@@ -26,12 +26,12 @@ VARIANTS: dict[
     "η=1 decoupled_ppo (reference)": ({"mode": "decoupled", "staleness": 1}, {}, {}),
     "ppo_clip, no correction": (ETA2, {"name": "grpo", "policy_loss": "ppo_clip"}, {}),
     "agro": (ETA2, {"name": "agro"}, {}),
-    "ppo_clip + token_mis 0.8-1.25": (
+    "ppo_clip + token_rs 0.8-1.25": (
         ETA2,
         {
             "name": "grpo",
             "policy_loss": "ppo_clip",
-            "correction": "token_mis",
+            "correction": "token_rs",
             "correction_low": 0.8,
             "correction_high": 1.25,
         },
