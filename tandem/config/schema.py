@@ -136,7 +136,9 @@ class RolloutConfig(Section):
 
 
 class KLConfig(Section):
-    kind: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator.")
+    kind: Literal["k1", "k2", "k3", "abs", "k3+"] = Field(
+        "k3", description="KL estimator (k3+: k3's value with k2's gradient; see docs/algorithms.md)."
+    )
     where: Literal["loss", "reward"] = Field(
         "loss", description="Add β·KL to the loss (GRPO) or subtract it from the token reward."
     )
@@ -197,11 +199,15 @@ class AlgorithmConfig(Section):
     max_resample_rounds: int = Field(
         3, ge=0, description="Extra generation rounds to fill a dynamic-sampling batch."
     )
-    correction: Literal["token_tis", "seq_tis", "token_mis", "seq_mis"] | None = Field(
+    correction: Literal["token_tis", "seq_tis", "token_mis", "seq_mis", "token_rs", "seq_rs"] | None = Field(
         None, description="Rollout correction when the sampler's log-probs differ from the trainer's."
     )
-    correction_low: float | None = Field(None, description="Lower bound for masked IS.")
-    correction_high: float = Field(2.0, description="Cap (TIS) or upper bound (MIS) of the IS weight.")
+    correction_low: float | None = Field(
+        None, description="Lower bound on ρ for masked IS / rejection (default 1/correction_high)."
+    )
+    correction_high: float = Field(
+        2.0, description="Cap (TIS) or upper bound on ρ (MIS, RS) of the IS weight."
+    )
 
     @model_validator(mode="before")
     @classmethod
