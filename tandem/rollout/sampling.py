@@ -49,19 +49,30 @@ def draw_categorical(probs: torch.Tensor, generator: torch.Generator | None = No
     return index.squeeze(-1).clamp(max=probs.shape[-1] - 1)
 
 
+def scaled_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """``logits / temperature`` in float32 (the raw logits when greedy). ``[B, V]`` -> ``[B, V]``."""
+    logits = logits.float()
+    return logits if params.greedy else logits / params.temperature
+
+
+def behaviour_logprobs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Log-probs of every token under the distribution :func:`sample_next` draws from, before top-k/top-p
+    truncation: ``log_softmax(logits / temperature)`` (raw logits when greedy). ``[B, V]`` -> ``[B, V]``.
+    The server reports these (and their top alternatives) as OpenAI ``logprobs``."""
+    return torch.log_softmax(scaled_logits(logits, params), dim=-1)
+
+
 def sample_next(
     logits: torch.Tensor,  # [B, V] next-token logits
     params: SamplingParams,
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row and its behaviour log-prob: ``([B] long, [B] float32)``."""
-    logits = logits.float()
+    scaled = scaled_logits(logits, params)  # [B, V]
+    logprobs = torch.log_softmax(scaled, dim=-1)  # [B, V], as behaviour_logprobs
     if params.greedy:
-        tokens = logits.argmax(dim=-1)  # [B]
-        logprobs = torch.log_softmax(logits, dim=-1)  # [B, V]
+        tokens = scaled.argmax(dim=-1)  # [B]
     else:
-        scaled = logits / params.temperature  # [B, V]
-        logprobs = torch.log_softmax(scaled, dim=-1)
         filtered = filter_top_p(filter_top_k(scaled, params.top_k), params.top_p)
         tokens = draw_categorical(torch.softmax(filtered, dim=-1), generator)  # [B]
     return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

@@ -5,7 +5,11 @@ unrelated requests, so here each row has its own temperature, top-k, top-p, seed
 strings. The model forward (prefill + one cached single-token step per iteration) is shared by all rows;
 only the cheap sampling step is split: rows are grouped by ``(temperature, top_k, top_p)`` and each group
 is sampled with :func:`tandem.rollout.sampling.sample_next`; a row with a seed gets its own generator so
-its output does not depend on which other requests shared the batch.
+its output does not depend on which other requests shared the batch. Before sampling, a row's logits get
+its ``logit_bias`` and its presence/frequency penalties (over the tokens it generated so far); every
+sampled token carries its log-prob under the distribution it was drawn from
+(:func:`tandem.rollout.sampling.behaviour_logprobs` of the shaped logits: the numbers training records
+when there is no bias or penalty) and, when asked, the row's likeliest alternatives.
 
 Naive equivalent: ``for row in rows: HFEngine.generate([row.prompt], row.params)`` — same tokens for greedy
 and seeded rows, ``len(rows)`` times the forward passes.
@@ -22,30 +26,59 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from tandem.models.forward import positions_from_mask
 from tandem.rollout.base import SamplingParams
 from tandem.rollout.llama_decode import LlamaStepper, supports_fast_decode
-from tandem.rollout.sampling import sample_next
+from tandem.rollout.sampling import behaviour_logprobs, sample_next
 from tandem.rollout.stepper import DecodeStepper, HFStepper
 from tandem.rollout.stops import StopStrings
 
 
 @dataclass
 class RowRequest:
-    """One sequence to generate: prompt token ids and its own sampling parameters."""
+    """One sequence to generate: prompt token ids and its own sampling parameters.
+
+    ``top_logprobs``: how many likeliest alternatives to report per token (the sampled token's log-prob
+    is always kept); ``prompt_logprobs``: also score the prompt tokens (``echo`` with ``logprobs``);
+    ``logit_bias``: token id -> value added to its logit; penalties as in the OpenAI API."""
 
     prompt_ids: list[int]
     params: SamplingParams
     cancelled: Callable[[], bool] = field(default=lambda: False)
+    top_logprobs: int = 0
+    prompt_logprobs: bool = False
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+
+@dataclass
+class TokenLogprob:
+    """A token, its log-prob, and the likeliest tokens at its position ``(id, log-prob)``, best first."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
 
 
 @dataclass
 class RowResult:
-    """Generated token ids of one row and why it ended (``"stop"`` or ``"length"``)."""
+    """Generated token ids of one row and why it ended (``"stop"`` or ``"length"``), with one
+    :class:`TokenLogprob` per generated token and, when asked, per prompt token (the first is None)."""
 
     token_ids: list[int]
     finish_reason: str
     text: str = ""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
-TokenCallback = Callable[[int, int], None]  # (row index, new token id)
+@dataclass
+class PromptScores:
+    """A row's prompt log-probs (:func:`prompt_logprobs`), streamed before its first token."""
+
+    entries: list[TokenLogprob | None]
+
+
+StreamEvent = TokenLogprob | PromptScores
+TokenCallback = Callable[[int, StreamEvent], None]  # (row index, prompt scores or the new token)
 
 
 def make_stepper(model: PreTrainedModel, batch_size: int, max_len: int) -> DecodeStepper:
@@ -87,6 +120,7 @@ class RowSampler:
     def __init__(self, rows: list[RowRequest], device: torch.device) -> None:
         self.groups: dict[tuple[float, int, float], list[int]] = {}
         self.seeded: dict[int, torch.Generator] = {}
+        self.rows = rows
         self.params = [r.params for r in rows]
         for i, row in enumerate(rows):
             p = row.params
@@ -94,15 +128,97 @@ class RowSampler:
                 self.seeded[i] = torch.Generator(device=device).manual_seed(p.seed)
             else:
                 self.groups.setdefault((p.temperature, p.top_k, p.top_p), []).append(i)
+        self.biased = any(r.logit_bias for r in rows)
+        self.penalised = any(r.presence_penalty or r.frequency_penalty for r in rows)
+        self.presence = torch.tensor([[r.presence_penalty] for r in rows], device=device)  # [B, 1]
+        self.frequency = torch.tensor([[r.frequency_penalty] for r in rows], device=device)  # [B, 1]
+        self.bias: torch.Tensor | None = None  # [B, V], built at the first step (V known then)
+        self.counts: torch.Tensor | None = None  # [B, V] float, how often each row generated each token
 
-    def __call__(self, logits: torch.Tensor) -> torch.Tensor:  # [B, V] -> [B] long
+    def shape(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits with each row's ``logit_bias`` added and its penalties subtracted: ``[B, V]`` float32.
+        Without bias or penalty this is ``logits.float()``, exactly what the rollout engine samples."""
+        out = logits.float()
+        if self.biased:
+            if self.bias is None:
+                self.bias = torch.zeros_like(out)
+                for i, row in enumerate(self.rows):
+                    for token, value in row.logit_bias.items():
+                        self.bias[i, token] = value
+            out = out + self.bias
+        if self.penalised:
+            if self.counts is None:
+                self.counts = torch.zeros_like(out)
+            out = out - self.presence * (self.counts > 0) - self.frequency * self.counts
+        return out
+
+    def record(self, tokens: torch.Tensor, active: torch.Tensor) -> None:
+        """Count the tokens just sampled by ``active`` rows (for the penalties). ``[B]`` long, ``[B]`` bool."""
+        if self.counts is not None:
+            rows = active.nonzero().flatten()
+            self.counts[rows, tokens[rows]] += 1
+
+    def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Next token of every row and its log-prob: ``[B, V]`` -> ``([B] long, [B] float32)``."""
         tokens = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
+        logprobs = torch.zeros(logits.shape[0], dtype=torch.float32, device=logits.device)
         for rows in self.groups.values():
             index = torch.tensor(rows, device=logits.device)
-            tokens[index] = sample_next(logits[index], self.params[rows[0]])[0]
+            tokens[index], logprobs[index] = sample_next(logits[index], self.params[rows[0]])
         for row, generator in self.seeded.items():
-            tokens[row] = sample_next(logits[row : row + 1], self.params[row], generator)[0][0]
-        return tokens
+            new, lp = sample_next(logits[row : row + 1], self.params[row], generator)
+            tokens[row], logprobs[row] = new[0], lp[0]
+        return tokens, logprobs
+
+    def events(
+        self, logits: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor, live: list[int]
+    ) -> list[TokenLogprob]:
+        """One :class:`TokenLogprob` per row in ``live``, with the row's ``top_logprobs`` alternatives
+        from the (shaped) ``logits`` ``[B, V]``."""
+        ids, lps = tokens.tolist(), logprobs.tolist()
+        out = []
+        for row in live:
+            k = self.rows[row].top_logprobs
+            top = []
+            if k:
+                full = behaviour_logprobs(logits[row : row + 1], self.params[row])[0]  # [V]
+                top = _top(full, k)
+            out.append(TokenLogprob(ids[row], lps[row], top))
+        return out
+
+
+def _top(logprobs: torch.Tensor, k: int) -> list[tuple[int, float]]:
+    """The ``k`` likeliest ``(token id, log-prob)`` of a ``[V]`` log-prob vector, best first."""
+    values, index = torch.topk(logprobs, min(k, logprobs.shape[-1]))
+    return list(zip(index.tolist(), values.tolist(), strict=True))
+
+
+def sequence_logits(model: PreTrainedModel, ids: torch.Tensor) -> torch.Tensor:
+    """Logits at every position of unpadded ``ids`` ``[B, L]`` -> ``[B, L, V]``; a model may bring its
+    own ``sequence_logits`` (ONNX exports)."""
+    own = getattr(model, "sequence_logits", None)
+    if own is not None:
+        return own(ids)
+    mask = torch.ones_like(ids)
+    return model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask)).logits
+
+
+def prompt_logprobs(model: PreTrainedModel, row: RowRequest) -> list[TokenLogprob | None]:
+    """Log-prob of each prompt token given the ones before it, under the row's sampling distribution
+    (``logit_bias`` added, then temperature; penalties apply to generated tokens only). The first token
+    has no context: None."""
+    device = torch.device(model.device)
+    ids = torch.tensor([row.prompt_ids], dtype=torch.long, device=device)  # [1, P]
+    logits = sequence_logits(model, ids)[0, :-1].float()  # [P-1, V], position t predicts token t+1
+    for token, value in row.logit_bias.items():
+        logits[:, token] += value
+    full = behaviour_logprobs(logits, row.params)  # [P-1, V]
+    chosen = full.gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1).tolist()  # [P-1]
+    out: list[TokenLogprob | None] = [None]
+    for t, token in enumerate(row.prompt_ids[1:]):
+        top = _top(full[t], row.top_logprobs) if row.top_logprobs else []
+        out.append(TokenLogprob(token, chosen[t], top))
+    return out
 
 
 def decode_rows(
@@ -111,7 +227,8 @@ def decode_rows(
     rows: list[RowRequest],
     on_token: TokenCallback | None = None,
 ) -> list[RowResult]:
-    """Generate every row of ``rows`` in one batch; ``on_token(row, token)`` is called as tokens appear.
+    """Generate every row of ``rows`` in one batch; ``on_token(row, event)`` is called with the row's
+    :class:`PromptScores` first (rows that asked for them), then one :class:`TokenLogprob` per new token.
 
     A row ends at EOS, at one of its stop strings, at its own ``max_new_tokens``, or when its
     ``cancelled()`` turns true (a client that disconnected: the row is dropped and gets no more tokens).
@@ -132,30 +249,43 @@ def decode_rows(
     finished = torch.zeros(B, dtype=torch.bool, device=device)  # [B]
     stopped = torch.zeros(B, dtype=torch.bool, device=device)  # [B] ended by EOS / stop string
     next_pos = prompt_mask.long().sum(dim=1, keepdim=True).to(device)  # [B, 1]
+    events: list[list[TokenLogprob]] = [[] for _ in rows]
     with torch.inference_mode():
+        scored = [prompt_logprobs(model, r) if r.prompt_logprobs else None for r in rows]
+        for row, entries in enumerate(scored):
+            if entries is not None and on_token is not None:
+                on_token(row, PromptScores(entries))
         stepper = make_stepper(model, B, P + T)
         logits = stepper.prefill(
             prompt_ids.to(device), attn[:, :P], positions_from_mask(prompt_mask).to(device)
         )  # [B, V]
         for t in range(T):
             finished |= torch.tensor([r.cancelled() for r in rows], device=device)
-            new = sampler(logits).masked_fill(finished, pad)  # [B]
+            shaped = sampler.shape(logits)  # [B, V] with logit_bias and penalties
+            new, new_lp = sampler(shaped)  # [B], [B]
+            new = new.masked_fill(finished, pad)
             tokens[:, t] = new
             active = ~finished
             lengths += active.long()
             hit = active & torch.isin(new, eos)
             for stop, members in stops:
                 hit |= stop.check(tokens[:, : t + 1], new, active & ~hit & members)
-            if on_token is not None:
-                for row in active.nonzero().flatten().tolist():
-                    on_token(row, int(new[row]))
+            live = active.nonzero().flatten().tolist()
+            for row, event in zip(live, sampler.events(shaped, new, new_lp, live), strict=True):
+                events[row].append(event)
+                if on_token is not None:
+                    on_token(row, event)
+            sampler.record(new, active)
             stopped |= hit
             finished |= hit | (lengths >= limits)
             if bool(finished.all()):
                 break
             attn[:, P + t] = 1
             logits = stepper.step(tokens[:, t : t + 1], attn[:, : P + t + 1], next_pos + t)
-    return _results(tokenizer, rows, tokens.cpu(), lengths.cpu(), stopped.cpu(), stops)
+    results = _results(tokenizer, rows, tokens.cpu(), lengths.cpu(), stopped.cpu(), stops)
+    for result, row_events, row_scored in zip(results, events, scored, strict=True):
+        result.logprobs, result.prompt_logprobs = row_events, row_scored
+    return results
 
 
 def _stop_groups(

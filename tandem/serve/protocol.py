@@ -1,15 +1,29 @@
 """OpenAI-shaped request bodies and the JSON error format.
 
-Request models mirror the OpenAI completions and chat-completions APIs (the fields a causal LM can honour);
-unknown fields are ignored as OpenAI does, wrong types and out-of-range values are 400 errors that name the
-field in ``param``. Every error body is ``{"error": {"message", "type", "param", "code"}}``.
+Request models mirror the OpenAI completions and chat-completions APIs. Every documented OpenAI field is
+either honoured or refused with a 400 that names it (``docs/serving.md`` has the table); fields OpenAI does
+not define are ignored. Wrong types (booleans are strict: ``"stream": "yes"`` is a 400) and out-of-range
+values are 400 errors that name the field in ``param``; ``null`` means the default. Every error body is
+``{"error": {"message", "type", "param", "code"}}``.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_LOGPROBS = 20  # top alternatives per token at most (vLLM's limit; OpenAI's legacy completions: 5)
+GREEDY_BELOW = 1e-5  # temperatures below this decode greedily (as vLLM): logits / 1e-39 overflow to NaN
 
 
 class ApiError(Exception):
@@ -37,19 +51,73 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
+def unsupported(param: str, why: str) -> ApiError:
+    """The 400 for an OpenAI field this server does not implement (never silently ignored)."""
+    return ApiError(400, f"'{param}' is not supported: {why}", param=param, code="unsupported_parameter")
+
+
+class StreamOptions(BaseModel):
+    """``stream_options``: ``include_usage`` adds a final chunk with ``choices: []`` and the usage."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: StrictBool | None = Field(False, description="Send a final usage chunk.")
+    include_obfuscation: StrictBool | None = Field(
+        None, description="Accepted; this server never pads chunks, so there is nothing to switch off."
+    )
+
+
+# OpenAI fields this server refuses unless they carry their no-op value: field -> (no-op values, why).
+_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "suffix": ((None, ""), "a causal LM cannot insert text before a suffix"),
+    "tools": ((None, []), "no tool calling"),
+    "tool_choice": ((None, "none"), "no tool calling"),
+    "functions": ((None, []), "no function calling"),
+    "function_call": ((None, "none"), "no function calling"),
+    "audio": ((None,), "text only"),
+    "modalities": ((None, ["text"]), "text only"),
+    "prediction": ((None,), "no predicted outputs"),
+    "reasoning_effort": ((None,), "not a reasoning model"),
+    "web_search_options": ((None,), "no web search"),
+    "store": ((None, False), "completions are not stored for distillation (see --feedback-db)"),
+    "metadata": ((None, {}), "only used with store"),
+    "service_tier": ((None, "auto", "default"), "one tier only"),
+}
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=False)
 
     model: str | None = Field(None, description="Served model id (see /v1/models); default: the served one.")
-    max_tokens: int | None = Field(None, ge=1, description="Tokens to generate at most.")
-    temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature; 0 = greedy.")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
-    top_k: int = Field(0, ge=0, description="Top-k filter (0 disables); an extension of the OpenAI API.")
-    n: int = Field(1, ge=1, description="Completions per prompt.")
-    stream: bool = Field(False, description="Stream tokens as server-sent events.")
+    max_tokens: StrictInt | None = Field(None, ge=1, description="Tokens to generate at most.")
+    temperature: float = Field(
+        1.0, ge=0.0, le=2.0, allow_inf_nan=False, description="Sampling temperature; 0 = greedy."
+    )
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False, description="Nucleus sampling mass.")
+    top_k: StrictInt = Field(0, ge=-1, description="Top-k filter (0 or -1 disables); an extension.")
+    n: StrictInt = Field(1, ge=1, description="Completions per prompt.")
+    stream: StrictBool = Field(False, description="Stream tokens as server-sent events.")
+    stream_options: StreamOptions | None = Field(None, description="Only with stream: include_usage.")
     stop: str | list[str] | None = Field(None, description="Stop string(s), cut from the text.")
-    seed: int | None = Field(None, description="Seed for reproducible sampling.")
+    seed: StrictInt | None = Field(
+        None, ge=INT64_MIN, le=INT64_MAX, description="Seed for reproducible sampling (signed 64-bit)."
+    )
     user: str | None = Field(None, description="End-user id; also picks the sticky A/B arm.")
+    logit_bias: dict[str, float] | None = Field(
+        None, description="Token id (as a string) -> bias in [-100, 100] added to its logit."
+    )
+    presence_penalty: float = Field(
+        0.0, ge=-2.0, le=2.0, allow_inf_nan=False, description="Subtracted once from seen tokens' logits."
+    )
+    frequency_penalty: float = Field(
+        0.0, ge=-2.0, le=2.0, allow_inf_nan=False, description="Subtracted per occurrence of a token."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_are_defaults(cls, data: Any) -> Any:
+        """``"field": null`` means the field's default, as in the OpenAI API."""
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
     @field_validator("stop")
     @classmethod
@@ -59,45 +127,181 @@ class _Request(BaseModel):
             raise ValueError("at most 4 non-empty stop strings")
         return value
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (value or {}).items():
+            if not key.strip().lstrip("-").isdigit():
+                raise ValueError(f"key '{key}' is not a token id")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"bias {bias} of token {key} is outside [-100, 100]")
+        return value
+
     def stop_list(self) -> list[str]:
         """``stop`` as a list."""
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
+    def bias_ids(self) -> dict[int, float]:
+        """``logit_bias`` with integer token ids (validated against the vocabulary by the route)."""
+        return {int(k): float(v) for k, v in (self.logit_bias or {}).items()}
+
+    def effective_temperature(self) -> float:
+        """``temperature``, with anything below :data:`GREEDY_BELOW` decoded greedily (0)."""
+        return 0.0 if self.temperature < GREEDY_BELOW else self.temperature
+
+    def include_usage(self) -> bool:
+        """Whether a streamed response ends with a usage chunk."""
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def check(self) -> None:
+        """Cross-field rules and refused OpenAI fields; ApiError(400) naming the field."""
+        if self.stream_options is not None and not self.stream:
+            raise ApiError(
+                400, "'stream_options' is only allowed with 'stream': true", param="stream_options"
+            )
+        for name, (no_ops, why) in _REFUSED.items():
+            if name in type(self).model_fields and getattr(self, name) not in no_ops:
+                raise unsupported(name, why)
+
+
+TokenIds = list[StrictInt]
+
 
 class CompletionRequest(_Request):
     """Body of ``POST /v1/completions``."""
 
-    prompt: str | list[str] = Field(..., description="Prompt text, or a list of prompts.")
-    max_tokens: int | None = Field(16, ge=1, description="Tokens to generate at most.")
+    prompt: str | list[str] | TokenIds | list[TokenIds] = Field(
+        ..., description="Prompt text, a list of texts, token ids, or a list of token-id lists."
+    )
+    max_tokens: StrictInt | None = Field(16, ge=1, description="Tokens to generate at most.")
+    echo: StrictBool = Field(False, description="Prefix each completion with its prompt.")
+    logprobs: StrictInt | None = Field(
+        None, ge=0, le=MAX_LOGPROBS, description="Log-probs of the sampled and this many likeliest tokens."
+    )
+    best_of: StrictInt | None = Field(
+        None, ge=1, description="Sample this many per prompt, return the n of highest mean log-prob."
+    )
+    suffix: str | None = Field(None, description="Refused: a causal LM cannot insert before a suffix.")
 
     @field_validator("prompt")
     @classmethod
-    def _prompt(cls, value: str | list[str]) -> str | list[str]:
+    def _prompt(cls, value: Any) -> Any:
         if isinstance(value, list) and not value:
             raise ValueError("prompt list is empty")
+        for i, item in enumerate(value if isinstance(value, list) else []):
+            if isinstance(item, list) and not item:
+                raise ValueError(f"prompt {i} is an empty token list")
         return value
 
-    def prompts(self) -> list[str]:
-        """``prompt`` as a list."""
-        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+    def prompts(self) -> list[str | list[int]]:
+        """``prompt`` as a list of prompts, each a text or a token-id list."""
+        if isinstance(self.prompt, str):
+            return [self.prompt]
+        if self.prompt and isinstance(self.prompt[0], int):
+            return [list(self.prompt)]
+        return list(self.prompt)
+
+    def check(self) -> None:
+        super().check()
+        if self.best_of is not None and self.best_of < self.n:
+            raise ApiError(400, f"best_of={self.best_of} must be >= n={self.n}", param="best_of")
+        if self.stream and (self.best_of or self.n) > self.n:
+            raise ApiError(400, "best_of > n cannot be streamed", param="best_of")
 
 
 class ChatMessage(BaseModel):
-    """One chat message."""
+    """One chat message: text content, or a list of text parts (joined with newlines)."""
 
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str
+    content: str | list[dict[str, Any]]
+    name: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _parts(cls, value: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+        for i, part in enumerate(value if isinstance(value, list) else []):
+            kind = part.get("type")
+            if kind != "text":
+                raise ValueError(f"content part {i} has type '{kind}'; only 'text' parts are supported")
+            if not isinstance(part.get("text"), str):
+                raise ValueError(f"content part {i} needs a string 'text'")
+        return value
+
+    def text(self) -> str:
+        """The message text (text parts joined with newlines, as vLLM does)."""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(part["text"] for part in self.content)
+
+    def for_template(self) -> dict[str, str]:
+        """The message as the chat template expects it."""
+        out = {"role": self.role, "content": self.text()}
+        return out | ({"name": self.name} if self.name else {})
 
 
 class ChatRequest(_Request):
     """Body of ``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage] = Field(..., min_length=1, description="The conversation so far.")
-    max_completion_tokens: int | None = Field(None, ge=1, description="Alias of max_tokens (newer API).")
+    max_completion_tokens: StrictInt | None = Field(None, ge=1, description="Newer name of max_tokens.")
+    logprobs: StrictBool = Field(False, description="Return the log-prob of each generated token.")
+    top_logprobs: StrictInt | None = Field(
+        None, ge=0, le=MAX_LOGPROBS, description="With logprobs: this many likeliest tokens per position."
+    )
+    response_format: dict[str, Any] | None = Field(
+        None,
+        description="{'type': 'text'} only; json_object / json_schema are refused (no constrained decoding).",
+    )
+    parallel_tool_calls: StrictBool | None = Field(None, description="Accepted; meaningful only with tools.")
+    tools: list[Any] | None = Field(None, description="Refused: no tool calling.")
+    tool_choice: Any = Field(None, description="Refused unless 'none'.")
+    functions: list[Any] | None = Field(None, description="Refused: no function calling.")
+    function_call: Any = Field(None, description="Refused unless 'none'.")
+    audio: Any = Field(None, description="Refused: text only.")
+    modalities: list[str] | None = Field(None, description="Only ['text'].")
+    prediction: Any = Field(None, description="Refused: no predicted outputs.")
+    reasoning_effort: Any = Field(None, description="Refused: not a reasoning model.")
+    web_search_options: Any = Field(None, description="Refused: no web search.")
+    store: StrictBool | None = Field(None, description="Only false: use --feedback-db to keep answers.")
+    metadata: dict[str, Any] | None = Field(None, description="Only with store; refused.")
+    service_tier: str | None = Field(None, description="'auto' or 'default' only.")
+
+    def check(self) -> None:
+        super().check()
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+        _check_response_format(self.response_format)
+
+    def token_limit(self) -> int | None:
+        """``max_completion_tokens`` (newer name) or ``max_tokens``; None: the rest of the context."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+def _check_response_format(value: dict[str, Any] | None) -> None:
+    """``{"type": "text"}`` passes; a malformed format is a 400 naming its field; json_object and
+    json_schema are a 400 saying they are unsupported (this server has no constrained decoding)."""
+    if value is None:
+        return
+    kind = value.get("type")
+    if kind == "text":
+        return
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            raise ApiError(
+                400, "response_format json_schema needs a 'json_schema.schema' object",
+                param="response_format.json_schema.schema",
+            )  # fmt: skip
+    elif kind != "json_object":
+        raise ApiError(
+            400, f"response_format type {kind!r} is not one of text, json_object, json_schema",
+            param="response_format.type",
+        )  # fmt: skip
+    raise unsupported("response_format", f"type '{kind}' needs constrained decoding, which this server lacks")
 
 
 class PredictRequest(BaseModel):

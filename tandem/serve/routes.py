@@ -1,8 +1,10 @@
 """HTTP routes: OpenAI completions and chat (plain and SSE), models, health, readiness, metrics, predict.
 
 A request becomes one :class:`~tandem.serve.decode.RowRequest` per (prompt, sample); rows are validated
-(token limits, context length) before anything is queued, greedy rows are answered from the arm's LRU
-cache when possible, and the rest go to the arm's dynamic batcher.
+(token limits, context length, token ids, ``logit_bias`` ids) before anything is queued, greedy rows
+without log-probs, bias or penalties are answered from the arm's LRU cache when possible, and the rest go
+to the arm's dynamic batcher. Bodies and chunks are built by :mod:`tandem.serve.shapes`, streams by
+:mod:`tandem.serve.streaming`.
 """
 
 from __future__ import annotations
@@ -13,8 +15,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -25,13 +26,39 @@ from tandem.serve.app import ServerState, check_user_key, metrics_text
 from tandem.serve.batcher import QueueFullError
 from tandem.serve.cache import cache_key
 from tandem.serve.decode import RowRequest, RowResult
+from tandem.serve.model import ServedModel
 from tandem.serve.protocol import ApiError, ChatRequest, CompletionRequest, PredictRequest, _Request
 from tandem.serve.router import Arm
+from tandem.serve.shapes import ChatShape, CompletionShape, Shape, usage
+from tandem.serve.streaming import sse
+
+
+@dataclass
+class Options:
+    """What every row of a request asks beyond its :class:`SamplingParams`."""
+
+    top_logprobs: int | None = None  # None: no log-probs in the answer; else alternatives per token
+    echo: bool = False
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    @classmethod
+    def of(cls, req: _Request, top_logprobs: int | None, echo: bool = False) -> Options:
+        """The options of ``req``."""
+        return cls(top_logprobs, echo, req.bias_ids(), req.presence_penalty, req.frequency_penalty)
+
+    def cacheable(self, params: SamplingParams) -> bool:
+        """Whether rows may be answered from (and stored in) the greedy cache, whose key holds only the
+        prompt, token limit and stop strings."""
+        plain = self.top_logprobs is None and not self.logit_bias
+        return params.greedy and plain and not (self.presence_penalty or self.frequency_penalty)
 
 
 @dataclass
 class Plan:
-    """The rows of one request: prompt texts, their token ids, sampling params, arm, cancel flag."""
+    """The rows of one request: prompt texts and token ids, sampling params, how many rows per prompt
+    are generated (``samples``: ``best_of``) and returned (``n``), arm, options, cancel flag."""
 
     arm: Arm
     texts: list[str]
@@ -39,6 +66,9 @@ class Plan:
     params: SamplingParams
     n: int
     cancel: threading.Event
+    samples: int = 1
+    options: Options = field(default_factory=Options)
+    token_prompts: list[bool] = field(default_factory=list)
 
 
 def _pick_arm(state: ServerState, req: _Request, request: Request) -> Arm:
@@ -58,67 +88,131 @@ def _pick_arm(state: ServerState, req: _Request, request: Request) -> Arm:
     return state.router.pick(user, forced)
 
 
-def plan_request(state: ServerState, req: _Request, texts: list[str], request: Request) -> Plan:
-    """Validate limits and build the rows' shared sampling parameters; 400 on any violation."""
-    s = state.settings
-    max_tokens = req.max_tokens or 16
-    if max_tokens > s.max_tokens_limit:
-        raise ApiError(
-            400, f"max_tokens={max_tokens} exceeds the limit {s.max_tokens_limit}", param="max_tokens"
-        )
-    if req.n > s.max_n:
-        raise ApiError(400, f"n={req.n} exceeds the limit {s.max_n}", param="n")
-    if len(texts) > s.max_prompts:
-        raise ApiError(400, f"{len(texts)} prompts exceed the limit {s.max_prompts}", param="prompt")
-    arm = _pick_arm(state, req, request)
-    ids = []
-    for i, text in enumerate(texts):
-        tokens = arm.model.encode(text)
+def vocab_size(model: ServedModel) -> int:
+    """Token ids a request may name: those both the tokenizer and the model's embedding know."""
+    size = len(model.tokenizer)
+    return min(size, int(getattr(model.model.config, "vocab_size", size) or size))
+
+
+def _prompt_ids(model: ServedModel, prompt: str | list[int], i: int, vocab: int) -> list[int]:
+    """Token ids of prompt ``i`` (a text, encoded with special tokens, or ids checked against the vocab)."""
+    if isinstance(prompt, str):
+        tokens = model.encode(prompt)
         if not tokens:
             raise ApiError(400, f"prompt {i} is empty", param="prompt")
-        if len(tokens) + max_tokens > arm.model.context_length:
+        return tokens
+    for token in prompt:
+        if not 0 <= token < vocab:
+            raise ApiError(
+                400, f"prompt {i}: token id {token} is outside the vocabulary [0, {vocab})", param="prompt"
+            )
+    return list(prompt)
+
+
+def _check_bias(bias: dict[int, float], vocab: int) -> None:
+    for token in bias:
+        if not 0 <= token < vocab:
+            raise ApiError(
+                400, f"logit_bias token id {token} is outside the vocabulary [0, {vocab})", param="logit_bias"
+            )
+
+
+def _token_limit(state: ServerState, arm: Arm, ids: list[list[int]], max_tokens: int | None) -> int:
+    """``max_tokens``, or (None) the rest of the context after the longest prompt, capped by
+    ``--max-tokens-limit``; 400 when a prompt leaves no room for it."""
+    cap, context = state.settings.max_tokens_limit, arm.model.context_length
+    limit = max_tokens if max_tokens is not None else max(1, min(cap, context - max(map(len, ids))))
+    for i, tokens in enumerate(ids):
+        if len(tokens) + limit > context:
             raise ApiError(
                 400,
-                f"prompt {i} has {len(tokens)} tokens; with max_tokens={max_tokens} it exceeds "
-                f"the context length {arm.model.context_length}",
+                f"prompt {i} has {len(tokens)} tokens; with max_tokens={limit} it exceeds "
+                f"the context length {context}",
                 param="prompt",
                 code="context_length_exceeded",
             )
-        ids.append(tokens)
+    return limit
+
+
+def plan_request(
+    state: ServerState,
+    req: _Request,
+    prompts: list[str | list[int]],
+    request: Request,
+    *,
+    max_tokens: int | None,
+    options: Options | None = None,
+    arm: Arm | None = None,
+) -> Plan:
+    """Validate limits and build the rows' shared sampling parameters; 400 on any violation.
+    ``max_tokens`` None: the rest of the context (capped by ``--max-tokens-limit``)."""
+    s, options = state.settings, options or Options()
+    if max_tokens is not None and max_tokens > s.max_tokens_limit:
+        raise ApiError(
+            400, f"max_tokens={max_tokens} exceeds the limit {s.max_tokens_limit}", param="max_tokens"
+        )
+    best_of = getattr(req, "best_of", None)
+    samples = best_of or req.n
+    if samples > s.max_n:
+        name = "best_of" if best_of else "n"
+        raise ApiError(400, f"{name}={samples} exceeds the limit {s.max_n}", param=name)
+    if len(prompts) > s.max_prompts:
+        raise ApiError(400, f"{len(prompts)} prompts exceed the limit {s.max_prompts}", param="prompt")
+    arm = arm or _pick_arm(state, req, request)
+    vocab = vocab_size(arm.model)
+    _check_bias(options.logit_bias, vocab)
+    ids = [_prompt_ids(arm.model, prompt, i, vocab) for i, prompt in enumerate(prompts)]
+    texts = [
+        p if isinstance(p, str) else arm.model.tokenizer.decode(t) for p, t in zip(prompts, ids, strict=True)
+    ]
     try:
         params = SamplingParams(
-            max_new_tokens=max_tokens,
-            temperature=req.temperature,
+            max_new_tokens=_token_limit(state, arm, ids, max_tokens),
+            temperature=req.effective_temperature(),
             top_p=req.top_p,
-            top_k=req.top_k,
+            top_k=max(req.top_k, 0),
             stop=req.stop_list(),
             seed=req.seed,
         )
     except ConfigError as err:
         raise ApiError(400, str(err)) from err
-    return Plan(arm, texts, ids, params, req.n, threading.Event())
+    tokens = [not isinstance(p, str) for p in prompts]
+    return Plan(arm, texts, ids, params, req.n, threading.Event(), samples, options, tokens)
 
 
 def _row(plan: Plan, prompt: int, sample: int) -> RowRequest:
-    params = plan.params
+    params, o = plan.params, plan.options
     if params.seed is not None and sample:
         params = SamplingParams(**{**params.__dict__, "seed": params.seed + sample})
-    return RowRequest(plan.ids[prompt], params, cancelled=plan.cancel.is_set)
+    return RowRequest(
+        plan.ids[prompt],
+        params,
+        cancelled=plan.cancel.is_set,
+        top_logprobs=o.top_logprobs or 0,
+        prompt_logprobs=o.echo and o.top_logprobs is not None and sample == 0,
+        logit_bias=o.logit_bias,
+        presence_penalty=o.presence_penalty,
+        frequency_penalty=o.frequency_penalty,
+    )
+
+
+def _key(plan: Plan, prompt: int) -> object:
+    return cache_key(plan.arm.model.version, plan.ids[prompt], plan.params.max_new_tokens, plan.params.stop)
 
 
 def _submit(state: ServerState, plan: Plan, stream: bool) -> list[tuple[RowResult | None, object]]:
     """Per row: a cached result, or the batcher job generating it. 429 when the queue is full."""
     out = []
+    cacheable = plan.options.cacheable(plan.params)
     for p in range(len(plan.ids)):
-        key = cache_key(plan.arm.model.version, plan.ids[p], plan.params.max_new_tokens, plan.params.stop)
-        for j in range(plan.n):
-            cached = plan.arm.cache.get(key) if plan.params.greedy else None
+        for j in range(plan.samples):
+            cached = plan.arm.cache.get(_key(plan, p)) if cacheable else None
             state.metrics.inc(
                 "cache_lookups_total",
                 1,
                 "Greedy cache lookups.",
                 arm=plan.arm.name,
-                result="hit" if cached else ("miss" if plan.params.greedy else "skip"),
+                result="hit" if cached else ("miss" if cacheable else "skip"),
             )
             if cached is not None:
                 out.append((cached, None))
@@ -142,126 +236,97 @@ async def _wait_all(plan: Plan, pending: list, request: Request) -> list[RowResu
             plan.cancel.set()
             await asyncio.wait(futures)
     results = []
-    for p, (cached, job) in enumerate(pending):
+    cacheable = plan.options.cacheable(plan.params)
+    for i, (cached, job) in enumerate(pending):
         result = cached if cached is not None else job.future.result()
-        if cached is None and plan.params.greedy and result.finish_reason != "cancelled":
-            prompt = p // plan.n
-            key = cache_key(
-                plan.arm.model.version, plan.ids[prompt], plan.params.max_new_tokens, plan.params.stop
-            )
-            plan.arm.cache.put(key, result)
+        if cached is None and cacheable and result.finish_reason != "cancelled":
+            plan.arm.cache.put(_key(plan, i // plan.samples), result)
         results.append(result)
     return results
 
 
-def _usage(plan: Plan, results: list[RowResult]) -> dict:
-    prompt = sum(len(ids) for ids in plan.ids) * plan.n
-    completion = sum(len(r.token_ids) for r in results)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
-async def _sse(plan: Plan, pending: list, chunk, state: ServerState) -> AsyncIterator[bytes]:
-    """Server-sent events: one chunk per text delta, then a finish chunk per row, then ``[DONE]``.
-    Text that could still turn out to be the start of a stop string is held back until it cannot."""
-    hold = max((len(s) for s in plan.params.stop), default=1) - 1
-    tokenizer = plan.arm.model.tokenizer
-    try:
-        for index, (cached, job) in enumerate(pending):
-            sent = ""
-            if job is not None:
-                ids: list[int] = []
-                while (token := await job.tokens.get()) is not None:
-                    ids.append(token)
-                    text = tokenizer.decode(ids, skip_special_tokens=True)
-                    safe = text[: max(len(sent), len(text) - hold)] if hold else text
-                    if len(safe) > len(sent) and not any(s in safe for s in plan.params.stop):
-                        yield _event(chunk(index, safe[len(sent) :], None))
-                        sent = safe
-            result = cached if cached is not None else await job.future
-            if result.text.startswith(sent) and len(result.text) > len(sent):
-                yield _event(chunk(index, result.text[len(sent) :], None))
-            yield _event(chunk(index, "", result.finish_reason))
-        yield b"data: [DONE]\n\n"
-    finally:
-        plan.cancel.set()  # client went away (or we finished): drop any rows still generating
-
-
-def _event(payload: dict) -> bytes:
-    return f"data: {json.dumps(payload)}\n\n".encode()
+def _best(plan: Plan, results: list[RowResult]) -> list[tuple[int, RowResult]]:
+    """``(prompt index, result)`` of each returned choice: with ``best_of``, the ``n`` rows of each
+    prompt with the highest mean token log-prob (best first); otherwise every row in order."""
+    out = []
+    for p in range(len(plan.ids)):
+        rows = results[p * plan.samples : (p + 1) * plan.samples]
+        if plan.samples > plan.n:
+            rows = sorted(rows, key=lambda r: -sum(e.logprob for e in r.logprobs) / max(1, len(r.logprobs)))
+        out += [(p, r) for r in rows[: plan.n]]
+    return out
 
 
 async def _completions(state: ServerState, req: CompletionRequest, request: Request):
     check_user_key(state, request)
-    plan = plan_request(state, req, req.prompts(), request)
-    pending = _submit(state, plan, req.stream)
-    rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-    model = state.name
-
-    def chunk(index: int, text: str, finish: str | None) -> dict:
-        return {
-            "id": rid,
-            "object": "text_completion",
-            "created": created,
-            "model": model,
-            "choices": [{"index": index, "text": text, "logprobs": None, "finish_reason": finish}],
-        }
-
-    def choice(i: int, r: RowResult) -> dict:
-        return {"index": i, "text": r.text, "logprobs": None, "finish_reason": r.finish_reason}
-
-    envelope = {"id": rid, "object": "text_completion", "created": created, "model": model}
-    return await _respond(state, plan, pending, request, req.stream, chunk, choice, envelope)
+    req.check()
+    options = Options.of(req, req.logprobs, echo=req.echo)
+    plan = plan_request(state, req, req.prompts(), request, max_tokens=req.max_tokens, options=options)
+    shape = CompletionShape(
+        f"cmpl-{uuid.uuid4().hex}",
+        int(time.time()),
+        state.name,
+        plan.arm.model.version,
+        plan.arm.model.tokenizer,
+        logprobs=req.logprobs is not None,
+        include_usage=req.include_usage(),
+        echo=req.echo,
+        prompt_texts=plan.texts,
+        prompt_ids=plan.ids,
+        token_prompts=plan.token_prompts,
+    )
+    return await _respond(state, plan, shape, request, req.stream)
 
 
 async def _chat(state: ServerState, req: ChatRequest, request: Request):
     check_user_key(state, request)
-    if req.max_completion_tokens is not None:
-        req.max_tokens = req.max_completion_tokens
-    if req.max_tokens is None:
-        req.max_tokens = 16
-    arm_probe = _pick_arm(state, req, request)
-    text = arm_probe.model.render_chat([m.model_dump() for m in req.messages])
-    plan = plan_request(state, req, [text], request)
-    pending = _submit(state, plan, req.stream)
-    rid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), state.name
-
-    def chunk(index: int, delta: str, finish: str | None) -> dict:
-        body = {"content": delta} if delta else {}
-        if finish is None and not delta:
-            body = {"role": "assistant", "content": ""}
-        return {
-            "id": rid,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": [{"index": index, "delta": body, "logprobs": None, "finish_reason": finish}],
-        }
-
-    def choice(i: int, r: RowResult) -> dict:
-        message = {"role": "assistant", "content": r.text}
-        return {"index": i, "message": message, "logprobs": None, "finish_reason": r.finish_reason}
-
-    envelope = {"id": rid, "object": "chat.completion", "created": created, "model": model}
-    return await _respond(state, plan, pending, request, req.stream, chunk, choice, envelope)
+    req.check()
+    arm = _pick_arm(state, req, request)
+    text = arm.model.render_chat([m.for_template() for m in req.messages])
+    top = (req.top_logprobs or 0) if req.logprobs else None
+    plan = plan_request(
+        state, req, [text], request, max_tokens=req.token_limit(), options=Options.of(req, top), arm=arm
+    )
+    shape = ChatShape(
+        f"chatcmpl-{uuid.uuid4().hex}",
+        int(time.time()),
+        state.name,
+        plan.arm.model.version,
+        plan.arm.model.tokenizer,
+        logprobs=req.logprobs,
+        include_usage=req.include_usage(),
+    )
+    return await _respond(state, plan, shape, request, req.stream)
 
 
-async def _respond(state, plan, pending, request, stream: bool, chunk, choice, envelope: dict):
-    """The shared tail of the completions and chat endpoints: an SSE stream of ``chunk``s, or one JSON
-    body of ``envelope`` + ``choice`` per result + usage; the answers are remembered for feedback."""
+async def _respond(state: ServerState, plan: Plan, shape: Shape, request: Request, stream: bool):
+    """The shared tail of the completions and chat endpoints: an SSE stream, or one JSON body with a
+    choice per returned row and the usage; the answers are remembered for feedback."""
     headers = {"x-tandem-arm": plan.arm.name}
+    pending = _submit(state, plan, stream)
     if stream:
-        return StreamingResponse(
-            _sse(plan, pending, chunk, state), media_type="text/event-stream", headers=headers
-        )
+        events = sse(shape, pending, plan.n, plan.ids, plan.params.stop, plan.cancel.set)
+        return StreamingResponse(events, media_type="text/event-stream", headers=headers)
     results = await _wait_all(plan, pending, request)
-    body = {
-        **envelope,
-        "choices": [choice(i, r) for i, r in enumerate(results)],
-        "usage": _usage(plan, results),
-        "system_fingerprint": plan.arm.model.version,
-    }
-    _remember(state, envelope["id"], plan, results)
+    chosen = _best(plan, results)
+    scores = [results[p * plan.samples].prompt_logprobs for p in range(len(plan.ids))]
+    choices = [shape.choice(i, p, r, scores[p]) for i, (p, r) in enumerate(chosen)]
+    body = {**shape.envelope(False), "choices": choices, "usage": usage(plan.ids, results)}
+    _remember(state, shape.rid, plan, [r for _, r in chosen])
     return JSONResponse(body, headers=headers)
+
+
+def require_json(request: Request) -> None:
+    """415 for a body declared as anything but JSON (a form-urlencoded body is not parsed as JSON);
+    a body without a content-type is read as JSON."""
+    declared = request.headers.get("content-type")
+    media = (declared or "").split(";")[0].strip().lower()
+    if declared is not None and media != "application/json" and not media.endswith("+json"):
+        raise ApiError(
+            415,
+            f"content-type '{media}' is not supported; send the body as application/json",
+            code="unsupported_media_type",
+        )
 
 
 def _remember(state: ServerState, rid: str, plan: Plan, results: list[RowResult]) -> None:
@@ -347,10 +412,12 @@ def register_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/v1/completions")
     async def completions(request: Request):
+        require_json(request)
         return await _completions(state, await _parse(request, CompletionRequest), request)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
+        require_json(request)
         return await _chat(state, await _parse(request, ChatRequest), request)
 
     @app.post("/predict")
@@ -358,7 +425,7 @@ def register_routes(app: FastAPI, state: ServerState) -> None:
         check_user_key(state, request)
         body = await _parse(request, PredictRequest)
         req = CompletionRequest(prompt=body.text, max_tokens=body.max_tokens, temperature=0.0)
-        plan = plan_request(state, req, [body.text], request)
+        plan = plan_request(state, req, [body.text], request, max_tokens=body.max_tokens)
         result = (await _wait_all(plan, _submit(state, plan, False), request))[0]
         return JSONResponse(
             {"text": body.text, "completion": result.text, "finish_reason": result.finish_reason},
