@@ -27,15 +27,30 @@ def dpo_loss(
     beta: float = 0.1,
     loss_type: str = "sigmoid",
     label_smoothing: float = 0.0,
+    *,
+    lengths: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-pair losses ``[B]`` and detached implicit rewards ``beta * (log pi - log pi_ref)`` for the
-    chosen and rejected completions ``[B]``. Inputs: summed completion log-probs ``[B]``."""
+    chosen and rejected completions ``[B]``. Inputs: summed completion log-probs ``[B]``.
+
+    ``lengths = (chosen_tokens [B], rejected_tokens [B])`` length-normalises the margin: each log-ratio is
+    divided by its completion's token count before the difference is taken. That is TRL's ``ipo`` (the
+    form the IPO authors used) and TRL's ``sigmoid_norm``; without it the margin uses summed log-ratios.
+    The implicit rewards stay summed either way.
+    """
     if beta <= 0:
         raise ValueError(f"dpo beta must be > 0, got {beta}")
     fn = PREFERENCE_LOSSES.get(loss_type)
     chosen_logratio = policy_chosen_logps - ref_chosen_logps  # [B]
     rejected_logratio = policy_rejected_logps - ref_rejected_logps  # [B]
-    losses = fn(chosen_logratio - rejected_logratio, beta, label_smoothing)
+    margin = chosen_logratio - rejected_logratio  # [B]
+    if lengths is not None:
+        if any(tuple(n.shape) != tuple(margin.shape) for n in lengths):
+            shapes = [tuple(n.shape) for n in lengths]
+            raise ValueError(f"dpo lengths must be two [B]={tuple(margin.shape)} tensors, got {shapes}")
+        n_chosen, n_rejected = (n.to(chosen_logratio.dtype).clamp(min=1.0) for n in lengths)
+        margin = chosen_logratio / n_chosen - rejected_logratio / n_rejected
+    losses = fn(margin, beta, label_smoothing)
     return losses, beta * chosen_logratio.detach(), beta * rejected_logratio.detach()
 
 

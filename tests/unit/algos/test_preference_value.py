@@ -47,6 +47,21 @@ def test_dpo_gradient_raises_chosen_lowers_rejected() -> None:
     assert (pc.grad < 0).all() and (pr.grad > 0).all()
 
 
+def test_dpo_lengths_normalise_the_margin_not_the_rewards() -> None:
+    """``lengths`` divides each log-ratio by its completion's token count (TRL's ipo / sigmoid_norm)."""
+    lengths = (torch.tensor([4.0, 2.0]), torch.tensor([1.0, 5.0]))
+    h_norm = (PC - RC) / lengths[0] - (PR - RR) / lengths[1]  # [1/4 + 1, 0 - 1/5]
+    losses, cr, rr = dpo_loss(PC, PR, RC, RR, beta=0.1, loss_type="ipo", lengths=lengths)
+    torch.testing.assert_close(losses, (h_norm - 5.0) ** 2)
+    torch.testing.assert_close(cr, torch.tensor([0.1, 0.0]))  # rewards stay summed
+    losses, _, _ = dpo_loss(PC, PR, RC, RR, beta=0.1, lengths=lengths)
+    torch.testing.assert_close(losses, -F.logsigmoid(0.1 * h_norm))
+    ones = (torch.ones(2), torch.ones(2))
+    torch.testing.assert_close(dpo_loss(PC, PR, RC, RR, lengths=ones)[0], dpo_loss(PC, PR, RC, RR)[0])
+    with pytest.raises(ValueError, match="lengths"):
+        dpo_loss(PC, PR, RC, RR, lengths=(torch.ones(3), torch.ones(2)))
+
+
 def test_dpo_rejects_bad_arguments() -> None:
     with pytest.raises(KeyError, match="valid names: sigmoid, ipo, hinge, robust"):
         dpo_loss(PC, PR, RC, RR, loss_type="kto")
