@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from tandem.config import config_to_yaml
 from tandem.config.schema import TandemConfig
 from tandem.errors import ConfigError
 from tandem.monitor import MetricsLogger
+from tandem.monitor.metrics import METRICS_FILE
 from tandem.orchestration.alerting import AlertController, AlertStopError
 from tandem.orchestration.build import (
     build_critic,
@@ -60,22 +62,56 @@ def run_dir_of(cfg: TandemConfig) -> Path:
     return Path(cfg.run.output_dir) if cfg.run.output_dir else Path("runs") / cfg.run.name
 
 
-def prepare_run_dir(cfg: TandemConfig, *, resume: bool) -> Path:
-    """Create (or reopen on resume) the run folder and write the resolved config into it."""
+def is_run_folder(path: str | Path) -> bool:
+    """Whether ``path`` is a Tandem run folder: it holds the ``config.yaml`` and ``metrics.jsonl`` that
+    :func:`prepare_run_dir` writes first. Only such a folder may be replaced by ``run.overwrite``."""
+    folder = Path(path)
+    return (folder / "config.yaml").is_file() and (folder / METRICS_FILE).is_file()
+
+
+def check_run_dir(cfg: TandemConfig, *, resume: bool) -> Path:
+    """The run folder, after refusing what the run may not write into; writes nothing.
+
+    A non-empty folder needs ``--resume`` or ``run.overwrite``; ``run.overwrite`` replaces only a Tandem
+    run folder (:func:`is_run_folder`), never an unrelated folder."""
     run_dir = run_dir_of(cfg)
-    if run_dir.exists() and any(run_dir.iterdir()) and not (resume or cfg.run.overwrite):
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"run folder {run_dir} is a file", where="run.output_dir")
+    holds = run_dir.is_dir() and any(run_dir.iterdir())
+    if holds and not (resume or cfg.run.overwrite):
         raise ConfigError(
             f"run folder {run_dir} already holds a run",
             where="run.output_dir",
             hint="pass --resume to continue it, run.overwrite=true, or another run.output_dir",
         )
-    if run_dir.exists() and not resume and cfg.run.overwrite:
+    if holds and not resume and not is_run_folder(run_dir):
+        raise ConfigError(
+            f"{run_dir} is not empty and not a Tandem run folder (no config.yaml and metrics.jsonl): "
+            "run.overwrite replaces only run folders",
+            where="run.output_dir",
+            hint="choose another run.output_dir",
+        )
+    return run_dir
+
+
+def prepare_run_dir(cfg: TandemConfig, *, resume: bool) -> Path:
+    """Create (or reopen on resume) the run folder and write the resolved config into it.
+
+    Call it after the run's pre-flight checks (:func:`check_run_dir`, building the model and rewards):
+    a run that fails them must leave nothing behind, or the corrected rerun would find a "run" there.
+    ``run.overwrite`` moves the old run aside in one rename before deleting it, so a crash never
+    leaves a half-deleted run that still looks like one."""
+    run_dir = check_run_dir(cfg, resume=resume)
+    check_remote(cfg)  # checkpoint.remote_dir must be writable before any training
+    if run_dir.is_dir() and any(run_dir.iterdir()) and not resume:
         # A fresh run must not inherit the old run's checkpoints (a later --resume would pick them up).
-        shutil.rmtree(run_dir)
+        aside = run_dir.with_name(f".{run_dir.name}.replaced-{os.getpid()}")
+        os.replace(run_dir, aside)
+        shutil.rmtree(aside)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "summary.json").unlink(missing_ok=True)
     atomic_write_text(run_dir / "config.yaml", config_to_yaml(cfg))
-    check_remote(cfg)  # checkpoint.remote_dir must be writable before any training
+    (run_dir / METRICS_FILE).touch()  # with config.yaml: what marks a Tandem run folder
     if resume:  # checkpoint.remote_dir: continue from a newer copy there (e.g. on a fresh machine)
         fetch_newer_checkpoint(cfg, run_dir / "checkpoints")
     return run_dir
@@ -124,8 +160,9 @@ def train(cfg: TandemConfig, *, resume: bool = False, progress: bool | None = No
         from tandem.orchestration.decoupled.runtime import train_decoupled
 
         return train_decoupled(cfg, resume=resume, progress=progress)
-    run_dir = prepare_run_dir(cfg, resume=resume)
-    parts = build_parts(local_models(cfg))  # URLs: this machine's copies
+    check_run_dir(cfg, resume=resume)
+    parts = build_parts(local_models(cfg))  # URLs: this machine's copies; fails on a bad model or reward
+    run_dir = prepare_run_dir(cfg, resume=resume)  # only now: a failed pre-flight leaves no folder behind
     trainer = ColocatedTrainer(parts)
     ckpt_root = run_dir / "checkpoints"
     result = RunResult(run_dir=run_dir, steps=0)

@@ -50,6 +50,7 @@ from tandem.orchestration.runner import (
     RunResult,
     _check_finite,
     build_parts,
+    check_run_dir,
     finish_run,
     prepare_run_dir,
 )
@@ -107,10 +108,11 @@ def train_decoupled(
     """Train with the decoupled architecture; same run folder and result as the colocated ``train``."""
     hooks = hooks or RunHooks()
     check_decoupled_rules(cfg)
-    run_dir = prepare_run_dir(cfg, resume=resume)
+    check_run_dir(cfg, resume=resume)
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.architecture.learner.threads)
     parts = build_parts(local_models(cfg))  # URLs: this machine's copies (workers fetch their own)
+    run_dir = prepare_run_dir(cfg, resume=resume)  # after the pre-flight build: a failed one writes nothing
     ckpt_root = run_dir / "checkpoints"
     result = RunResult(run_dir=run_dir, steps=0)
     state = _restore(parts, ckpt_root) if resume else None

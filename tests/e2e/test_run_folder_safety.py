@@ -1,0 +1,87 @@
+"""The run folder is written only after the run's pre-flight checks pass, and ``run.overwrite`` replaces
+only a Tandem run folder: a failed check leaves nothing that blocks the corrected rerun, and an unrelated
+folder is never deleted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from typer.testing import CliRunner
+
+from tandem.cli.main import app
+
+
+def _config(tmp_path: Path, model: Path, reward_path: str | None = None, **run) -> Path:
+    """A one-step run on two arithmetic prompts, optionally scored by a reward function ``path:fn``."""
+    data = {
+        "run": {"output_dir": str(tmp_path / "run"), **run},
+        "model": {"path": str(model)},
+        "data": {"task": "arith", "prompts_per_step": 2, "train_size": 8, "eval_size": 0},
+        "rollout": {"n": 2, "max_new_tokens": 2},
+        "trainer": {"total_steps": 1, "lr": 1e-3},
+        "monitor": {"eval_every": 0, "sample_every": 0, "tensorboard": False, "progress": False},
+        "checkpoint": {"every": 0, "save_final": False},
+    }
+    if reward_path:
+        data["reward"] = {"functions": [{"path": reward_path}]}
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def _train(config: Path, *overrides: str):
+    return CliRunner().invoke(app, ["train", str(config), *overrides, "--no-progress"])
+
+
+def test_run_that_fails_preflight_on_a_missing_model_writes_nothing_and_the_rerun_works(
+    tmp_path, tiny_model_dir
+):
+    result = _train(_config(tmp_path, tmp_path / "no-such-model"))
+    assert result.exit_code == 2 and "does not exist" in result.output
+    assert not (tmp_path / "run").exists()
+    result = _train(_config(tmp_path, tiny_model_dir))
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "run" / "summary.json").is_file()
+
+
+def test_run_that_fails_preflight_on_a_bad_reward_module_writes_nothing_and_the_rerun_works(
+    tmp_path, tiny_model_dir
+):
+    broken = tmp_path / "broken_reward.py"
+    broken.write_text("def score(prompts, completions, **kw):\n    return [0.0] * len(completions\n")
+    result = _train(_config(tmp_path, tiny_model_dir, f"{broken}:score"))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert not (tmp_path / "run").exists()
+    broken.write_text("def score(prompts, completions, **kw):\n    return [0.0] * len(completions)\n")
+    result = _train(_config(tmp_path, tiny_model_dir, f"{broken}:score"))
+    assert result.exit_code == 0, result.output
+
+
+def test_run_overwrite_refuses_an_unrelated_folder(tmp_path, tiny_model_dir):
+    precious = tmp_path / "run"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("years of work")
+    result = _train(_config(tmp_path, tiny_model_dir, overwrite=True))
+    assert result.exit_code == 2
+    assert f"{precious} is not empty and not a Tandem run folder" in result.output
+    assert (precious / "thesis.tex").read_text() == "years of work"
+
+
+def test_run_overwrite_replaces_a_run_folder(tmp_path, tiny_model_dir):
+    cfg = _config(tmp_path, tiny_model_dir)
+    assert _train(cfg).exit_code == 0
+    (tmp_path / "run" / "old-marker").write_text("from the first run")
+    result = _train(cfg)
+    assert result.exit_code == 2 and "already holds a run" in result.output
+    result = _train(cfg, "run.overwrite=true")
+    assert result.exit_code == 0, result.output
+    assert not (tmp_path / "run" / "old-marker").exists()
+    assert (tmp_path / "run" / "summary.json").is_file()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".run.")]  # nothing left aside
+
+
+def test_trainer_lr_inf_is_refused_before_anything_is_written(tmp_path, tiny_model_dir):
+    result = _train(_config(tmp_path, tiny_model_dir), "trainer.lr=.inf")
+    assert result.exit_code == 2 and "trainer.lr: Input should be a finite number" in result.output
+    assert not (tmp_path / "run").exists()
