@@ -60,7 +60,10 @@ def eval_cmd(
     task: Annotated[str | None, typer.Option(help="Built-in task (default: the run's data.task).")] = None,
     task_option: Annotated[list[str] | None, typer.Option(help="Task option KEY=VALUE (repeatable).")] = None,
     eval_file: Annotated[str | None, typer.Option(help="JSONL/Parquet prompts instead of a task.")] = None,
-    reward: Annotated[str | None, typer.Option(help="Reward `module:function` for --eval-file.")] = None,
+    reward: Annotated[
+        str | None,
+        typer.Option(help="Reward `module:function` for --eval-file (imported and run: trusted code only)."),
+    ] = None,
     ref: Annotated[Path | None, typer.Option(help="Reference model/run/checkpoint for the KL.")] = None,
     size: Annotated[
         int | None, typer.Option(help="Prompts (default: the run's data.eval_size or 200).")
@@ -113,7 +116,10 @@ def abtest_cmd(
     task: Annotated[str | None, typer.Option(help="Built-in task (default: A's run data.task).")] = None,
     task_option: Annotated[list[str] | None, typer.Option(help="Task option KEY=VALUE (repeatable).")] = None,
     eval_file: Annotated[str | None, typer.Option(help="JSONL/Parquet prompts instead of a task.")] = None,
-    reward: Annotated[str | None, typer.Option(help="Reward `module:function` for --eval-file.")] = None,
+    reward: Annotated[
+        str | None,
+        typer.Option(help="Reward `module:function` for --eval-file (imported and run: trusted code only)."),
+    ] = None,
     size: Annotated[
         int | None, typer.Option(help="Prompts (default: the run's data.eval_size or 200).")
     ] = None,

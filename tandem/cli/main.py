@@ -79,6 +79,8 @@ def train(
 ) -> None:
     """Train a policy with RL (GRPO, DAPO, RLOO, ...).
 
+    reward.functions in a config are imported and run as Python code: use only code you trust.
+
     Example: tandem train configs/dapo.yaml algorithm.clip_high=0.28 trainer.lr=5e-6
     """
     from tandem.cli.report import print_run_result

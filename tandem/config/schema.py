@@ -25,7 +25,11 @@ class RunConfig(Section):
     )
     output_dir: str | None = Field(None, description="Folder for metrics, samples, checkpoints and config.")
     seed: int = Field(0, description="Seed for data order, sampling and initialisation.")
-    overwrite: bool = Field(False, description="Allow writing into a run folder that already holds a run.")
+    overwrite: bool = Field(
+        False,
+        description="Replace a run folder that already holds a Tandem run (config.yaml and metrics.jsonl); "
+        "a non-empty folder that is not a run folder is never deleted.",
+    )
 
 
 class WarmStartConfig(Section):
@@ -80,7 +84,11 @@ class DataConfig(Section):
 
 
 class RewardFunctionConfig(Section):
-    path: str = Field(..., description="Callable `module:function` or `file.py:function`, TRL signature.")
+    path: str = Field(
+        ...,
+        description="Callable `module:function` or `file.py:function`, TRL signature. Tandem imports "
+        "and runs that Python code with your permissions: use only code you trust.",
+    )
     weight: float = Field(1.0, description="Weight of this reward in the sum.")
     name: str | None = Field(None, description="Name used in metrics; defaults to the function name.")
 
@@ -112,7 +120,11 @@ class RewardModelConfig(Section):
 class RewardConfig(Section):
     model: RewardModelConfig | None = Field(None, description="A learned reward model used as a reward.")
     task_reward: bool = Field(True, description="Use the built-in task's verifier as a reward (weight 1).")
-    functions: list[RewardFunctionConfig] = Field(default_factory=list, description="Extra reward functions.")
+    functions: list[RewardFunctionConfig] = Field(
+        default_factory=list,
+        description="Extra reward functions, each {path: 'module:function' or 'file.py:function', weight, "
+        "name}. Loading one imports and runs that Python code with your permissions: use only code you trust.",
+    )
     format_regex: str | None = Field(
         None, description="If set, add a 0/1 format reward for completions fully matching it."
     )
