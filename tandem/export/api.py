@@ -7,6 +7,7 @@ held-out accuracy of the eager and the quantised model on the same prompts (gree
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -18,9 +19,10 @@ import torch
 from tandem.errors import ConfigError
 from tandem.evaluate.heldout import evaluate_prompts
 from tandem.evaluate.targets import eval_data, resolve_target
-from tandem.export import FORMATS
-from tandem.models import load_causal_lm, load_tokenizer, save_pretrained_atomic
+from tandem.export import FORMATS, MANIFEST
+from tandem.models import load_causal_lm, load_tokenizer
 from tandem.rollout import HFEngine, SamplingParams
+from tandem.utils.io import atomic_dir
 
 
 @dataclass
@@ -81,6 +83,7 @@ def export_model(
             f"unknown format '{fmt}'", where="--format", hint=f"use one of {', '.join(FORMATS)}"
         )
     target = resolve_target(path)
+    check_export_dir(out_dir, sources=(Path(path), target.model_dir))
     model, tokenizer = load_causal_lm(target.model_dir).eval(), load_tokenizer(target.model_dir)
     report = ExportReport(fmt, str(target.model_dir), str(out_dir), folder_bytes(target.model_dir), 0)
     from tandem.export.graph import LogitsForward, sample_batch
@@ -89,7 +92,7 @@ def export_model(
     eager = LogitsForward(model)
     report.latency_eager_ms = _latency_ms(eager, batch)
     if fmt == "hf":
-        save_pretrained_atomic(model, tokenizer, out_dir)
+        _save_hf(model, tokenizer, out_dir, str(target.model_dir))
     elif fmt == "onnx":
         from tandem.export.graph import ONNX_FILE, export_onnx
 
@@ -104,6 +107,37 @@ def export_model(
         _export_int8(model, tokenizer, target, out_dir, report, batch, task, task_options, eval_size)
     report.size_after = folder_bytes(Path(out_dir))
     return report
+
+
+def check_export_dir(out_dir: str | Path, *, sources: tuple[Path, ...]) -> None:
+    """Refuse an export target whose replacement would lose data: a folder that is, or holds, one of the
+    ``sources``, and an existing non-empty folder that is not a Tandem export folder (no ``MANIFEST``,
+    which every export writes). An export folder is replaced atomically (see :func:`atomic_dir`)."""
+    out = Path(out_dir)
+    resolved = out.resolve()
+    for source in sources:
+        src = Path(source).resolve()
+        if resolved == src or resolved in src.parents:
+            raise ConfigError(
+                f"--out {out} is (or holds) the source folder {source}; exporting would replace it",
+                hint="choose another --out",
+            )
+    if out.exists() and not out.is_dir():
+        raise ConfigError("--out is a file, not a folder", where=str(out))
+    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
+        raise ConfigError(
+            f"--out exists and is not a Tandem export folder (no {MANIFEST}); refusing to replace it",
+            where=str(out),
+            hint="choose another --out, or remove that folder yourself",
+        )
+
+
+def _save_hf(model, tokenizer, out_dir: str | Path, source: str) -> None:
+    """An HF export folder (safetensors + tokenizer) with its manifest, written atomically."""
+    with atomic_dir(out_dir) as tmp:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        tokenizer.save_pretrained(str(tmp))
+        (tmp / MANIFEST).write_text(json.dumps({"format": "hf", "source": source}, indent=2) + "\n")
 
 
 def _export_int8(
