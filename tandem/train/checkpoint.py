@@ -12,7 +12,8 @@ Layout of ``<ckpt_root>/step-<step:08d>/``::
 
 The folder is built under a hidden temp name and renamed into place after every file is fsynced
 (:func:`tandem.utils.io.atomic_dir`), so a crash leaves either the previous checkpoints or the new
-complete one. ``.pt`` files are read with ``torch.load(weights_only=True)``: no pickled code runs.
+complete one; the hidden folders such a crash leaves are removed by the next save
+(:func:`clean_leftovers`). ``.pt`` files are read with ``torch.load(weights_only=True)``: no pickled code runs.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ COMPLETE_MARKER = "COMPLETE"
 CRITIC_WEIGHTS = "critic/model.safetensors"
 CRITIC_OPTIMIZER = "critic/optimizer.pt"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+# Hidden folders a save or prune leaves when its process dies mid-way (see atomic_dir, prune_checkpoints).
+_LEFTOVER = re.compile(r"^\.(step-\d+)\.(tmp|old|deleting)-(\d+)$")
 
 
 def checkpoint_step(name: str) -> int | None:
@@ -85,6 +88,7 @@ def save_checkpoint(
     if keep_last is not None and keep_last < 1:
         raise ValueError(f"keep_last must be ≥ 1 or None, got {keep_last}")
     final = checkpoint_dir(ckpt_root, step)
+    clean_leftovers(ckpt_root)
     started = time.perf_counter()
     with atomic_dir(final) as tmp:
         _save_model(tmp / "model", model, tokenizer)
@@ -137,6 +141,49 @@ def prune_checkpoints(ckpt_root: str | Path, keep_last: int) -> list[Path]:
         os.replace(path, trash)
         shutil.rmtree(trash)
     return doomed
+
+
+def clean_leftovers(ckpt_root: str | Path) -> list[Path]:
+    """Remove the hidden ``.step-N.tmp-PID`` / ``.old-PID`` / ``.deleting-PID`` folders of saves and
+    prunes whose process is no longer alive (a crash or ``kill -9`` mid-save); return what was removed.
+
+    A folder of a live process (this one included) is left alone: it may be a save in progress. An
+    ``.old-PID`` folder is the previous complete checkpoint of a step whose replacement was cut short;
+    if ``step-N`` itself is missing it is renamed back instead of deleted. Checkpoints of one run are
+    written by one process on one machine, so "alive" is checked on this machine.
+    """
+    root = Path(ckpt_root)
+    if not root.is_dir():
+        return []
+    removed = []
+    for child in sorted(root.iterdir()):
+        match = _LEFTOVER.match(child.name)
+        if match is None or not child.is_dir() or _pid_alive(int(match.group(3))):
+            continue
+        final = root / match.group(1)
+        if match.group(2) == "old" and not final.exists() and (child / COMPLETE_MARKER).is_file():
+            os.replace(child, final)
+            logger.info("restored %s from %s", final, child.name)
+            continue
+        shutil.rmtree(child, ignore_errors=True)
+        logger.info("removed %s left by a dead process", child)
+        removed.append(child)
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether a process with ``pid`` exists on this machine (ours counts as alive)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    except OSError:
+        return True  # unknown: keep the folder
+    return True
 
 
 def load_checkpoint(

@@ -217,3 +217,50 @@ def test_pydantic_config_is_saved_as_plain_json(tmp_path: Path) -> None:
         tmp_path, 1, model=model, tokenizer=None, optimizer=optimizer, extra_state={}, config=Trainer()
     )
     assert json.loads((path / "config.json").read_text()) == {"lr": 1e-5, "out": "runs/x"}
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_step_tmp_pid_folders_of_dead_processes_are_cleaned(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    model, optimizer, _ = _setup()
+    first = _save(tmp_path, 1, model, optimizer)
+    dead, live = _dead_pid(), subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        orphans = [
+            f".step-00000002.tmp-{dead}",
+            f".step-00000001.deleting-{dead}",
+            f".step-00000001.old-{dead}",
+        ]
+        for name in orphans:
+            (tmp_path / name / "model").mkdir(parents=True)
+            (tmp_path / name / "model" / "model.safetensors").write_bytes(b"x" * 1000)
+        in_progress = tmp_path / f".step-00000003.tmp-{live.pid}"
+        in_progress.mkdir()
+        lookalike = tmp_path / ".step-00000002.tmp-notapid"
+        lookalike.mkdir()
+        _save(tmp_path, 2, model, optimizer)  # every save first clears what dead saves left
+        names = sorted(p.name for p in tmp_path.iterdir())
+        assert names == sorted(["step-00000001", "step-00000002", in_progress.name, lookalike.name])
+        assert latest_checkpoint(tmp_path) == tmp_path / "step-00000002" and first.is_dir()
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_old_folder_of_an_interrupted_replacement_is_restored_not_deleted(tmp_path: Path) -> None:
+    model, optimizer, _ = _setup()
+    first = _save(tmp_path, 1, model, optimizer)
+    aside = tmp_path / f".step-00000001.old-{_dead_pid()}"
+    first.rename(aside)  # killed between moving step 1 aside and renaming its replacement in
+    assert ckpt.clean_leftovers(tmp_path) == []
+    assert latest_checkpoint(tmp_path) == first and not aside.exists()
