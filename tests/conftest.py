@@ -65,3 +65,39 @@ def s3(tmp_path_factory):
     fsspec.filesystem("s3").clear_instance_cache()
     mp.undo()
     server.stop()
+
+
+# What a skipped test needs, matched against its skip reason, and how to get it. `make test` ends with this
+# table so a green run that skipped the Redis, Chromium or CUDA tests says so instead of hiding it.
+_HOW_TO_GET = (
+    ("extra is not installed", "an optional extra", "make test installs the dev extra; see pyproject.toml"),
+    ("could not import", "an optional package", "make test installs the dev extra; see pyproject.toml"),
+    ("redis", "Redis tests", "apt-get install redis-server (`bash .ci/run` installs it when run as root)"),
+    ("chromium", "HTML-report rendering", "apt-get install chromium (`bash .ci/run` installs it as root)"),
+    ("openssl", "TLS serving", "apt-get install openssl (`bash .ci/run` installs it as root)"),
+    ("cuda", "GPU tests", "an NVIDIA GPU with a CUDA build of torch; never available in CI"),
+)
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """A closing table: each distinct skip reason, how many tests it skipped, and how to get them run."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    counts: dict[str, int] = {}
+    for report in skipped:
+        reason = _skip_reason(report)
+        counts[reason] = counts.get(reason, 0) + 1
+    terminalreporter.section("skipped tests: what they need and how to get it", sep="-")
+    for reason, n in sorted(counts.items(), key=lambda kv: -kv[1]):
+        what, how = next(
+            ((w, h) for key, w, h in _HOW_TO_GET if key in reason.lower()), ("", "see the reason")
+        )
+        terminalreporter.write_line(f"{n:4d} skipped  {reason}" + (f"  [{what}: {how}]" if what else ""))
