@@ -186,5 +186,17 @@ class OnnxModel:
     def make_stepper(self, batch_size: int, max_len: int) -> OnnxStepper:
         return OnnxStepper(self.session)
 
+    def sequence_logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """Logits at every position of unpadded ``ids`` ``[B, L]`` -> ``[B, L, V]`` (the server scores
+        prompts with it: ``echo`` with ``logprobs``)."""
+        ids = ids.cpu().long()
+        positions = torch.arange(ids.shape[1]).expand_as(ids)
+        feeds = {
+            "input_ids": ids.numpy(),
+            "attention_mask": torch.ones_like(ids).numpy(),
+            "position_ids": positions.contiguous().numpy(),
+        }
+        return torch.from_numpy(self.session.run(None, feeds)[0])
+
     def eval(self) -> OnnxModel:
         return self

@@ -46,6 +46,9 @@ def test_onnx_export_parity_and_served_greedy_matches_eager(tiny_model_dir, tmp_
     eager = ServedModel.load(tiny_model_dir)
     prompts = ["12+34=", "a longer prompt here", "7"]  # left padding exercises position ids
     assert _greedy(onnx_served, prompts) == _greedy(eager, prompts)
+    row = RowRequest(eager.encode("12+34="), SamplingParams(max_new_tokens=1), prompt_logprobs=True)
+    scored = [decode_rows(m.model, m.tokenizer, [row])[0].prompt_logprobs for m in (onnx_served, eager)]
+    assert [e.logprob for e in scored[0][1:]] == pytest.approx([e.logprob for e in scored[1][1:]], abs=1e-4)
 
 
 def test_torchscript_export_parity(tiny_model_dir, tmp_path):
