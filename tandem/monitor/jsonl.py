@@ -49,12 +49,18 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     A torn final line (no trailing newline, from a crash mid-write) is skipped with a log message;
     any other malformed line raises :class:`DataError` naming ``file:line``.
     """
+    return [row for _, row in read_jsonl_lines(path)]
+
+
+def read_jsonl_lines(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` for every object in a JSON Lines file (see :func:`read_jsonl`), so a
+    reader that checks the objects can name ``file:line``."""
     file = Path(path)
     if not file.is_file():
         raise DataError("file not found", where=str(file), hint="check the run folder path")
     text = file.read_text(encoding="utf-8")
     lines = text.split("\n")
-    rows: list[dict[str, Any]] = []
+    rows: list[tuple[int, dict[str, Any]]] = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -65,9 +71,11 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
                 logger.warning("%s:%d: skipping incomplete last line", file, number)
                 continue
             raise DataError(f"malformed JSON ({err.msg})", where=f"{file}:{number}") from None
+        except RecursionError:
+            raise DataError("JSON nested too deeply", where=f"{file}:{number}") from None
         if not isinstance(row, dict):
             raise DataError("expected a JSON object per line", where=f"{file}:{number}")
-        rows.append(row)
+        rows.append((number, row))
     return rows
 
 

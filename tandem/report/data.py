@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.errors import DataError
-from tandem.monitor import read_metrics, read_samples
-from tandem.monitor.alerts import read_alerts
+from tandem.monitor.jsonl import read_jsonl_lines
 
 
 @dataclass
@@ -51,19 +50,32 @@ def load_run(path: str | Path) -> RunData:
     if not (p / "metrics.jsonl").is_file():
         raise DataError("not a run folder (no metrics.jsonl)", where=str(p), hint="pass runs/NAME")
     by_step: dict[int, dict[str, Any]] = {}
-    for row in read_metrics(p):
-        by_step.setdefault(int(row["step"]), {}).update(row)  # replayed steps: later values win
+    for row in _stepped_rows(p / "metrics.jsonl"):
+        by_step.setdefault(row["step"], {}).update(row)  # replayed steps: later values win
     summary_path = p / "summary.json"
     config_path = p / "config.yaml"
+    samples, alerts = p / "samples.jsonl", p / "alerts.jsonl"
     return RunData(
         name=p.name,
         path=p,
         rows=[by_step[s] for s in sorted(by_step)],
-        samples=read_samples(p) if (p / "samples.jsonl").is_file() else [],
-        alerts=read_alerts(p),
+        samples=_stepped_rows(samples) if samples.is_file() else [],
+        alerts=_stepped_rows(alerts, required=False) if alerts.is_file() else [],
         config_text=config_path.read_text(encoding="utf-8") if config_path.is_file() else "",
         summary=_read_json(summary_path) if summary_path.is_file() else {},
     )
+
+
+def _stepped_rows(path: Path, *, required: bool = True) -> list[dict[str, Any]]:
+    """The rows of a run's JSONL file, each ``step`` an integer (absent only if not ``required``);
+    anything else is a DataError naming ``file:line`` rather than a crash while plotting."""
+    rows = []
+    for line, row in read_jsonl_lines(path):
+        step = row.get("step")
+        if (step is not None or required) and (isinstance(step, bool) or not isinstance(step, int)):
+            raise DataError(f"'step' must be an integer, got {repr(step)[:40]}", where=f"{path}:{line}")
+        rows.append(row)
+    return rows
 
 
 def _read_json(path: Path) -> dict[str, Any]:
