@@ -102,8 +102,9 @@ def group_stats(
     v = values.to(torch.float32) if not values.is_floating_point() else values
     count = torch.zeros(g, dtype=v.dtype, device=v.device).index_add_(0, inverse, torch.ones_like(v))  # [G]
     total = torch.zeros(g, dtype=v.dtype, device=v.device).index_add_(0, inverse, v)  # [G]
-    gmin = torch.full((g,), float("inf"), dtype=v.dtype, device=v.device).scatter_reduce(0, inverse, v, "amin")
-    gmax = torch.full((g,), -float("inf"), dtype=v.dtype, device=v.device).scatter_reduce(0, inverse, v, "amax")
+    inf = torch.full((g,), float("inf"), dtype=v.dtype, device=v.device)
+    gmin = inf.scatter_reduce(0, inverse, v, "amin")  # [G]
+    gmax = (-inf).scatter_reduce(0, inverse, v, "amax")  # [G]
     # Every group has >= 1 member. Clamped into the group's range, the mean of a group of equal values is
     # exactly that value (a float sum of 8 x 3.3 is one ulp off), so its deviations and std are exactly 0.
     mean = torch.minimum(torch.maximum(total / count, gmin), gmax)  # [G]
