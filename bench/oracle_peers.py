@@ -102,16 +102,18 @@ def _stub_modules() -> dict[str, types.ModuleType]:
 
 @contextmanager
 def _temporary_modules(mods: dict[str, types.ModuleType]) -> Iterator[None]:
-    saved = {name: sys.modules.get(name) for name in mods}
+    """Put ``mods`` in ``sys.modules`` for the block; afterwards restore every name in ``mods`` (including
+    the ones added to it inside the block) to what it was before."""
+    before = dict(sys.modules)
     sys.modules.update(mods)
     try:
         yield
     finally:
-        for name, old in saved.items():
-            if old is None:
-                sys.modules.pop(name, None)
+        for name in list(mods):
+            if name in before:
+                sys.modules[name] = before[name]
             else:
-                sys.modules[name] = old
+                sys.modules.pop(name, None)
 
 
 def _exec_file(name: str, path: Path, mods: dict[str, types.ModuleType]) -> types.ModuleType:
