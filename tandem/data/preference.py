@@ -19,20 +19,18 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tandem.data.jsonl import MAX_DEPTH, row_problem
 from tandem.errors import DataError, MissingDependencyError
 
 Text = str | list[dict[str, str]]
 LengthFn = Callable[[str], int]
 
 KNOWN_COLUMNS = {"prompt", "chosen", "rejected", "margin", "category", "completion", "score"}
-MAX_DEPTH = 64  # nesting levels a row may have; a message list row needs 3
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -144,27 +142,6 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[str, Any]]:
             problem = row_problem(obj)
             # The raw line (plain JSON text) is kept for the sidecar: it is valid UTF-8 and shallow to write.
             yield where, (InvalidRow(where, problem, line.strip()) if problem else obj)
-
-
-def row_problem(row: Any) -> str | None:
-    """Why a decoded row cannot be processed at all, or None: nested deeper than :data:`MAX_DEPTH`
-    levels (later JSON writes would overflow the stack), or a string holding a lone UTF-16 surrogate
-    such as ``"\\ud800"`` (legal JSON, but not Unicode text: it cannot be written back as UTF-8)."""
-    stack: list[tuple[Any, int, str]] = [(row, 0, "")]
-    while stack:
-        value, depth, column = stack.pop()
-        if depth > MAX_DEPTH:
-            return f"nested deeper than {MAX_DEPTH} levels"
-        if isinstance(value, str) and _SURROGATE.search(value):
-            return f"field '{column}' holds a lone surrogate (not valid Unicode text)"
-        if isinstance(value, dict):
-            for key, item in value.items():
-                if isinstance(key, str) and _SURROGATE.search(key):
-                    return "a key holds a lone surrogate (not valid Unicode text)"
-                stack.append((item, depth + 1, column or str(key)))
-        elif isinstance(value, list):
-            stack.extend((item, depth + 1, column) for item in value)
-    return None
 
 
 def _iter_arrow_dir(folder: Path) -> Iterator[tuple[str, Any]]:

@@ -80,6 +80,22 @@ def test_bad_rows_name_file_and_line(tmp_path, lines, line, message):
     assert text.startswith(f"{path}:{line}: ") and message in text and "\n" not in text
 
 
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ('{"prompt": "a", "x": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested deeper than 64 levels"),
+        ('{"prompt": "a", "x": ' + "[" * 70 + "]" * 70 + "}", "nested deeper than 64 levels"),
+        ('{"prompt": "1+1=\\ud800"}', "field 'prompt' holds a lone surrogate"),
+    ],
+    ids=["100k-deep", "70-deep", "lone-surrogate"],
+)
+def test_prompt_row_nested_too_deep_or_with_a_lone_surrogate_names_file_and_line(tmp_path, bad, message):
+    path = write_lines(tmp_path, ['{"prompt": "ok"}', bad])
+    with pytest.raises(DataError) as info:
+        load_prompt_dataset(path)
+    assert str(info.value).startswith(f"{path}:2: {message}")
+
+
 def test_json_array_file_gets_a_hint(tmp_path):
     path = write_lines(tmp_path, ['[{"prompt": "a"},', ' {"prompt": "b"}]'], name="d.json")
     with pytest.raises(DataError, match=re.escape(f"{path}:1: invalid JSON") + r".*one JSON object per line"):
