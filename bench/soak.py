@@ -87,11 +87,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _env() -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+def _env(src: Path) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if src != ROOT:  # a snapshot: its `tandem` package comes first on the path
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(src), env.get("PYTHONPATH")]))
+    return env
 
 
-def start_server(model: str, tmp: Path, feedback: bool) -> tuple[Watched, str]:
+def snapshot(tmp: Path) -> tuple[Path, str]:
+    """Export the committed tree (``git archive HEAD``) to ``tmp/src``: the processes under test then run
+    that code, so edits to the working tree during a long soak cannot change what is measured."""
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    src = tmp / "src"
+    src.mkdir()
+    archive = subprocess.Popen(["git", "archive", "HEAD"], cwd=ROOT, stdout=subprocess.PIPE)
+    subprocess.run(["tar", "-x", "-C", str(src)], stdin=archive.stdout, check=True)
+    if archive.wait() != 0:
+        raise SystemExit("soak: git archive HEAD failed")
+    return src, commit
+
+
+def start_server(model: str, tmp: Path, feedback: bool, src: Path) -> tuple[Watched, str]:
     """`tandem serve` on a free loopback port with keys (and a feedback db); waits until /ready."""
     port = _free_port()
     cmd = [TANDEM, "serve", model, "--host", "127.0.0.1", "--port", str(port), "--threads", "1"]
@@ -100,7 +118,7 @@ def start_server(model: str, tmp: Path, feedback: bool) -> tuple[Watched, str]:
         cmd += ["--feedback-db", str(tmp / "feedback.db")]
     log = tmp / "serve.log"
     with log.open("w") as fh:
-        proc = subprocess.Popen(cmd, env=_env(), stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT)
+        proc = subprocess.Popen(cmd, env=_env(src), stdout=fh, stderr=subprocess.STDOUT, cwd=src)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and proc.poll() is None:
@@ -114,7 +132,7 @@ def start_server(model: str, tmp: Path, feedback: bool) -> tuple[Watched, str]:
     raise SystemExit(f"soak: server did not become ready: {log.read_text()[-800:]}")
 
 
-def start_training(tmp: Path, steps: int, config: str) -> Watched:
+def start_training(tmp: Path, steps: int, config: str, src: Path) -> Watched:
     """`tandem train CONFIG` for ``steps`` steps in a fresh run folder under ``tmp``."""
     every = max(10, steps // 10)
     cmd = [TANDEM, "train", config, f"trainer.total_steps={steps}", f"run.output_dir={tmp / 'run'}"]
@@ -122,7 +140,7 @@ def start_training(tmp: Path, steps: int, config: str) -> Watched:
     cmd += [f"checkpoint.every={max(25, steps // 4)}", "monitor.progress=false"]
     log = tmp / "train.log"
     with log.open("w") as fh:
-        proc = subprocess.Popen(cmd, env=_env(), stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT)
+        proc = subprocess.Popen(cmd, env=_env(src), stdout=fh, stderr=subprocess.STDOUT, cwd=src)
     return Watched("train", proc, log)
 
 
@@ -150,22 +168,27 @@ def wait_training(w: Watched, timeout_s: float) -> None:
     w.rc = w.proc.returncode
 
 
-def build_model(tmp: Path) -> str:
-    """The tiny char-level Llama the other benches use (hidden 128, 4 layers, 1.06M params)."""
-    from tandem.models import init_tiny_model
-
-    return str(init_tiny_model(tmp / "tiny", hidden_size=128, num_layers=4, num_heads=4, seed=0))
+def build_model(tmp: Path, src: Path) -> str:
+    """`tandem init-model`: the tiny char-level Llama the other benches use (hidden 128, 4 layers, 1.06M
+    params, seed 0), built by the code under test."""
+    out = tmp / "tiny"
+    cmd = [TANDEM, "init-model", str(out), "--hidden-size", "128", "--num-layers", "4", "--seed", "0"]
+    subprocess.run(cmd, env=_env(src), cwd=src, check=True, stdout=subprocess.DEVNULL)
+    return str(out)
 
 
 def run(args: argparse.Namespace, tmp: Path) -> dict:
     """Start, load, wait, stop; returns the raw result (samples, outcomes, exit codes)."""
+    src, commit = snapshot(tmp) if args.snapshot else (ROOT, "working tree")
+    print(f"soak: measuring {commit} ({src})", file=sys.stderr)
     t0 = time.monotonic()
     watched: list[Watched] = []
     if args.train_steps > 0:
-        watched.append(start_training(tmp, args.train_steps, args.train_config))
+        watched.append(start_training(tmp, args.train_steps, args.train_config, src))
     server, url = None, ""
     if args.serve_minutes > 0:
-        server, url = start_server(args.model or build_model(tmp), tmp, feedback=not args.no_feedback)
+        model = args.model or build_model(tmp, src)
+        server, url = start_server(model, tmp, feedback=not args.no_feedback, src=src)
         watched.append(server)
     sampler = Sampler(watched, args.interval, t0)
     sampler.start()
@@ -197,7 +220,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
             w.rc = w.proc.returncode if w.rc is None else w.rc
             w.errors = w.log_errors()  # read now: the temporary folder goes away after run()
             w.tail = w.log.read_text(errors="replace")[-2000:] if w.log.exists() else ""
-    return {"watched": watched, "load": load, "wall_s": time.monotonic() - t0}
+    return {"watched": watched, "load": load, "wall_s": time.monotonic() - t0, "commit": commit}
 
 
 def report(args: argparse.Namespace, result: dict) -> dict:
@@ -216,7 +239,7 @@ def report(args: argparse.Namespace, result: dict) -> dict:
         table.add_column(col, justify="right")
     for col in ("fds/h", "crashes", "errors"):
         table.add_column(col, justify="right")
-    summary: dict = {"processes": {}, "requests": {}, "wall_s": result["wall_s"]}
+    summary: dict = {"processes": {}, "requests": {}, "wall_s": result["wall_s"], "commit": result["commit"]}
     for w in result["watched"]:
         s = summarise(w.samples, args.warmup_fraction)
         errors = w.errors
@@ -293,6 +316,11 @@ def main() -> None:
     parser.add_argument("--warmup-fraction", type=float, default=0.1)
     parser.add_argument("--no-feedback", action="store_true", help="serve without a feedback db")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--snapshot",
+        action="store_true",
+        help="run the committed tree (git archive HEAD) instead of the working tree, which others may edit",
+    )
     parser.add_argument("--json", help="write raw samples and the summary here")
     parser.add_argument("--workdir", help="keep the run folder, logs and db here (default: a temp dir)")
     args = parser.parse_args()
