@@ -24,6 +24,8 @@ def _clamp_to_range(mean: torch.Tensor, x: torch.Tensor, mask: torch.Tensor) -> 
 
     The float mean of equal values can round one ulp away from them; clamping makes it exact, so the
     deviations of a constant input are exactly 0. A no-op for any other input."""
+    if x.numel() == 0:
+        return mean
     lo = torch.where(mask, x, torch.full_like(x, float("inf"))).amin()
     hi = torch.where(mask, x, torch.full_like(x, -float("inf"))).amax()
     return torch.where(lo <= hi, torch.minimum(torch.maximum(mean, lo), hi), mean)

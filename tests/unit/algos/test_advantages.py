@@ -7,7 +7,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tandem.algos import ADVANTAGE_ESTIMATORS, compute_advantages, discounted_returns, gae_scan
+from tandem.algos import ADVANTAGE_ESTIMATORS, compute_advantages, discounted_returns, gae_scan, masked_whiten
 
 # ---------------------------------------------------------------- helpers
 
@@ -175,6 +175,17 @@ def test_edge_cases_never_nan(name: str) -> None:
     assert adv[1, 1:].eq(0).all()  # masked positions are zero
     if name in ("grpo", "dr_grpo", "rloo"):
         assert adv[0].eq(0).all() and adv[1:3].eq(0).all()  # singleton and zero-std groups give 0
+
+
+def test_empty_batches_stay_empty() -> None:
+    for b, t in ((0, 3), (2, 0)):
+        assert masked_whiten(torch.zeros(b, t), torch.zeros(b, t, dtype=torch.bool)).shape == (b, t)
+    m = torch.zeros(0, 3, dtype=torch.bool)
+    for name in ("grpo", "reinforce_pp_baseline"):
+        adv, _ = compute_advantages(
+            name, scores=torch.zeros(0), response_mask=m, group_ids=torch.zeros(0).long()
+        )
+        assert adv.shape == (0, 3)
 
 
 def test_all_masked_batch_is_finite() -> None:

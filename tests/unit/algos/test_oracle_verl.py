@@ -16,6 +16,7 @@ import types
 from pathlib import Path
 
 import pytest
+import torch
 
 ORACLE = Path(__file__).resolve().parents[3] / "bench" / "algos_oracle.py"
 SEEDS = range(3)
@@ -78,8 +79,6 @@ def test_every_convention_difference_is_documented() -> None:
 def test_oracle_checks_can_fail() -> None:
     """The relations are not vacuous: an 'agrees' check with different tensors fails, and a 'differs'
     check fails when ours equals the peer or the peer leaves the documented formula."""
-    import torch
-
     a, b = torch.zeros(3), torch.ones(3)
     assert not oracle.Check("x", "agrees", a, b).holds()
     assert not oracle.Check("x", "differs", a, a, a).holds()
