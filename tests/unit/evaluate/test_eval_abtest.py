@@ -1,81 +1,94 @@
-"""A/B test on real tiny models: a known quality gap is detected; identical checkpoints are not promoted.
+"""A/B test on real tiny Llama folders whose answers are set by construction: a known quality gap is
+detected and promoted with the exact win/tie/loss counts; identical checkpoints are not promoted.
 
-The "good" model is a tiny Llama SFT-trained on the reverse task's reference answers; the "bad" one is
-the same architecture untrained (it never answers correctly).
+The models are bigram chains (tests/bigram_models.py), not trained ones, so what they answer cannot
+depend on where a training run lands on some machine. Every prompt ends in one of the letters ``abcd``
+and the right answer is always ``yes``; a model's table says which letters it answers ``yes`` after:
+A (incumbent) after ``a`` and ``d``, B (candidate) after ``a``, ``b`` and ``c``. Per letter, B's outcome is
+a tie on ``a``, a win on ``b`` and ``c`` and a loss on ``d``. The "coin" model answers ``yes`` or ``no``
+with probability ½ each, so two copies of it differ on half the prompts when sampled independently.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
+from pathlib import Path
 
 import pytest
-import torch
+from bigram_models import answer_chain, bigram_model
 
 from tandem.evaluate.abtest import ABSettings, compare_models, run_abtest
 from tandem.evaluate.judges import VerifierJudge
+from tandem.evaluate.stats import sign_test
 from tandem.evaluate.targets import eval_data
-from tandem.models import init_tiny_model, load_causal_lm, load_tokenizer
+from tandem.models import load_causal_lm, load_tokenizer
 from tandem.rollout.hf import HFEngine
-from tandem.train.sft import build_warm_start
 
-pytestmark = pytest.mark.slow
+LETTERS = "abcd"
+WORDS = {**answer_chain("yes"), **answer_chain("no")}
+GREEDY = ABSettings(temperature=0.0, max_new_tokens=5)
 
-TASK = {"min_len": 2, "max_len": 3}
-SIZE = dict(hidden_size=64, num_layers=2, num_heads=2)
+
+def exact_answer(prompts, completions, answer, **columns):
+    """1.0 where the completion is the row's ``answer``, else 0.0 (the verifier of the eval file)."""
+    return [float(c == a) for c, a in zip(completions, answer, strict=True)]
+
+
+def _says_yes_after(letters: str) -> dict:
+    return {**WORDS, **{c: ("y" if c in letters else "n") for c in LETTERS}}
+
+
+def _eval_file(path: Path, n: int) -> Path:
+    rows = [{"prompt": f"question {i} {LETTERS[i % 4]}", "answer": "yes"} for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("ab")
-    good = build_warm_start(
-        root / "good",
-        task="reverse",
-        task_options=TASK,
-        steps=300,
-        lr=1e-2,
-        batch_size=32,
-        train_size=512,
-        model_options=SIZE,
-    )
-    good_copy = shutil.copytree(good, root / "good-copy")
-    bad = init_tiny_model(root / "bad", seed=0, **SIZE)
-    return {"good": good, "good_copy": good_copy, "bad": bad}
+    coin = bigram_model(root / "coin", {**WORDS, **{c: {"y": 0.0, "n": 0.0} for c in LETTERS}})
+    return {
+        "a": bigram_model(root / "a", _says_yes_after("ad")),
+        "b": bigram_model(root / "b", _says_yes_after("abc")),
+        "coin": coin,
+        "coin_copy": shutil.copytree(coin, root / "coin-copy"),
+        "file": _eval_file(root / "eval.jsonl", 128),
+    }
+
+
+def _abtest(models, a: str, b: str) -> dict:
+    reward = f"{Path(__file__)}:exact_answer"
+    return run_abtest(models[a], models[b], "verifier", GREEDY, eval_file=str(models["file"]), reward=reward)
 
 
 def test_known_gap_is_detected_and_promoted(models):
-    result = run_abtest(
-        models["bad"],
-        models["good"],
-        "verifier",
-        ABSettings(temperature=0.0, max_new_tokens=5),
-        task="reverse",
-        task_options=TASK,
-        size=64,
-    )
+    result = _abtest(models, "a", "b")
     d = result["decision"]
-    assert d["promote"] and d["p_value"] < 0.05 and d["wins"] > 10 and d["losses"] == 0
-    assert d["ci_low"] > 0.5
-    assert len(result["pairs"]) == 64
+    assert (d["wins"], d["ties"], d["losses"]) == (64, 32, 32)  # 32 prompts per letter
+    assert d["p_value"] == pytest.approx(sign_test(64, 32)) and d["p_value"] < 0.05
+    assert d["promote"] and d["win_rate"] == pytest.approx(0.625) and d["ci_low"] > 0.5
+    outcome = {"a": 0, "b": 1, "c": 1, "d": -1}
+    assert len(result["pairs"]) == 128
+    assert all(p["outcome"] == outcome[p["prompt"][-1]] for p in result["pairs"])
+    assert {(p["a"], p["b"]) for p in result["pairs"] if p["prompt"].endswith("b")} == {("no", "yes")}
     # Reversed roles: the incumbent is better, so the candidate is kept.
-    back = run_abtest(
-        models["good"],
-        models["bad"],
-        "verifier",
-        ABSettings(temperature=0.0, max_new_tokens=5),
-        task="reverse",
-        task_options=TASK,
-        size=64,
-    )
-    assert not back["decision"]["promote"]
+    back = _abtest(models, "b", "a")["decision"]
+    assert (back["wins"], back["losses"]) == (32, 64) and not back["promote"]
 
 
-def test_identical_checkpoints_not_promoted_in_95_percent_of_40_repeats(models):
-    tok = load_tokenizer(models["good"])
-    engine_a = HFEngine(load_causal_lm(models["good"]), tok)
-    engine_b = HFEngine(load_causal_lm(models["good_copy"]), tok)
-    data = eval_data(None, task="reverse", task_options=TASK, size=48, seed=0)
+@pytest.mark.slow
+def test_identical_checkpoints_not_promoted_in_95_percent_of_200_repeats(models):
+    """Two copies of one stochastic model, sampled with independent seeds: every repeat is a null
+    experiment. decide()'s exact false-promotion rate here is 1.5% (two-sided sign test, promotion one
+    way), so ≤ 10 of 200 fails with probability 2e-4 for any sampling stream."""
+    tok = load_tokenizer(models["coin"])
+    engine_a = HFEngine(load_causal_lm(models["coin"]), tok)
+    engine_b = HFEngine(load_causal_lm(models["coin_copy"]), tok)
+    data = eval_data(None, eval_file=str(models["file"]), reward=f"{Path(__file__)}:exact_answer", size=48)
     judge = VerifierJudge(data.rewards)
+    repeats = 200
     decisions = [
         compare_models(
             engine_a,
@@ -84,9 +97,16 @@ def test_identical_checkpoints_not_promoted_in_95_percent_of_40_repeats(models):
             judge,
             ABSettings(temperature=1.0, max_new_tokens=5, seed=seed, resamples=200),
         )["decision"]
-        for seed in range(40)
+        for seed in range(repeats)
     ]
+    wins = sum(d["wins"] for d in decisions)
+    losses = sum(d["losses"] for d in decisions)
+    # A and B really sample independently (P(differ) = ½ per prompt; one shared seed would give all ties)
+    # and neither side is favoured: both within 5 standard deviations of their expectation.
+    expected = repeats * 48 / 4
+    assert abs(wins - expected) < 5 * expected**0.5 and abs(losses - expected) < 5 * expected**0.5, (
+        wins,
+        losses,
+    )
     promoted = sum(d["promote"] for d in decisions)
-    non_ties = sum(d["wins"] + d["losses"] for d in decisions)
-    assert non_ties > 40 * 5  # sampling really produced differing outcomes (the test is not vacuous)
-    assert promoted <= 2  # ≥ 95% of 40 repeats keep the incumbent
+    assert promoted <= repeats // 20, promoted  # ≥ 95% of the repeats keep the incumbent
