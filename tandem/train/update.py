@@ -11,6 +11,7 @@ mini-batch and the gradients are summed over ranks before clipping.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -147,7 +148,8 @@ def policy_update(
             mb = exp.select(mini_idx)
             metrics = _optimizer_step(model, optimizer, mb, micro, settings, pre_step, sync, value)
             if scheduler is not None:
-                scheduler.step()
+                skipped = metrics.get("actor/skipped_by_alert") or metrics.get("actor/skipped_nonfinite")
+                advance_schedule(scheduler, skipped=bool(skipped))
             if on_optimizer_step is not None:
                 on_optimizer_step()
             for k, v in metrics.items():
@@ -156,6 +158,29 @@ def policy_update(
     out = {k: sums[k] / counts[k] for k in sums}
     out["actor/lr"] = optimizer.param_groups[0]["lr"]
     return out
+
+
+_FIRST_STEP_SKIPPED = r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`"
+
+
+def advance_schedule(scheduler: torch.optim.lr_scheduler.LRScheduler, *, skipped: bool) -> None:
+    """Advance the LR schedule by one update slot, whether the slot's optimiser step ran or was dropped.
+
+    The schedule counts update slots (``total_steps × ppo_epochs × mini-batches``), not applied updates: an
+    update dropped by a ``skip`` alert or a non-finite gradient still uses its slot, so warm-up and decay
+    end where the config says, a checkpoint's scheduler position is the number of slots consumed, and a
+    rollback replays the same learning rates. When the dropped update is the run's first, PyTorch warns
+    "Detected call of `lr_scheduler.step()` before `optimizer.step()` ... skipping the first value of the
+    learning rate schedule" — which is exactly what the skip means here (the vetoed slot's LR is never
+    used), not an ordering bug: every applied update still runs ``optimizer.step()`` first. So that one
+    warning is silenced, for this call only and only when the step was dropped.
+    """
+    if not skipped:
+        scheduler.step()
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_FIRST_STEP_SKIPPED, category=UserWarning)
+        scheduler.step()
 
 
 def group_shuffle(group_ids: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

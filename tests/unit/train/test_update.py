@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
 
 from tandem.config.schema import AlgorithmConfig, TrainerConfig
 from tandem.models import load_causal_lm
-from tandem.train.optim import build_optimizer, lr_factor
+from tandem.train.optim import build_optimizer, build_scheduler, lr_factor
 from tandem.train.update import UpdateSettings, group_shuffle, policy_update
 from tandem.types import Experience, RolloutBatch
 
@@ -83,3 +84,36 @@ def test_lr_schedule_warmup_then_cosine_to_min_ratio():
     assert all(a >= b for a, b in zip(f[2:], f[3:], strict=False))
     assert f[10] == pytest.approx(0.1)
     assert lr_factor(7, warmup=0, total=10, schedule="constant", min_ratio=0.1) == 1.0
+
+
+@pytest.mark.parametrize("veto_first", [1, 2])
+def test_a_vetoed_update_keeps_its_schedule_slot_without_a_warning(tiny_model_dir, veto_first):
+    """A ``skip`` veto drops the optimiser step but the schedule still advances one slot (warm-up and decay
+    end where planned): vetoing the run's first update makes PyTorch warn "lr_scheduler.step() before
+    optimizer.step()", which is the intent here and silenced; applied updates keep the usual order."""
+    model = load_causal_lm(tiny_model_dir)
+    trainer = TrainerConfig(mini_batch_size=4, lr=1e-3, warmup_steps=4)
+    settings = UpdateSettings.from_config(
+        AlgorithmConfig(name="grpo"), trainer, temperature=1.0, autocast_bf16=False, max_new_tokens=5
+    )
+    opt = build_optimizer(model, trainer)
+    sched = build_scheduler(opt, trainer, 8)
+    calls = []
+
+    def pre_step(metrics):  # veto the first `veto_first` mini-batch updates, apply the rest
+        calls.append(metrics["actor/grad_norm"])
+        return len(calls) > veto_first
+
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*lr_scheduler")  # the scheduler's warnings fail the test
+        first = policy_update(model, opt, sched, _experience(), settings, pre_step=pre_step)
+        if veto_first == 2:  # both slots of the first update vetoed: the weights have not moved
+            assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+        second = policy_update(model, opt, sched, _experience(seed=1), settings, pre_step=pre_step)
+    assert len(calls) == 4 and sched.last_epoch == 4  # 2 mini-batches per update, every slot counted
+    assert first["actor/skipped_by_alert"] == 1.0 and "actor/skipped_by_alert" not in second
+    assert second["actor/lr"] == pytest.approx(
+        1e-3 * lr_factor(4, warmup=4, total=8, schedule="cosine", min_ratio=0.1)
+    )
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
