@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal, get_args, get_origin
 
 from pydantic import BaseModel
 
 from tandem.config.schema import TandemConfig
+
+_MODULE_PREFIX = re.compile(r"\btandem\.config\.\w+\.")
 
 
 def _type_name(annotation: object) -> str:
@@ -15,6 +18,7 @@ def _type_name(annotation: object) -> str:
     else:
         text = getattr(annotation, "__name__", None) if get_origin(annotation) is None else None
         text = text or str(annotation)
+    text = _MODULE_PREFIX.sub("", text)  # `WarmStartConfig`, wherever the section module lives
     # Escape the pipe of unions: Markdown tables split cells on it even inside code spans.
     return text.replace("typing.", "").replace("NoneType", "None").replace("|", "\\|")
 

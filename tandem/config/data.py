@@ -1,0 +1,27 @@
+"""``data``: where the prompts come from and how many a step samples."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from tandem.config.base import Section
+
+
+class DataConfig(Section):
+    task: str | None = Field(
+        None, description="Built-in task (arith, countdown, reverse); or use train_file."
+    )
+    task_options: dict[str, Any] = Field(
+        default_factory=dict, description="Options of the built-in task, e.g. {digits: 2}."
+    )
+    train_file: str | None = Field(None, description="JSONL/Parquet prompt dataset with a `prompt` column.")
+    eval_file: str | None = Field(None, description="Held-out JSONL/Parquet prompt dataset.")
+    train_size: int = Field(4096, ge=1, description="Number of generated training prompts (built-in tasks).")
+    eval_size: int = Field(200, ge=0, description="Number of held-out prompts evaluated (0 disables eval).")
+    prompts_per_step: int = Field(8, ge=1, description="Prompts sampled per training step.")
+    max_prompt_len: int = Field(128, ge=1, description="Maximum prompt length in tokens.")
+    skip_long_prompts: bool = Field(
+        False, description="Skip (and count) prompts over max_prompt_len instead of failing."
+    )

@@ -1,0 +1,54 @@
+"""``trainer`` (optimisation of the policy) and ``critic`` (the value model, when an estimator needs one)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from tandem.config.base import Section
+
+
+class CriticConfig(Section):
+    path: str | None = Field(
+        None,
+        description="Causal-LM folder for the value model's backbone (may be much smaller than the "
+        "policy); defaults to model.path.",
+    )
+    lr: float = Field(1e-5, gt=0, description="Critic learning rate (its own AdamW, constant).")
+    warmup_steps: int = Field(
+        0, ge=0, description="Training steps that update only the critic before the policy starts to learn."
+    )
+    value_clip: float | None = Field(
+        0.2, gt=0, description="PPO value clip: how far a value may move from its rollout value (null = off)."
+    )
+    vf_coef: float = Field(1.0, gt=0, description="Scale of the value loss.")
+    shared_backbone: bool = Field(
+        False,
+        description="Value head (Linear(hidden, 1)) on the policy's last hidden state instead of a separate "
+        "model: one forward, one backward (policy loss + vf_coef * value loss), the head a param group of "
+        "the policy optimiser at critic.lr; in warm-up only the head learns. Excludes critic.path.",
+    )
+
+
+class TrainerConfig(Section):
+    total_steps: int = Field(100, ge=1, description="Training steps (one rollout batch each).")
+    lr: float = Field(1e-5, gt=0, description="Peak learning rate (AdamW).")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warmup optimiser steps.")
+    lr_schedule: Literal["cosine", "constant"] = Field("cosine", description="Decay after warmup.")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Final LR as a fraction of the peak (cosine).")
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
+    mini_batch_size: int | None = Field(
+        None, ge=1, description="Samples per optimiser step (default: whole batch)."
+    )
+    micro_batch_size: int | None = Field(
+        None, ge=1, description="Samples per forward/backward (gradient accumulation)."
+    )
+    max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping norm (null = off).")
+    shared_prefix: bool = Field(
+        True,
+        description="Score each group's shared prompt once (KV cache reused by its n responses); same "
+        "log-probs and gradients, less compute. Off: every row runs its own prompt.",
+    )
