@@ -93,11 +93,12 @@ def build_config(
             msg = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
                 msg = "unknown key"
-        where = _where(source, lines, key)
+        where = key_location(source, lines, key)
         raise ConfigError(f"{key}: {msg}" if key else msg, where=where) from None
 
 
-def _where(source: str, lines: dict[str, int], key: str) -> str:
+def key_location(source: str, lines: dict[str, int], key: str) -> str:
+    """``file:line`` of the dotted ``key`` (or of its nearest section that has a line), else ``source``."""
     parts = key.split(".")
     while parts:
         line = lines.get(".".join(parts))

@@ -13,7 +13,7 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tandem.config.loader import _where, apply_overrides, read_yaml
+from tandem.config.loader import apply_overrides, key_location, read_yaml
 from tandem.errors import ConfigError
 
 
@@ -36,7 +36,10 @@ class PreferenceDataConfig(_Flat):
 
 class RMConfig(_Flat):
     model: str = Field(description="Starting HF folder (causal LM or sequence classifier).")
-    out_dir: str = Field(description="Where the reward model (HF folder) is saved.")
+    out_dir: str = Field(
+        description="Where the reward model (HF folder) is saved: a new or empty folder, or an earlier "
+        "`tandem rm` output (replaced atomically); never an unrelated folder or the starting model."
+    )
     data: PreferenceDataConfig = Field(description="Preference data.")
     epochs: int = Field(3, ge=1, description="Passes over the training pairs.")
     lr: float = Field(1e-3, gt=0, description="AdamW learning rate.")
@@ -49,7 +52,11 @@ class RMConfig(_Flat):
 class DPOConfig(_Flat):
     model: str = Field(description="Starting policy (HF causal-LM folder).")
     ref_model: str | None = Field(None, description="Reference policy folder (default: the starting policy).")
-    out_dir: str = Field(description="Where the trained policy is saved; ref log-probs are cached beside it.")
+    out_dir: str = Field(
+        description="Where the trained policy is saved (a new or empty folder, or an earlier Tandem model "
+        "folder, replaced atomically; never an unrelated folder or the starting/reference model); ref "
+        "log-probs are cached beside it."
+    )
     data: PreferenceDataConfig = Field(description="Preference data.")
     beta: float = Field(0.1, gt=0, description="DPO temperature β.")
     loss_type: str = Field(
@@ -135,4 +142,6 @@ def load_command_config(cls: type[C], path: str | Path, overrides: list[str] | N
         err = exc.errors()[0]
         key = ".".join(str(p) for p in err["loc"] if not isinstance(p, int))
         msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
-        raise ConfigError(f"{key}: {msg}" if key else msg, where=_where(str(path), lines, key)) from None
+        raise ConfigError(
+            f"{key}: {msg}" if key else msg, where=key_location(str(path), lines, key)
+        ) from None
