@@ -160,14 +160,19 @@ class RowSampler:
 
     def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Next token of every row and its log-prob: ``[B, V]`` -> ``([B] long, [B] float32)``."""
-        tokens = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
-        logprobs = torch.zeros(logits.shape[0], dtype=torch.float32, device=logits.device)
+        order: list[int] = []
+        parts: list[tuple[torch.Tensor, torch.Tensor]] = []
         for rows in self.groups.values():
-            index = torch.tensor(rows, device=logits.device)
-            tokens[index], logprobs[index] = sample_next(logits[index], self.params[rows[0]])
+            order += rows
+            parts.append(sample_next(logits[rows], self.params[rows[0]]))
         for row, generator in self.seeded.items():
-            new, lp = sample_next(logits[row : row + 1], self.params[row], generator)
-            tokens[row], logprobs[row] = new[0], lp[0]
+            order.append(row)
+            parts.append(sample_next(logits[row : row + 1], self.params[row], generator))
+        index = torch.tensor(order, device=logits.device)
+        tokens = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
+        logprobs = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+        tokens[index] = torch.cat([new for new, _ in parts])  # one scatter instead of one per row
+        logprobs[index] = torch.cat([lp for _, lp in parts])
         return tokens, logprobs
 
     def events(
