@@ -174,28 +174,16 @@ def advantage_checks(v: Verl, seed: int) -> list[Check]:
         out.append(Check(label, "differs", *_on(single, ours, peer, documented), key="singleton-groups"))
     ours, ours_ret = _ours_adv("grpo", x)
     peer, peer_ret = v.core.compute_grpo_outcome_advantage(x.full_rewards(False), m.float(), x.index)
-    out.append(
-        Check(
-            "grpo returns: ours R, verl the advantages",
-            "differs",
-            *_on(m, ours_ret, peer_ret, peer),
-            key="returns",
-        )
-    )
+    label = "grpo returns: ours R, verl the advantages"
+    out.append(Check(label, "differs", *_on(m, ours_ret, peer_ret, peer), key="returns"))
     ours, _ = _ours_adv("rloo", x)
     peer, _ = v.core.compute_rloo_outcome_advantage(x.full_rewards(False), m.float(), x.index)
     vec, _ = v.core.compute_rloo_vectorized_outcome_advantage(x.full_rewards(False), m.float(), x.index)
     sel, single = m & multi.unsqueeze(-1), m & ~multi.unsqueeze(-1)
     out.append(Check("rloo (groups of ≥ 2)", "agrees", *_on(sel, ours, peer)))
     documented = x.scores.unsqueeze(-1).expand_as(m)
-    out.append(
-        Check(
-            "rloo singleton group: ours 0, verl rloo R",
-            "differs",
-            *_on(single, ours, peer, documented),
-            key="singleton-groups",
-        )
-    )
+    label = "rloo singleton group: ours 0, verl rloo R"
+    out.append(Check(label, "differs", *_on(single, ours, peer, documented), key="singleton-groups"))
     out.append(Check("rloo vs verl rloo_vectorized (singletons 0 in both)", "agrees", *_on(m, ours, vec)))
     ours, ours_ret = _ours_adv("reinforce_pp", x, token_rewards=x.token_rewards, gamma=0.9)
     peer, peer_ret = v.core.compute_reinforce_plus_plus_outcome_advantage(
@@ -211,14 +199,8 @@ def advantage_checks(v: Verl, seed: int) -> list[Check]:
     ours, _ = _ours_adv("remax", x, baseline_scores=base, token_rewards=x.token_rewards)
     peer, _ = v.core.compute_remax_outcome_advantage(x.full_rewards(), base, m.float())
     documented = A.discounted_returns(x.full_rewards(), m, 1.0) - base.unsqueeze(-1)
-    out.append(
-        Check(
-            "remax + token rewards: ours ignores them, verl reward-to-go",
-            "differs",
-            *_on(m, ours, peer, documented),
-            key="remax-token-rewards",
-        )
-    )
+    label = "remax + token rewards: ours ignores them, verl reward-to-go"
+    out.append(Check(label, "differs", *_on(m, ours, peer, documented), key="remax-token-rewards"))
     return out
 
 
@@ -248,14 +230,8 @@ def _reinforce_baseline_checks(v: Verl, seed: int) -> list[Check]:
     mean, _, n = A.group_stats(x.scores, x.ids)
     centred = torch.where(n > 1, x.scores - mean, x.scores)  # verl: a singleton keeps R
     documented = A.masked_whiten(centred.unsqueeze(-1).expand_as(m), m)
-    out.append(
-        Check(
-            "reinforce_pp_baseline singleton: ours 0, verl R (before whitening)",
-            "differs",
-            *_on(m, ours, peer, documented),
-            key="singleton-groups",
-        )
-    )
+    label = "reinforce_pp_baseline singleton: ours 0, verl R (before whitening)"
+    out.append(Check(label, "differs", *_on(m, ours, peer, documented), key="singleton-groups"))
     return out
 
 
@@ -271,15 +247,8 @@ def constant_group_checks(v: Verl, seed: int) -> list[Check]:
     for name, norm in (("grpo", True), ("dr_grpo", False)):
         ours, _ = A.compute_advantages(name, scores=scores, response_mask=mask, group_ids=ids)
         peer, _ = v.core.compute_grpo_outcome_advantage(rewards, mask.float(), ids.numpy(), 1e-6, norm)
-        out.append(
-            Check(
-                f"{name}: constant groups (8 × 3.3, 5 × a random value) give exactly 0",
-                "tandem",
-                ours,
-                peer,
-                key="constant-groups",
-            )
-        )
+        label = f"{name}: constant groups (8 × 3.3, 5 × a random value) give exactly 0"
+        out.append(Check(label, "tandem", ours, peer, key="constant-groups"))
     ours, _ = A.compute_advantages("rloo", scores=scores, response_mask=mask, group_ids=ids)
     peer, _ = v.core.compute_rloo_outcome_advantage(rewards, mask.float(), ids.numpy())
     out.append(Check("rloo: constant groups give exactly 0", "tandem", ours, peer, key="constant-groups"))
@@ -343,32 +312,16 @@ def policy_checks(v: Verl, seed: int) -> list[Check]:
     ours, _ = A.policy_loss("ppo_clip", clip_low=0.2, clip_high=0.28, **kw)  # Tandem default: no dual clip
     peer, _ = v.core.compute_policy_loss_vanilla(old, lp, adv, mask.float(), "token-mean", cfg)
     documented, _ = A.policy_loss("ppo_clip", clip_low=0.2, clip_high=0.28, dual_clip=3.0, **kw)
-    out.append(
-        Check(
-            "ppo_clip default: ours no dual clip, verl always c = 3",
-            "differs",
-            ours.detach(),
-            peer.detach(),
-            documented.detach(),
-            key="dual-clip",
-        )
-    )
+    label = "ppo_clip default: ours no dual clip, verl always c = 3"
+    out.append(Check(label, "differs", ours.detach(), peer.detach(), documented.detach(), key="dual-clip"))
     out += _gspo_checks(v, seed)
     ours, _ = A.policy_loss("cispo", clip_low=0.2, clip_high=0.28, **kw)
     peer, _ = v.core.compute_policy_loss_cispo(old, lp, adv, mask.float(), "token-mean", cfg)
     w = torch.exp(lp.detach() - old).clamp(0.8, 1.28)
     documented = A.aggregate(-w * adv * lp.detach(), mask)  # verl's value carries log π
     out += [Check("cispo gradient", "agrees", _grad(ours, lp), _grad(peer, lp))]
-    out += [
-        Check(
-            "cispo value: ours −w·A (straight-through), verl −w·A·log π",
-            "differs",
-            ours.detach(),
-            peer.detach(),
-            documented,
-            key="cispo-value",
-        )
-    ]
+    label = "cispo value: ours −w·A (straight-through), verl −w·A·log π"
+    out += [Check(label, "differs", ours.detach(), peer.detach(), documented, key="cispo-value")]
     return out
 
 
@@ -450,16 +403,8 @@ def correction_checks(v: Verl, seed: int) -> list[Check]:
     ]
     documented = ours("token_rs", 1 / 1.5, 1 / 0.8)[m]  # verl's k1 bounds apply to 1/ρ
     peer = rs_mask("token_k1", "0.8_1.5")[m]
-    out.append(
-        Check(
-            "asymmetric rejection [0.8, 1.5]: ours on ρ, verl k1 on 1/ρ",
-            "differs",
-            ours("token_rs", 0.8, 1.5)[m],
-            peer,
-            documented,
-            key="rs-bounds",
-        )
-    )
+    label = "asymmetric rejection [0.8, 1.5]: ours on ρ, verl k1 on 1/ρ"
+    out.append(Check(label, "differs", ours("token_rs", 0.8, 1.5)[m], peer, documented, key="rs-bounds"))
     lp, _, adv, _ = _policy_inputs(seed)
     kw = {
         "logprobs": lp,
@@ -530,26 +475,12 @@ def dpo_checks(trl_loss: Callable[..., torch.Tensor], seed: int) -> list[Check]:
     o, p = ours("ipo", norm=True), peer("ipo")
     out += [Check("DPO ipo with lengths= (TRL length-normalises)", "agrees", o.detach(), p.detach())]
     out += [Check("DPO ipo with lengths=, gradient", "agrees", _grad(o, tok)[mask], _grad(p, tok)[mask])]
-    out.append(
-        Check(
-            "DPO ipo default: ours summed log-probs, TRL per-token",
-            "differs",
-            ours("ipo").detach(),
-            p.detach(),
-            o.detach(),
-            key="ipo-length",
-        )
-    )
+    label = "DPO ipo default: ours summed log-probs, TRL per-token"
+    out.append(Check(label, "differs", ours("ipo").detach(), p.detach(), o.detach(), key="ipo-length"))
     o, p = ours("sigmoid", 0.1), peer("sigmoid", 0.1)
+    label = "DPO sigmoid ε 0.1: ours cDPO, TRL ignores ε"
     out.append(
-        Check(
-            "DPO sigmoid ε 0.1: ours cDPO, TRL ignores ε",
-            "differs",
-            o.detach(),
-            p.detach(),
-            ours("sigmoid").detach(),
-            key="dpo-label-smoothing",
-        )
+        Check(label, "differs", o.detach(), p.detach(), ours("sigmoid").detach(), key="dpo-label-smoothing")
     )
     return out
 
