@@ -176,7 +176,7 @@ def test_stop_string_is_cut_and_reported(client, lm):
     assert cut.text == full.text[: full.text.index(stop)] and cut.finish_reason == "stop"
 
 
-def test_seeds_reproduce_and_span_int64(client):
+def test_seeds_reproduce_and_a_seed_beyond_int64_is_400(client):
     def sample(seed: int) -> str:
         return (
             client.completions.create(model="tiny", prompt="1", max_tokens=6, temperature=1.0, seed=seed)
@@ -548,7 +548,7 @@ def test_unsupported_fields_are_refused_not_ignored(client):
         ("/v1/chat/completions", "logprobs", 1),
     ],
 )
-def test_booleans_are_strict(raw, path, field, value):
+def test_stream_yes_and_other_non_booleans_are_400(raw, path, field, value):
     body = {"prompt": "a"} if "chat" not in path else {"messages": [{"role": "user", "content": "a"}]}
     r = raw.post(path, json=body | {field: value})
     assert r.status_code == 400 and r.json()["error"]["param"] == field
