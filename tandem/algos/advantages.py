@@ -38,11 +38,18 @@ EstimatorFn = Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor]]
 
 @dataclass(frozen=True)
 class AdvantageSpec:
-    """A registered estimator: the function and the optional inputs it cannot work without."""
+    """A registered estimator and the facts the config checks derive from it.
+
+    ``requires``: optional inputs it cannot work without (``values`` means a critic). ``group_relative``:
+    it compares the samples of one prompt, so groups need two or more (``rollout.n >= 2``).
+    ``uses_token_rewards``: it consumes per-token rewards, so a KL penalty can go into the reward.
+    """
 
     fn: EstimatorFn
     requires: tuple[str, ...] = ()
     summary: str = ""
+    group_relative: bool = False
+    uses_token_rewards: bool = False
 
     @property
     def needs_critic(self) -> bool:
@@ -53,10 +60,16 @@ ADVANTAGE_ESTIMATORS: Registry[AdvantageSpec] = Registry("advantage estimator")
 
 
 def _register(
-    name: str, requires: tuple[str, ...] = (), summary: str = ""
+    name: str,
+    requires: tuple[str, ...] = (),
+    summary: str = "",
+    *,
+    group_relative: bool = False,
+    uses_token_rewards: bool = False,
 ) -> Callable[[EstimatorFn], EstimatorFn]:
     def deco(fn: EstimatorFn) -> EstimatorFn:
-        ADVANTAGE_ESTIMATORS.add(name, AdvantageSpec(fn=fn, requires=requires, summary=summary))
+        spec = AdvantageSpec(fn, requires, summary, group_relative, uses_token_rewards)
+        ADVANTAGE_ESTIMATORS.add(name, spec)
         return fn
 
     return deco
@@ -171,7 +184,9 @@ def gae_scan(
     return out
 
 
-@_register("gae", requires=("values",), summary="GAE(gamma, lambda) with a critic, whitened")
+@_register(
+    "gae", requires=("values",), summary="GAE(gamma, lambda) with a critic, whitened", uses_token_rewards=True
+)
 def _gae(inp: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     assert inp.values is not None
     values = inp.values * inp.response_mask.to(inp.values.dtype)
@@ -182,7 +197,7 @@ def _gae(inp: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     return adv, returns
 
 
-@_register("grpo", summary="(R - group mean) / (group std + eps)")
+@_register("grpo", summary="(R - group mean) / (group std + eps)", group_relative=True)
 def _grpo(inp: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     mean, std, _ = group_stats(inp.scores, inp.group_ids)
     adv = inp.scores - mean
@@ -191,13 +206,13 @@ def _grpo(inp: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     return _broadcast(adv, inp.response_mask), _broadcast(inp.scores, inp.response_mask)
 
 
-@_register("dr_grpo", summary="R - group mean (no std)")
+@_register("dr_grpo", summary="R - group mean (no std)", group_relative=True)
 def _dr_grpo(inp: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     mean, _, _ = group_stats(inp.scores, inp.group_ids)
     return _broadcast(inp.scores - mean, inp.response_mask), _broadcast(inp.scores, inp.response_mask)
 
 
-@_register("rloo", summary="R - mean of the other samples of the group")
+@_register("rloo", summary="R - mean of the other samples of the group", group_relative=True)
 def _rloo(inp: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     mean, _, n = group_stats(inp.scores, inp.group_ids)
     # R_i - (n*mean - R_i)/(n-1) == n/(n-1) * (R_i - mean); a group of one has no baseline -> 0.
@@ -214,12 +229,19 @@ def _reinforce_pp_common(inp: AdvantageInputs, per_seq: torch.Tensor) -> tuple[t
     return adv, returns
 
 
-@_register("reinforce_pp", summary="REINFORCE++: return-to-go, whitened over the batch")
+@_register(
+    "reinforce_pp", summary="REINFORCE++: return-to-go, whitened over the batch", uses_token_rewards=True
+)
 def _reinforce_pp(inp: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     return _reinforce_pp_common(inp, inp.scores)
 
 
-@_register("reinforce_pp_baseline", summary="REINFORCE++ with the group mean subtracted first")
+@_register(
+    "reinforce_pp_baseline",
+    summary="REINFORCE++ with the group mean subtracted first",
+    group_relative=True,
+    uses_token_rewards=True,
+)
 def _reinforce_pp_baseline(inp: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     mean, _, _ = group_stats(inp.scores, inp.group_ids)
     return _reinforce_pp_common(inp, inp.scores - mean)

@@ -53,6 +53,8 @@ class PolicyLossSpec:
     ``ref_logprobs`` itself, so no separate KL term is added. ``owns_behavior_correction``: it already
     reweights by the behaviour policy, so a rollout correction must not be stacked on top.
     ``needs_whole_groups``: every sample of a group must be in the same micro-batch.
+    ``off_policy_safe``: it stays stable on samples several policy versions old (staleness η ≥ 2)
+    without a rollout correction.
     """
 
     fn: LossFn
@@ -60,6 +62,7 @@ class PolicyLossSpec:
     owns_kl: bool = False
     owns_behavior_correction: bool = False
     needs_whole_groups: bool = False
+    off_policy_safe: bool = False
 
 
 POLICY_LOSSES: Registry[PolicyLossSpec] = Registry("policy loss")
@@ -71,9 +74,12 @@ def _register(
     owns_kl: bool = False,
     owns_behavior_correction: bool = False,
     needs_whole_groups: bool = False,
+    off_policy_safe: bool = False,
 ) -> Callable[[LossFn], LossFn]:
     def deco(fn: LossFn) -> LossFn:
-        spec = PolicyLossSpec(fn, requires, owns_kl, owns_behavior_correction, needs_whole_groups)
+        spec = PolicyLossSpec(
+            fn, requires, owns_kl, owns_behavior_correction, needs_whole_groups, off_policy_safe
+        )
         POLICY_LOSSES.add(name, spec)
         return fn
 
@@ -131,7 +137,9 @@ def _ppo_clip(x: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor
     return clipped_surrogate(ratio, x.advantages, x.response_mask, x.clip_low, x.clip_high, x.dual_clip)
 
 
-@_register("decoupled_ppo", requires=("behavior_logprobs",), owns_behavior_correction=True)
+@_register(
+    "decoupled_ppo", requires=("behavior_logprobs",), owns_behavior_correction=True, off_policy_safe=True
+)
 def _decoupled_ppo(x: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """AReaL: ``w * ppo_clip(u)`` with ``u = pi/pi_prox`` and ``w = min(pi_prox/mu, weight_cap)`` detached."""
     assert x.behavior_logprobs is not None
@@ -174,7 +182,7 @@ def _cispo(x: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     return loss, metrics
 
 
-@_register("topr")
+@_register("topr", off_policy_safe=True)
 def _topr(x: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Tapered off-policy REINFORCE: weight 1 where ``A >= 0``; ``clip(pi(y)/mu(y), 0, 1)`` (sequence
     ratio, detached) where ``A < 0``; loss ``-w * A * log pi``. ``mu`` = behaviour log-probs if given,
@@ -192,7 +200,9 @@ def _topr(x: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     return loss, metrics
 
 
-@_register("agro", requires=("scores", "group_ids"), owns_kl=True, needs_whole_groups=True)
+@_register(
+    "agro", requires=("scores", "group_ids"), owns_kl=True, needs_whole_groups=True, off_policy_safe=True
+)
 def _agro(x: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """AGRO: regularised reward ``R~ = R - beta * log(pi(y)/pi_ref(y))`` (sequence log-ratio, detached),
     advantage ``R~ - group mean(R~)`` (the consistency value), loss ``-A~ * log pi`` — the gradient of

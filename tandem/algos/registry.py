@@ -55,6 +55,13 @@ class Registry(Generic[T]):
 
         return deco
 
+    def unregister(self, name: str) -> T:
+        """Remove ``name`` and return its object (a plugin or a test that registered an entry for a while);
+        raises :class:`UnknownNameError` listing valid names."""
+        item = self.get(name)
+        del self._items[name]
+        return item
+
     def get(self, name: str) -> T:
         """The object registered as ``name``; raises :class:`UnknownNameError` listing valid names."""
         try:

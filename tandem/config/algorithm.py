@@ -1,7 +1,8 @@
 """``algorithm``: the RL algorithm as three orthogonal registry names, filled by a preset, plus KL.
 
-Names are checked against the registries of :mod:`tandem.algos` by :mod:`tandem.config.checks`; the trainer
-reads the resolved fields and never branches on ``algorithm.name``.
+Names are plain strings checked against the registries of :mod:`tandem.algos` by :mod:`tandem.config.checks`
+(a field's ``registry`` extra names its registry; the docs list its entries), so a newly registered piece
+needs no edit here. The trainer reads the resolved fields and never branches on ``algorithm.name``.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from tandem.config.presets import ALGORITHM_PRESETS
 
 
 class KLConfig(Section):
-    kind: Literal["k1", "k2", "k3", "abs", "k3+"] = Field(
-        "k3", description="KL estimator (k3+: k3's value with k2's gradient; see docs/algorithms.md)."
+    kind: str = Field(
+        "k3",
+        description="KL estimator (k3+: k3's value with k2's gradient; see docs/algorithms.md).",
+        json_schema_extra={"registry": "KL_ESTIMATORS"},
     )
     where: Literal["loss", "reward"] = Field(
         "loss", description="Add β·KL to the loss (GRPO) or subtract it from the token reward."
@@ -35,10 +38,20 @@ class KLConfig(Section):
 class AlgorithmConfig(Section):
     name: str = Field("grpo", description=f"Preset filling the fields below: {', '.join(ALGORITHM_PRESETS)}.")
     advantage: str | None = Field(
-        None, description="Advantage estimator (tandem.algos.ADVANTAGE_ESTIMATORS)."
+        None,
+        description="Advantage estimator (tandem.algos.ADVANTAGE_ESTIMATORS).",
+        json_schema_extra={"registry": "ADVANTAGE_ESTIMATORS"},
     )
-    policy_loss: str | None = Field(None, description="Per-token policy loss (tandem.algos.POLICY_LOSSES).")
-    aggregation: str | None = Field(None, description="Loss aggregation (tandem.algos.AGGREGATIONS).")
+    policy_loss: str | None = Field(
+        None,
+        description="Per-token policy loss (tandem.algos.POLICY_LOSSES).",
+        json_schema_extra={"registry": "POLICY_LOSSES"},
+    )
+    aggregation: str | None = Field(
+        None,
+        description="Loss aggregation (tandem.algos.AGGREGATIONS).",
+        json_schema_extra={"registry": "AGGREGATIONS"},
+    )
     clip_low: float | None = Field(None, ge=0, description="PPO clip ε_low.")
     clip_high: float | None = Field(None, ge=0, description="PPO clip ε_high (DAPO clip-higher: 0.28).")
     dual_clip: float | None = Field(None, gt=1, description="Dual-clip constant c for negative advantages.")
@@ -56,8 +69,10 @@ class AlgorithmConfig(Section):
     max_resample_rounds: int = Field(
         3, ge=0, description="Extra generation rounds to fill a dynamic-sampling batch."
     )
-    correction: Literal["token_tis", "seq_tis", "token_mis", "seq_mis", "token_rs", "seq_rs"] | None = Field(
-        None, description="Rollout correction when the sampler's log-probs differ from the trainer's."
+    correction: str | None = Field(
+        None,
+        description="Rollout correction when the sampler's log-probs differ from the trainer's.",
+        json_schema_extra={"registry": "CORRECTIONS"},
     )
     correction_low: float | None = Field(
         None, description="Lower bound on ρ for masked IS / rejection (default 1/correction_high)."

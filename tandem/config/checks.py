@@ -14,7 +14,6 @@ from tandem.config.algorithm import AlgorithmConfig
 from tandem.config.architecture import ArchitectureConfig
 from tandem.config.base import CrossFieldError
 from tandem.config.data import DataConfig
-from tandem.config.presets import GROUP_ESTIMATORS, TOKEN_REWARD_ESTIMATORS
 from tandem.config.reward import RewardConfig
 from tandem.config.rollout import RolloutConfig
 from tandem.config.trainer import CriticConfig, TrainerConfig
@@ -35,9 +34,13 @@ class CheckedConfig(Protocol):
     def samples_per_step(self) -> int: ...
 
 
-def _check_algorithm(cfg: CheckedConfig) -> None:
-    """Names exist in the algorithm library, and what each entry needs is available in this loop."""
-    from tandem.algos import ADVANTAGE_ESTIMATORS, AGGREGATIONS, POLICY_LOSSES
+# Optional estimator inputs the trainer provides (a critic's values, when a critic section is set).
+TRAINER_PROVIDES = frozenset({"values"})
+
+
+def _check_names(cfg: CheckedConfig) -> None:
+    """Every algorithm piece names an entry of its registry in the algorithm library."""
+    from tandem.algos import ADVANTAGE_ESTIMATORS, AGGREGATIONS, CORRECTIONS, KL_ESTIMATORS, POLICY_LOSSES
 
     a = cfg.algorithm
     for key, registry, name in (
@@ -49,8 +52,22 @@ def _check_algorithm(cfg: CheckedConfig) -> None:
             raise CrossFieldError(
                 key, f"{key} is required with algorithm.name=custom; valid: {', '.join(registry.names())}"
             )
-        if name not in registry.names():
+        if name not in registry:
             raise CrossFieldError(key, f"unknown name '{name}'; valid: {', '.join(registry.names())}")
+    for key, registry, name in (
+        ("algorithm.correction", CORRECTIONS, a.correction),
+        ("algorithm.kl.kind", KL_ESTIMATORS, a.kl.kind),
+    ):
+        if name is not None and name not in registry:
+            raise CrossFieldError(key, f"unknown name '{name}'; valid: {', '.join(registry.names())}")
+
+
+def _check_algorithm(cfg: CheckedConfig) -> None:
+    """What the chosen estimator and loss need (from their registry entries) is available in this loop."""
+    from tandem.algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+
+    _check_names(cfg)
+    a = cfg.algorithm
     adv = ADVANTAGE_ESTIMATORS.get(a.advantage)
     if adv.needs_critic and cfg.critic is None:
         raise CrossFieldError(
@@ -62,12 +79,27 @@ def _check_algorithm(cfg: CheckedConfig) -> None:
             "critic.shared_backbone=true puts the value head on the policy; remove critic.path "
             "(or set critic.shared_backbone=false for a separate value model)",
         )
-    missing = [r for r in adv.requires if r != "values"]
+    missing = [r for r in adv.requires if r not in TRAINER_PROVIDES]
     if missing:
+        usable = [
+            n for n in ADVANTAGE_ESTIMATORS if TRAINER_PROVIDES.issuperset(ADVANTAGE_ESTIMATORS[n].requires)
+        ]
         raise CrossFieldError(
             "algorithm.advantage",
             f"'{a.advantage}' needs {', '.join(missing)}, which this trainer does not provide yet; "
-            "use grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline or gae",
+            f"use {', '.join(usable)}",
+        )
+    if adv.group_relative and cfg.rollout.n < 2:
+        raise CrossFieldError(
+            "rollout.n",
+            f"advantage '{a.advantage}' is group-relative and needs rollout.n >= 2 (got {cfg.rollout.n})",
+        )
+    if a.kl.where == "reward" and a.beta > 0 and not adv.uses_token_rewards:
+        token = [n for n in ADVANTAGE_ESTIMATORS if ADVANTAGE_ESTIMATORS[n].uses_token_rewards]
+        raise CrossFieldError(
+            "algorithm.kl.where",
+            f"KL in the reward needs a token-reward estimator ({', '.join(sorted(token))}), "
+            f"not '{a.advantage}'; use algorithm.kl.where=loss",
         )
     if a.kl.controller == "adaptive" and (a.kl.where != "reward" or a.beta <= 0):
         raise CrossFieldError(
@@ -86,12 +118,28 @@ def _check_algorithm(cfg: CheckedConfig) -> None:
                 )
 
 
-OFF_POLICY_SAFE_LOSSES = ("decoupled_ppo", "agro", "topr")
+def _warn_off_policy(cfg: CheckedConfig) -> None:
+    """Staleness η ≥ 2 with a loss that is not off-policy safe and no rollout correction: warn, naming the
+    safe losses and the corrections (both read from the registries)."""
+    from tandem.algos import CORRECTIONS, POLICY_LOSSES
+
+    arch, a = cfg.architecture, cfg.algorithm
+    if arch.staleness < 2 or a.correction is not None or POLICY_LOSSES.get(a.policy_loss).off_policy_safe:
+        return
+    safe = [n for n in POLICY_LOSSES if POLICY_LOSSES[n].off_policy_safe]
+    logging.getLogger("tandem.config").warning(
+        "architecture.staleness=%d: '%s' is unsafe for η ≥ 2 without correction; safe choices: "
+        "algorithm.policy_loss=%s, or algorithm.correction=%s",
+        arch.staleness,
+        a.policy_loss,
+        ", ".join(safe),
+        "|".join(CORRECTIONS.names()),
+    )
 
 
 def _check_architecture(cfg: CheckedConfig) -> None:
     """Decoupled runs: reject what the runtime cannot do; warn when the loss ignores staleness η ≥ 2."""
-    arch, a = cfg.architecture, cfg.algorithm
+    arch = cfg.architecture
     if arch.autoscale.min_workers > arch.autoscale.max_workers:
         raise CrossFieldError(
             "architecture.autoscale.min_workers",
@@ -123,13 +171,7 @@ def _check_architecture(cfg: CheckedConfig) -> None:
             "architecture.channel.backend",
             "the multiprocessing queue cannot reach Ray actors; use ray (or redis) with architecture.runtime=ray",
         )
-    if arch.staleness >= 2 and a.policy_loss not in OFF_POLICY_SAFE_LOSSES and a.correction is None:
-        logging.getLogger("tandem.config").warning(
-            "architecture.staleness=%d: '%s' is unsafe for η ≥ 2 without correction; safe choices: "
-            "algorithm.name=decoupled_ppo, agro, topr, or algorithm.correction=token_tis|seq_tis|token_mis|seq_mis",
-            arch.staleness,
-            a.policy_loss,
-        )
+    _warn_off_policy(cfg)
 
 
 def _check_data_parallel(cfg: CheckedConfig) -> None:
@@ -159,18 +201,6 @@ def check_config(cfg: CheckedConfig) -> None:
     """Cross-field checks, each naming the key to change."""
     _check_algorithm(cfg)
     _check_architecture(cfg)
-    a = cfg.algorithm
-    if a.advantage in GROUP_ESTIMATORS and cfg.rollout.n < 2:
-        raise CrossFieldError(
-            "rollout.n",
-            f"advantage '{a.advantage}' is group-relative and needs rollout.n >= 2 (got {cfg.rollout.n})",
-        )
-    if a.kl.where == "reward" and a.beta > 0 and a.advantage not in TOKEN_REWARD_ESTIMATORS:
-        raise CrossFieldError(
-            "algorithm.kl.where",
-            f"KL in the reward needs a token-reward estimator ({', '.join(sorted(TOKEN_REWARD_ESTIMATORS))}), "
-            f"not '{a.advantage}'; use algorithm.kl.where=loss",
-        )
     if cfg.data.task is None and cfg.data.train_file is None:
         raise CrossFieldError("data.task", "set data.task (a built-in task) or data.train_file")
     if (

@@ -23,6 +23,16 @@ def _type_name(annotation: object) -> str:
     return text.replace("typing.", "").replace("NoneType", "None").replace("|", "\\|")
 
 
+def _registry_names(registry: str, annotation: object) -> str:
+    """A field that names an entry of a ``tandem.algos`` registry: its valid names, like a Literal."""
+    import tandem.algos
+
+    names = [repr(n) for n in getattr(tandem.algos, registry).names()]
+    if type(None) in get_args(annotation):
+        names.append("None")
+    return " / ".join(names)
+
+
 def _section_model(annotation: object) -> type[BaseModel]:
     """The section's model, also for an optional section (``Model | None``)."""
     for candidate in (annotation, *get_args(annotation)):
@@ -40,7 +50,9 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
             rows.extend(_rows(ann, key + "."))
             continue
         default = "required" if field.is_required() else repr(field.get_default(call_default_factory=True))
-        rows.append(f"| `{key}` | `{_type_name(ann)}` | `{default}` | {field.description or ''} |")
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        kind = _registry_names(str(extra["registry"]), ann) if "registry" in extra else _type_name(ann)
+        rows.append(f"| `{key}` | `{kind}` | `{default}` | {field.description or ''} |")
     return rows
 
 

@@ -91,7 +91,3 @@ ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
     "custom": {**_PPO_DEFAULTS},
 }
 
-# Estimators that compare samples of one prompt and so need rollout.n >= 2.
-GROUP_ESTIMATORS = frozenset({"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"})
-# Estimators that consume per-token rewards (needed for KL in the reward).
-TOKEN_REWARD_ESTIMATORS = frozenset({"gae", "reinforce_pp", "reinforce_pp_baseline"})

@@ -10,6 +10,15 @@ import tandem.algos as A
 from tandem.algos.registry import DuplicateNameError, Registry, UnknownNameError
 
 
+def test_unregister_removes_and_returns_the_entry() -> None:
+    reg: Registry[int] = Registry("thing")
+    reg.add("a", 1)
+    assert reg.unregister("a") == 1 and "a" not in reg
+    reg.add("a", 2)  # the name is free again
+    with pytest.raises(UnknownNameError, match="unknown thing 'b'; valid names: a"):
+        reg.unregister("b")
+
+
 def test_duplicate_registration_raises() -> None:
     reg: Registry[int] = Registry("thing")
     reg.add("a", 1)

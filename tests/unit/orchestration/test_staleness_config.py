@@ -42,7 +42,12 @@ def test_unsafe_algorithm_warning(caplog, algorithm, eta, mode, warns):
     text = " ".join(r.getMessage() for r in caplog.records)
     assert ("unsafe for η ≥ 2 without correction" in text) is warns
     if warns:
-        assert "decoupled_ppo, agro, topr" in text and "algorithm.correction=token_tis" in text
+        from tandem.algos import CORRECTIONS, POLICY_LOSSES
+
+        safe = [n for n in POLICY_LOSSES if POLICY_LOSSES[n].off_policy_safe]
+        assert set(safe) == {"decoupled_ppo", "agro", "topr"}  # the registry's facts name them
+        assert f"algorithm.policy_loss={', '.join(safe)}" in text
+        assert f"algorithm.correction={'|'.join(CORRECTIONS.names())}" in text
 
 
 def test_dynamic_sampling_is_accepted_when_decoupled():
