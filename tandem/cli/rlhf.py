@@ -208,12 +208,12 @@ def _verifier_score(cfg: Any, policy: Any, tok: Any) -> float:
     """Greedy held-out verifier accuracy of ``policy`` on ``cfg.eval_task``."""
     from tandem.evaluate.heldout import evaluate_prompts
     from tandem.rewards import RewardFunction, RewardSet, get_task
-    from tandem.rollout import HFEngine, SamplingParams
+    from tandem.rollout import DEFAULT_ENGINE, EngineSpec, SamplingParams, build_engine
 
     task = get_task(cfg.eval_task)
     rows = task.make_rows("test", cfg.eval_size, cfg.seed)
     rewards = RewardSet([RewardFunction(name=task.name, fn=task.reward)], on_error="raise")
-    engine = HFEngine(policy, tok, add_special_tokens=False)
+    engine = build_engine(DEFAULT_ENGINE, EngineSpec(model=policy, tokenizer=tok, add_special_tokens=False))
     metrics = evaluate_prompts(engine, rows, rewards, SamplingParams(max_new_tokens=32, temperature=0.0))
     return metrics["eval/accuracy"]
 
@@ -266,10 +266,9 @@ def _with_policy_samples(cfg: Any, rows: list) -> list:
     need = [i for i, (_, r) in enumerate(rows) if "response_a" not in r and "completions" not in r]
     if not need or not cfg.policy:
         return rows
-    from tandem.models import load_causal_lm, load_tokenizer
-    from tandem.rollout import HFEngine, SamplingParams
+    from tandem.rollout import DEFAULT_ENGINE, EngineSpec, SamplingParams, build_engine
 
-    engine = HFEngine(load_causal_lm(cfg.policy), load_tokenizer(cfg.policy), add_special_tokens=False)
+    engine = build_engine(DEFAULT_ENGINE, EngineSpec(path=str(cfg.policy), add_special_tokens=False))
     params = SamplingParams(
         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, n=2, seed=cfg.seed
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any
 
 from pydantic import Field
 
@@ -10,7 +10,16 @@ from tandem.config.base import Section
 
 
 class RolloutConfig(Section):
-    backend: Literal["hf"] = Field("hf", description="Generation engine.")
+    backend: str = Field(
+        "hf",
+        min_length=1,
+        description="Generation engine: a name in the engine table (tandem.rollout.registry.ENGINES; "
+        "built in: hf). An unknown name is an error listing the valid ones.",
+    )
+    engine_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Settings of the chosen engine, validated by it (hf: fast_decode, null = auto, true or false).",
+    )
     n: int = Field(8, ge=1, description="Samples per prompt (the group size).")
     max_new_tokens: int = Field(32, ge=1, description="Maximum generated tokens per sample.")
     temperature: float = Field(1.0, ge=0, description="Sampling temperature (0 = greedy).")

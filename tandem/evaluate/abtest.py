@@ -13,11 +13,10 @@ from typing import Any
 
 from tandem.evaluate.heldout import ProgressFn
 from tandem.evaluate.judges import Judge, build_judge, check_judge_spec
-from tandem.evaluate.runner import load_target
+from tandem.evaluate.runner import load_target, target_engine
 from tandem.evaluate.stats import decide
 from tandem.evaluate.targets import EvalData, eval_data, resolve_target
 from tandem.rollout.base import RolloutEngine, SamplingParams
-from tandem.rollout.hf import HFEngine
 
 SEED_OFFSET_B = 7919  # B's sampling seed = seed + this, so identical models still answer independently
 
@@ -129,6 +128,6 @@ def run_abtest(
     engines = []
     for t in (ta, tb):
         model, tok = load_target(t)
-        engines.append(HFEngine(model, tok, max_prompt_len=data.max_prompt_len))
+        engines.append(target_engine(t, model, tok, data.max_prompt_len))
     result = compare_models(engines[0], engines[1], data, judge, settings, on_progress=on_progress)
     return {"a": str(ta.model_dir), "b": str(tb.model_dir), "data": data.source, **result}

@@ -13,7 +13,7 @@ from tandem.evaluate.refusal import refusal_capability
 from tandem.evaluate.suite import EvalSettings, evaluate_suite
 from tandem.evaluate.targets import Target, eval_data, resolve_target
 from tandem.models import load_causal_lm, load_tokenizer
-from tandem.rollout.hf import HFEngine
+from tandem.rollout import DEFAULT_ENGINE, EngineSpec, RolloutEngine, build_engine
 
 
 def load_target(target: Target) -> tuple[torch.nn.Module, Any]:
@@ -22,6 +22,22 @@ def load_target(target: Target) -> tuple[torch.nn.Module, Any]:
     model = load_causal_lm(target.model_dir, dtype=dtype)
     model.eval()
     return model, load_tokenizer(target.model_dir)
+
+
+def target_engine(
+    target: Target, model: torch.nn.Module, tokenizer: Any, max_prompt_len: int | None
+) -> RolloutEngine:
+    """The rollout engine to evaluate ``target`` with: its run's ``rollout.backend`` (and options) when it
+    belongs to a run, else the default engine; it samples with ``model`` (already loaded)."""
+    rollout = target.config.rollout if target.config is not None else None
+    spec = EngineSpec(
+        model=model,
+        tokenizer=tokenizer,
+        path=str(target.model_dir),
+        max_prompt_len=max_prompt_len,
+        options=rollout.engine_options if rollout is not None else {},
+    )
+    return build_engine(rollout.backend if rollout is not None else DEFAULT_ENGINE, spec)
 
 
 def load_reference(path: str | Path, policy: torch.nn.Module) -> torch.nn.Module:
@@ -74,7 +90,7 @@ def run_eval(
         pass_k=pass_k,
         seed=seed if seed is not None else 0,
     )
-    engine = HFEngine(policy, tokenizer, max_prompt_len=data.max_prompt_len)
+    engine = target_engine(target, policy, tokenizer, data.max_prompt_len)
     ref_model = load_reference(ref, policy) if ref is not None else None
     metrics = evaluate_suite(
         engine,

@@ -21,7 +21,7 @@ from tandem.evaluate.heldout import evaluate_prompts
 from tandem.evaluate.targets import eval_data, resolve_target
 from tandem.export import FORMATS, MANIFEST
 from tandem.models import load_causal_lm, load_tokenizer
-from tandem.rollout import HFEngine, SamplingParams
+from tandem.rollout import IN_PROCESS_ENGINE, EngineSpec, SamplingParams, build_engine
 from tandem.utils.io import atomic_dir
 
 
@@ -63,7 +63,7 @@ def _latency_ms(fn, batch: tuple[torch.Tensor, ...], repeats: int = 10) -> float
 
 
 def _accuracy(model, tokenizer, data) -> float:
-    engine = HFEngine(model, tokenizer, fast_decode=None)
+    engine = build_engine(IN_PROCESS_ENGINE, EngineSpec(model=model, tokenizer=tokenizer))
     params = SamplingParams(max_new_tokens=data.max_new_tokens, temperature=0.0, stop=data.stop)
     return evaluate_prompts(engine, data.rows, data.rewards, params)["eval/accuracy"]
 

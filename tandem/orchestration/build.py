@@ -21,6 +21,7 @@ from tandem.models import init_tiny_model, load_causal_lm, load_tokenizer
 from tandem.models.value import build_shared_value_head, build_value_model
 from tandem.rewards import RewardFunction, RewardSet, format_regex, get_task, load_callable
 from tandem.rewards.tasks.base import Task
+from tandem.rollout import EngineSpec, RolloutEngine, build_engine
 from tandem.train.critic import add_value_head_group, build_critic_optimizer
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,24 @@ def build_policy(cfg: ModelConfig, *, seed: int = 0) -> tuple[torch.nn.Module, A
     path = ensure_model(cfg, seed=seed)
     model = load_causal_lm(path, dtype=cfg.dtype)
     return model, load_tokenizer(path)
+
+
+def build_rollout_engine(
+    cfg: TandemConfig, *, model: torch.nn.Module | None = None, tokenizer: Any = None, version: int = 0
+) -> RolloutEngine:
+    """The configured rollout engine (``rollout.backend``, ``rollout.engine_options``): sampling with
+    ``model`` when given (the colocated trainer's own module), else with its own copy of ``model.path``
+    (a rollout worker)."""
+    spec = EngineSpec(
+        model=model,
+        tokenizer=tokenizer,
+        path=str(cfg.model.path),
+        dtype=cfg.model.dtype,
+        max_prompt_len=cfg.data.max_prompt_len,
+        version=version,
+        options=cfg.rollout.engine_options,
+    )
+    return build_engine(cfg.rollout.backend, spec)
 
 
 def build_reference(cfg: ModelConfig, beta: float) -> torch.nn.Module | None:

@@ -29,6 +29,7 @@ from tandem.orchestration.build import (
     build_policy,
     build_reference,
     build_rewards,
+    build_rollout_engine,
     enforce_prompt_lengths,
 )
 from tandem.orchestration.colocated import (
@@ -38,7 +39,6 @@ from tandem.orchestration.colocated import (
     save_run_checkpoint,
 )
 from tandem.orchestration.remote import check_remote, fetch_newer_checkpoint, local_models
-from tandem.rollout.hf import HFEngine
 from tandem.train.checkpoint import latest_checkpoint
 from tandem.train.optim import build_optimizer, build_scheduler
 from tandem.utils.io import atomic_write_json, atomic_write_text
@@ -136,7 +136,7 @@ def build_parts(cfg: TandemConfig) -> RunParts:
         policy=policy,
         tokenizer=tokenizer,
         ref_model=build_reference(cfg.model, cfg.algorithm.beta),
-        engine=HFEngine(policy, tokenizer, max_prompt_len=cfg.data.max_prompt_len),
+        engine=build_rollout_engine(cfg, model=policy, tokenizer=tokenizer),
         data=data,
         rewards=rewards,
         eval_rewards=build_eval_rewards(cfg, data.task, rewards),

@@ -1,14 +1,18 @@
-"""The rollout engine interface: sampling parameters and the ``RolloutEngine`` protocol.
+"""The rollout engine interface: sampling parameters, the ``RolloutEngine`` protocol and ``EngineSpec``.
 
 Every backend (Hugging Face, vLLM) turns prompts into a :class:`~tandem.types.RolloutBatch` carrying the
-per-token log-probs of the sampled tokens, and accepts versioned weight updates. The orchestration layer
-depends only on this protocol, so colocated and decoupled runs swap backends freely.
+per-token log-probs of the sampled tokens, and accepts versioned weight updates. The orchestration layer,
+evaluation, export and the preference commands depend only on this protocol and build engines by name
+through :func:`tandem.rollout.registry.build_engine`, so a new backend is one module plus one line in
+``ENGINES``; ``tests/unit/rollout/test_engine_contract.py`` runs every registered engine through the same
+checks.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -55,6 +59,29 @@ class SamplingParams:
         return self.temperature == 0
 
 
+@dataclass(frozen=True)
+class EngineSpec:
+    """What a caller knows when it asks for an engine (:func:`~tandem.rollout.registry.build_engine`).
+
+    ``model``: an in-process model to sample with (a colocated trainer passes the very module it trains;
+    an engine that can share it does, one that cannot loads its own copy from ``path``); ``None``: the
+    engine loads ``path`` itself (a rollout worker). ``tokenizer``: ``None`` loads it from ``path``.
+    ``options``: the engine's own settings (``rollout.engine_options``), validated by the engine.
+    """
+
+    model: torch.nn.Module | None = None
+    tokenizer: Any = None
+    path: str | None = None
+    dtype: str | None = None
+    max_prompt_len: int | None = None
+    add_special_tokens: bool = True
+    version: int = 0
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+ChunkCallback = Callable[[], None]
+
+
 @runtime_checkable
 class RolloutEngine(Protocol):
     """Generates responses and tracks which weight version it samples with.
@@ -62,7 +89,10 @@ class RolloutEngine(Protocol):
     ``generate`` returns one row per sample: each prompt's ``n`` samples are consecutive rows sharing one
     group id; prompt ``i`` gets group id ``group_offset + i``. ``extras[i]`` (dataset columns for rewards)
     is repeated for each of prompt ``i``'s samples. ``policy_version`` of every row is the engine's
-    ``version`` at the time of the call.
+    ``version`` at the start of the call. ``params`` is one :class:`SamplingParams` for the whole batch or
+    one per prompt (each prompt then has its own ``n``, limits, temperature, seed and stop strings).
+    ``behavior_logprobs`` are the sampled tokens' log-probs under ``log_softmax(logits / temperature)``
+    (raw logits when greedy), what the trainer recomputes.
     """
 
     @property
@@ -73,14 +103,23 @@ class RolloutEngine(Protocol):
     def generate(
         self,
         prompts: list[str],
-        params: SamplingParams,
+        params: SamplingParams | Sequence[SamplingParams],
         *,
         group_offset: int = 0,
         extras: list[dict] | None = None,
+        on_chunk: ChunkCallback | None = None,
+        chunk_tokens: int = 4,
     ) -> RolloutBatch:
-        """Sample ``params.n`` responses per prompt; see the class docstring for row layout."""
+        """Sample responses; see the class docstring for the row layout. ``on_chunk`` (in-flight weight
+        updates) is called after every ``chunk_tokens`` decoded tokens while rows still run; it may call
+        :meth:`update_weights`, and the tokens after it are sampled with the new weights."""
         ...
 
     def update_weights(self, state_dict: dict[str, torch.Tensor] | None, version: int) -> None:
-        """Load new weights (``None``: the engine shares the trained model; only record ``version``)."""
+        """Load ``state_dict`` and record ``version``. ``None``, or the state dict of the very module the
+        engine samples with (a colocated trainer's), loads nothing: only the version changes."""
+        ...
+
+    def close(self) -> None:
+        """Release the engine's resources (idempotent); ``generate`` afterwards is an error."""
         ...

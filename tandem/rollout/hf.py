@@ -11,20 +11,48 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tandem.errors import DataError, ModelError
+from tandem.models import load_causal_lm, load_tokenizer
 from tandem.models.forward import positions_from_mask
-from tandem.rollout.base import SamplingParams
+from tandem.rollout.base import ChunkCallback, EngineSpec, SamplingParams
 from tandem.rollout.llama_decode import LlamaStepper, supports_fast_decode
+from tandem.rollout.registry import parse_engine_options
+from tandem.rollout.rows import RowSampling, per_prompt
 from tandem.rollout.sampling import sample_next
 from tandem.rollout.stepper import DecodeStepper, HFStepper
 from tandem.rollout.stops import StopStrings
 from tandem.types import RolloutBatch
+
+Sampler = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # logits [B, V] -> tokens, log-probs
+RowStops = list[tuple[StopStrings, torch.Tensor | None]]  # a checker and the rows it applies to (None: all)
+
+
+class HFOptions(BaseModel):
+    """``rollout.engine_options`` of the ``hf`` engine."""
+
+    model_config = ConfigDict(extra="forbid")
+    fast_decode: bool | None = Field(
+        None, description="None: the fast Llama path where exact, else generic; False: generic; True: fast."
+    )
+
+
+@dataclass
+class _Plan:
+    """One call's rows: per-row sampling, limits and stop strings (see :mod:`tandem.rollout.rows`)."""
+
+    counts: list[int]  # rows per prompt
+    max_new_tokens: int  # the longest row limit
+    sample: Sampler
+    stops: RowStops
+    limits: torch.Tensor | None = None  # [B] long per-row limits; None: every row has max_new_tokens
+    cut: list[StopStrings | None] | None = None  # per row; None: stops[0] (or nothing) for every row
 
 
 @dataclass
@@ -82,6 +110,27 @@ class HFEngine:
         self._eos_ids = _eos_ids(model, tokenizer)
         self.fast_decode = fast_decode
         self._stops: dict[tuple[str, ...], StopStrings] = {}
+        self._closed = False
+
+    @classmethod
+    def from_spec(cls, spec: EngineSpec) -> HFEngine:
+        """The registry's constructor: samples with ``spec.model`` (shared, not copied) or loads
+        ``spec.path``; ``spec.options`` are :class:`HFOptions`."""
+        opts = parse_engine_options(HFOptions, spec.options, where="rollout.engine_options")
+        if spec.model is None and spec.path is None:
+            raise ModelError("the hf engine needs a model or a model folder", where="rollout.backend")
+        model = (
+            spec.model if spec.model is not None else load_causal_lm(spec.path, dtype=spec.dtype or "float32")
+        )
+        tokenizer = spec.tokenizer if spec.tokenizer is not None else load_tokenizer(spec.path)
+        return cls(
+            model,
+            tokenizer,
+            max_prompt_len=spec.max_prompt_len,
+            add_special_tokens=spec.add_special_tokens,
+            version=spec.version,
+            fast_decode=opts.fast_decode,
+        )
 
     @property
     def version(self) -> int:
@@ -89,8 +138,10 @@ class HFEngine:
         return self._version
 
     def update_weights(self, state_dict: dict[str, torch.Tensor] | None, version: int) -> None:
-        """Load ``state_dict`` (strict) into the model unless it is ``None``, then record ``version``."""
-        if state_dict is not None:
+        """Load ``state_dict`` (strict) into the model, then record ``version``. Nothing is copied for
+        ``None`` or for the model's own state dict (a colocated trainer publishing the module it shares
+        with this engine)."""
+        if state_dict is not None and not self._owns(state_dict):
             try:
                 with torch.no_grad():
                     self.model.load_state_dict(state_dict, strict=True)
@@ -99,41 +150,86 @@ class HFEngine:
                 raise ModelError(f"weights do not match the rollout model: {first}") from err
         self._version = int(version)
 
+    def _owns(self, state_dict: dict[str, torch.Tensor]) -> bool:
+        """True when every tensor of ``state_dict`` is the model's own (same storage): nothing to load."""
+        own = self.model.state_dict()
+        return own.keys() == state_dict.keys() and all(
+            t.data_ptr() == own[k].data_ptr() and t.shape == own[k].shape for k, t in state_dict.items()
+        )
+
+    def close(self) -> None:
+        """Forget the cached stop-string tables; the model stays with its owner. Idempotent."""
+        self._stops.clear()
+        self._closed = True
+
     def generate(
         self,
         prompts: list[str],
-        params: SamplingParams,
+        params: SamplingParams | Sequence[SamplingParams],
         *,
         group_offset: int = 0,
         extras: list[dict] | None = None,
-        on_chunk: Callable[[], None] | None = None,
+        on_chunk: ChunkCallback | None = None,
         chunk_tokens: int = 4,
     ) -> RolloutBatch:
         """Sample ``params.n`` responses per prompt; prompt ``i``'s samples are consecutive rows with group
-        id ``group_offset + i``.
+        id ``group_offset + i``. ``params`` may also be one :class:`SamplingParams` per prompt.
 
         ``on_chunk`` (in-flight weight updates, PipelineRL-style) is called after every ``chunk_tokens``
         decoded tokens while rows are still running; it may call :meth:`update_weights`. The KV cache of
         the tokens so far is kept, each token's behaviour log-prob is that of the weights that sampled it,
         and ``policy_version`` records the version at the start (the oldest weights that contributed), so
         staleness checks stay conservative."""
+        if self._closed:
+            raise ModelError("the rollout engine was closed", hint="build a new one")
         if extras is not None and len(extras) != len(prompts):
             raise DataError(f"got {len(extras)} extras rows for {len(prompts)} prompts", where="extras")
         prompt_ids, prompt_mask = self._encode(prompts)  # [N, P] each
-        prompt_ids = prompt_ids.repeat_interleave(params.n, dim=0)  # [B, P], B = N * n
-        prompt_mask = prompt_mask.repeat_interleave(params.n, dim=0)
         device = next(self.model.parameters()).device
-        generator = None
-        if params.seed is not None:
-            generator = torch.Generator(device=device).manual_seed(params.seed)
-        stops = self._stop_strings(params.stop)
+        plan = self._plan(params, len(prompts), device)
+        prompt_ids = prompt_ids.repeat_interleave(_repeats(plan.counts), dim=0)  # [B, P], B = sum of n
+        prompt_mask = prompt_mask.repeat_interleave(_repeats(plan.counts), dim=0)
         start_version = self._version
         chunk = (on_chunk, max(1, int(chunk_tokens))) if on_chunk is not None else None
         with torch.inference_mode(), _eval_mode(self.model):
-            out = self._decode(prompt_ids.to(device), prompt_mask.to(device), params, generator, stops, chunk)
+            out = self._decode(prompt_ids.to(device), prompt_mask.to(device), plan, chunk)
         return self._to_batch(
-            prompts, prompt_ids, prompt_mask, out, params, group_offset, extras, stops, start_version
+            prompts, prompt_ids, prompt_mask, out, plan, group_offset, extras, start_version
         )
+
+    def _plan(
+        self, params: SamplingParams | Sequence[SamplingParams], num_prompts: int, device: torch.device
+    ) -> _Plan:
+        """How this call samples: one ``SamplingParams`` for the batch (one RNG stream, as training
+        uses), or per-prompt parameters (:class:`~tandem.rollout.rows.RowSampling`)."""
+        if isinstance(params, SamplingParams):
+            generator = None
+            if params.seed is not None:
+                generator = torch.Generator(device=device).manual_seed(params.seed)
+            checker = self._stop_strings(params.stop)
+
+            def sample(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                return sample_next(logits, params, generator)
+
+            return _Plan(
+                [params.n] * num_prompts,
+                params.max_new_tokens,
+                sample,
+                [] if checker is None else [(checker, None)],
+            )
+        each = per_prompt(params, num_prompts)
+        rows = [p for p in each for _ in range(p.n)]
+        row_prompt = [i for i, p in enumerate(each) for _ in range(p.n)]
+        stops: RowStops = []
+        for key in dict.fromkeys(tuple(p.stop) for p in each if p.stop):
+            mask = torch.tensor([tuple(p.stop) == key for p in rows], device=device)  # [B] its rows
+            checker = self._stop_strings(list(key))
+            if checker is not None:  # always: key is not empty
+                stops.append((checker, mask))
+        limits = torch.tensor([p.max_new_tokens for p in rows], device=device)
+        sample = RowSampling(rows, row_prompt, device)
+        cut = [self._stop_strings(p.stop) for p in rows]  # cached: one checker per distinct list
+        return _Plan([p.n for p in each], int(limits.max()), sample, stops, limits, cut)
 
     def _encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Tokenise and left-pad ``prompts``: ids ``[N, P]`` long, mask ``[N, P]`` bool."""
@@ -180,34 +276,37 @@ class HFEngine:
         self,
         prompt_ids: torch.Tensor,  # [B, P] long, left padded
         prompt_mask: torch.Tensor,  # [B, P] bool
-        params: SamplingParams,
-        generator: torch.Generator | None,
-        stops: StopStrings | None,
-        chunk: tuple[Callable[[], None], int] | None = None,
+        plan: _Plan,
+        chunk: tuple[ChunkCallback, int] | None = None,
     ) -> _Decoded:
-        """Prefill, then sample one token per step until every row hit EOS, a stop string or the limit."""
+        """Prefill, then sample one token per step until every row hit EOS, a stop string or its limit."""
         B, P = prompt_ids.shape
-        T, device, pad = params.max_new_tokens, prompt_ids.device, self.tokenizer.pad_token_id
+        T, device, pad = plan.max_new_tokens, prompt_ids.device, self.tokenizer.pad_token_id
         attn = torch.zeros((B, P + T), dtype=torch.long, device=device)  # [B, P+T], grows by a column/step
         attn[:, :P] = prompt_mask.long()
         tokens = torch.full((B, T), pad, dtype=torch.long, device=device)  # [B, T]
         logprobs = torch.zeros((B, T), dtype=torch.float32, device=device)  # [B, T]
         lengths = torch.zeros(B, dtype=torch.long, device=device)  # [B]
         finished = torch.zeros(B, dtype=torch.bool, device=device)  # [B]
+        stopped = finished.clone()  # [B] ended by EOS or a stop string (tracked with per-row limits only)
         eos = torch.tensor(self._eos_ids, dtype=torch.long, device=device)
         next_pos = prompt_mask.long().sum(dim=1, keepdim=True)  # [B, 1] position of the first new token
         stepper = self._stepper(B, P + T)
         logits = stepper.prefill(prompt_ids, attn[:, :P], positions_from_mask(prompt_mask))  # [B, V]
         steps = T
         for t in range(T):
-            new, new_lp = sample_next(logits, params, generator)  # [B], [B]
+            new, new_lp = plan.sample(logits)  # [B], [B]
             tokens[:, t] = new.masked_fill(finished, pad)
             logprobs[:, t] = new_lp.masked_fill(finished, 0.0)
             lengths += (~finished).long()
             hit = ~finished & torch.isin(new, eos)  # [B]
-            if stops is not None:
-                hit |= stops.check(tokens[:, : t + 1], new, ~finished & ~hit)
+            for stops, rows in plan.stops:
+                active = ~finished & ~hit if rows is None else ~finished & ~hit & rows
+                hit |= stops.check(tokens[:, : t + 1], new, active)
             finished |= hit
+            if plan.limits is not None:
+                stopped |= hit
+                finished |= lengths >= plan.limits
             if t == T - 1 or bool(finished.all()):
                 steps = t + 1
                 break
@@ -215,7 +314,9 @@ class HFEngine:
                 chunk[0]()  # may load newer weights in place; the stepper reads the model's own tensors
             attn[:, P + t] = 1
             logits = stepper.step(tokens[:, t : t + 1], attn[:, : P + t + 1], next_pos + t)
-        return _Decoded(tokens[:, :steps], logprobs[:, :steps], lengths, finished)
+        return _Decoded(
+            tokens[:, :steps], logprobs[:, :steps], lengths, finished if plan.limits is None else stopped
+        )
 
     def _to_batch(
         self,
@@ -223,23 +324,27 @@ class HFEngine:
         prompt_ids: torch.Tensor,  # [B, P]
         prompt_mask: torch.Tensor,  # [B, P]
         out: _Decoded,
-        params: SamplingParams,
+        plan: _Plan,
         group_offset: int,
         extras: list[dict] | None,
-        stops: StopStrings | None,
         version: int,
     ) -> RolloutBatch:
         """Assemble the RolloutBatch: decode completions, cut stop strings, label rows."""
-        n, B = params.n, prompt_ids.shape[0]
+        counts, B = plan.counts, prompt_ids.shape[0]
         # Copies made outside inference mode are ordinary tensors, usable in autograd by the trainer.
         tokens, lengths = out.tokens.to("cpu", copy=True), out.lengths.to("cpu", copy=True)
         R = tokens.shape[1]
         response_mask = torch.arange(R).unsqueeze(0) < lengths.unsqueeze(1)  # [B, R]
         rows = [row[:length].tolist() for row, length in zip(tokens, lengths.tolist(), strict=True)]
         texts = self.tokenizer.batch_decode(rows, skip_special_tokens=True)
-        if stops is not None:
-            texts = [stops.cut(text)[0] for text in texts]
-        groups = torch.arange(len(prompts), dtype=torch.long).repeat_interleave(n) + group_offset  # [B]
+        if plan.cut is not None:
+            texts = [text if s is None else s.cut(text)[0] for text, s in zip(texts, plan.cut, strict=True)]
+        elif plan.stops:
+            texts = [plan.stops[0][0].cut(text)[0] for text in texts]
+        groups = (
+            torch.arange(len(prompts), dtype=torch.long).repeat_interleave(_repeats(counts)) + group_offset
+        )
+        gids = [group_offset + i for i in range(len(prompts))]
         tag = uuid.uuid4().hex[:8]
         return RolloutBatch(
             prompt_ids=prompt_ids,
@@ -249,12 +354,21 @@ class HFEngine:
             behavior_logprobs=out.logprobs.to("cpu", copy=True),
             group_ids=groups,
             policy_version=torch.full((B,), version, dtype=torch.long),
-            prompts=[p for p in prompts for _ in range(n)],
+            prompts=[p for p, n in zip(prompts, counts, strict=True) for _ in range(n)],
             completions=texts,
             finish_reasons=["stop" if s else "length" for s in out.stopped.tolist()],
-            sample_ids=[f"{tag}-{version}-{g}-{k}" for g in groups.tolist()[::n] for k in range(n)],
-            extras=[dict(e) for e in (extras or [{}] * len(prompts)) for _ in range(n)],
+            sample_ids=[
+                f"{tag}-{version}-{g}-{k}" for g, n in zip(gids, counts, strict=True) for k in range(n)
+            ],
+            extras=[
+                dict(e) for e, n in zip(extras or [{}] * len(prompts), counts, strict=True) for _ in range(n)
+            ],
         )
+
+
+def _repeats(counts: list[int]) -> int | torch.Tensor:
+    """``repeat_interleave`` argument for ``counts`` rows per prompt (an int when they are all equal)."""
+    return counts[0] if len(set(counts)) == 1 else torch.tensor(counts)
 
 
 def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:

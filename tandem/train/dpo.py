@@ -266,12 +266,14 @@ def online_dpo(
     labels them with ``judge`` (a rule/verifier, a reward model wrapped as a rule, an LLM judge), and
     trains DPO on the kept pairs with the round's starting policy as the reference — whose log-probs are
     computed once per round from the policy itself, so no second model is ever loaded."""
-    from tandem.rollout import HFEngine, SamplingParams
+    from tandem.rollout import DEFAULT_ENGINE, EngineSpec, SamplingParams, build_engine
     from tandem.train.labeling import judge_row
 
     history: list[dict[str, float]] = []
+    spec = EngineSpec(model=policy, tokenizer=tokenizer, add_special_tokens=False)
+    engine = build_engine(DEFAULT_ENGINE, spec)
     for rnd in range(1, online.rounds + 1):
-        engine = HFEngine(policy, tokenizer, add_special_tokens=False)
+        engine.update_weights(policy.state_dict(), rnd)  # last round's update (shared module: no copy)
         params = SamplingParams(
             max_new_tokens=online.max_new_tokens,
             temperature=online.temperature,
@@ -307,4 +309,5 @@ def online_dpo(
         history.append(metrics)
         if on_round is not None:
             on_round(rnd, metrics)
+    engine.close()
     return history

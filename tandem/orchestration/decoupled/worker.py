@@ -29,14 +29,19 @@ from tandem.channels.weights import SharedMemoryWeights
 from tandem.config.schema import TandemConfig
 from tandem.data import PromptSampler
 from tandem.errors import TandemError
-from tandem.models import load_causal_lm, load_tokenizer
+from tandem.models import load_tokenizer
 from tandem.monitor import PhaseTimer
-from tandem.orchestration.build import build_data, build_rewards, enforce_prompt_lengths
+from tandem.orchestration.build import (
+    build_data,
+    build_rewards,
+    build_rollout_engine,
+    enforce_prompt_lengths,
+)
 from tandem.orchestration.colocated import sampling_params, step_seed
 from tandem.orchestration.decoupled.coordination import Coordination
 from tandem.orchestration.remote import local_models
 from tandem.orchestration.scoring import OverlongShaping, collect_dynamic, score_rollout
-from tandem.rollout.hf import HFEngine
+from tandem.rollout.base import RolloutEngine
 
 if TYPE_CHECKING:
     from tandem.channels.ray_weights import RayObjectStoreWeights
@@ -100,7 +105,7 @@ class InFlightSync:
 
     Counts the updates and the seconds spent loading them (reported as ``worker/inflight_*``)."""
 
-    def __init__(self, engine: HFEngine, weights: Any) -> None:
+    def __init__(self, engine: RolloutEngine, weights: Any) -> None:
         self.engine, self.weights = engine, weights
         self.updates, self.seconds = 0, 0.0
 
@@ -139,9 +144,8 @@ def _parent_alive() -> bool:
 def run_worker(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
     """The worker loop, until the run stops, the slot is retired or ``alive()`` turns false."""
     cfg, coord = local_models(spec.cfg), spec.coord  # URLs: this machine's copies (a no-op for paths)
-    model = load_causal_lm(cfg.model.path, dtype=cfg.model.dtype)
     tokenizer = load_tokenizer(cfg.model.path)
-    engine = HFEngine(model, tokenizer, max_prompt_len=cfg.data.max_prompt_len, version=-1)
+    engine = build_rollout_engine(cfg, tokenizer=tokenizer, version=-1)  # its own copy of the weights
     data = enforce_prompt_lengths(build_data(cfg.data, seed=cfg.run.seed), tokenizer, cfg.data)
     rewards = build_rewards(cfg.reward, data.task)
     ov = cfg.reward.overlong
