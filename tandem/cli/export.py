@@ -51,15 +51,17 @@ def export_cmd(
     Example: tandem export runs/grpo --format int8 --task arith
     """
     from tandem.cli.evaluate import parse_options
-    from tandem.data.storage import is_remote, local_input, local_output
+    from tandem.data.outputs import check_output_dir, output_folder
+    from tandem.data.storage import is_remote, local_input
     from tandem.export.api import export_model
     from tandem.utils.io import atomic_write_json
 
     task_opts = parse_options(task_option, "--task-option") if task_option else None
     name = model.rstrip("/").rsplit("/", 1)[-1] if is_remote(model) else Path(model).resolve().name
     target = out_dir or str(Path("exports") / f"{name}-{format}")
+    check_output_dir(target, "export", sources=(model,), where="--out")  # a URL too, before downloading
     status = out.status(f"exporting {escape(model)} as {format} ...")
-    with local_input(model) as src, local_output(target) as local_target, status:  # URLs: in / uploaded
+    with local_input(model) as src, output_folder(target, "export") as local_target, status:  # URLs
         report = export_model(
             src, local_target, format, task=task, task_options=task_opts, eval_size=eval_size
         )

@@ -7,6 +7,6 @@ the ``export`` extra.
 from __future__ import annotations
 
 FORMATS = ("hf", "onnx", "torchscript", "int8")
-MANIFEST = "tandem_export.json"
+MANIFEST = "tandem_export.json"  # marks an export folder: tandem.data.outputs.EXPORT_MARKER
 
 __all__ = ["FORMATS", "MANIFEST"]

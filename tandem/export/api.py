@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from tandem.data.outputs import check_output_dir
 from tandem.errors import ConfigError
 from tandem.evaluate.heldout import evaluate_prompts
 from tandem.evaluate.targets import eval_data, resolve_target
@@ -83,7 +84,9 @@ def export_model(
             f"unknown format '{fmt}'", where="--format", hint=f"use one of {', '.join(FORMATS)}"
         )
     target = resolve_target(path)
-    check_export_dir(out_dir, sources=(Path(path), target.model_dir))
+    # An unrelated folder, a file or the source model (or a folder holding it) is refused; an earlier
+    # export folder (tandem_export.json) is replaced atomically by atomic_dir.
+    check_output_dir(out_dir, "export", sources=(Path(path), target.model_dir), where="--out")
     model, tokenizer = load_causal_lm(target.model_dir).eval(), load_tokenizer(target.model_dir)
     report = ExportReport(fmt, str(target.model_dir), str(out_dir), folder_bytes(target.model_dir), 0)
     from tandem.export.graph import LogitsForward, sample_batch
@@ -107,29 +110,6 @@ def export_model(
         _export_int8(model, tokenizer, target, out_dir, report, batch, task, task_options, eval_size)
     report.size_after = folder_bytes(Path(out_dir))
     return report
-
-
-def check_export_dir(out_dir: str | Path, *, sources: tuple[Path, ...]) -> None:
-    """Refuse an export target whose replacement would lose data: a folder that is, or holds, one of the
-    ``sources``, and an existing non-empty folder that is not a Tandem export folder (no ``MANIFEST``,
-    which every export writes). An export folder is replaced atomically (see :func:`atomic_dir`)."""
-    out = Path(out_dir)
-    resolved = out.resolve()
-    for source in sources:
-        src = Path(source).resolve()
-        if resolved == src or resolved in src.parents:
-            raise ConfigError(
-                f"--out {out} is (or holds) the source folder {source}; exporting would replace it",
-                hint="choose another --out",
-            )
-    if out.exists() and not out.is_dir():
-        raise ConfigError("--out is a file, not a folder", where=str(out))
-    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
-        raise ConfigError(
-            f"--out exists and is not a Tandem export folder (no {MANIFEST}); refusing to replace it",
-            where=str(out),
-            hint="choose another --out, or remove that folder yourself",
-        )
 
 
 def _save_hf(model, tokenizer, out_dir: str | Path, source: str) -> None:

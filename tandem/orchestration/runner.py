@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 
 from tandem.config import config_to_yaml
 from tandem.config.schema import TandemConfig
+from tandem.data.outputs import check_output_dir
 from tandem.errors import ConfigError
 from tandem.monitor import MetricsLogger
 from tandem.monitor.metrics import METRICS_FILE
@@ -62,18 +63,19 @@ def run_dir_of(cfg: TandemConfig) -> Path:
     return Path(cfg.run.output_dir) if cfg.run.output_dir else Path("runs") / cfg.run.name
 
 
-def is_run_folder(path: str | Path) -> bool:
-    """Whether ``path`` is a Tandem run folder: it holds the ``config.yaml`` and ``metrics.jsonl`` that
-    :func:`prepare_run_dir` writes first. Only such a folder may be replaced by ``run.overwrite``."""
-    folder = Path(path)
-    return (folder / "config.yaml").is_file() and (folder / METRICS_FILE).is_file()
+def run_inputs(cfg: TandemConfig) -> tuple[str | None, ...]:
+    """The folders and files a run reads (models, data): replacing the run folder must not delete them."""
+    reward_model = cfg.reward.model.path if cfg.reward.model else None
+    critic = cfg.critic.path if cfg.critic else None
+    return (cfg.model.path, cfg.model.ref_path, critic, reward_model, cfg.data.train_file, cfg.data.eval_file)
 
 
 def check_run_dir(cfg: TandemConfig, *, resume: bool) -> Path:
     """The run folder, after refusing what the run may not write into; writes nothing.
 
     A non-empty folder needs ``--resume`` or ``run.overwrite``; ``run.overwrite`` replaces only a Tandem
-    run folder (:func:`is_run_folder`), never an unrelated folder."""
+    run folder (``config.yaml`` + ``metrics.jsonl``, see :mod:`tandem.data.outputs`), never an unrelated
+    folder nor one holding a model or data file the run reads (:func:`run_inputs`)."""
     run_dir = run_dir_of(cfg)
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run folder {run_dir} is a file", where="run.output_dir")
@@ -84,12 +86,13 @@ def check_run_dir(cfg: TandemConfig, *, resume: bool) -> Path:
             where="run.output_dir",
             hint="pass --resume to continue it, run.overwrite=true, or another run.output_dir",
         )
-    if holds and not resume and not is_run_folder(run_dir):
-        raise ConfigError(
-            f"{run_dir} is not empty and not a Tandem run folder (no config.yaml and metrics.jsonl): "
-            "run.overwrite replaces only run folders",
+    if holds and not resume:
+        check_output_dir(
+            run_dir,
+            "run",
+            sources=run_inputs(cfg),
             where="run.output_dir",
-            hint="choose another run.output_dir",
+            hint="run.overwrite replaces only run folders; choose another run.output_dir",
         )
     return run_dir
 

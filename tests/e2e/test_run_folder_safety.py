@@ -4,6 +4,7 @@ folder is never deleted."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import yaml
@@ -85,3 +86,15 @@ def test_trainer_lr_inf_is_refused_before_anything_is_written(tmp_path, tiny_mod
     result = _train(_config(tmp_path, tiny_model_dir), "trainer.lr=.inf")
     assert result.exit_code == 2 and "trainer.lr: Input should be a finite number" in result.output
     assert not (tmp_path / "run").exists()
+
+
+def test_run_overwrite_refuses_a_run_folder_holding_the_model(tmp_path, tiny_model_dir):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("run: {}\n")  # a Tandem run folder ...
+    (run / "metrics.jsonl").write_text("")
+    model = run / "checkpoints" / "step-5" / "model"  # ... holding the model this run starts from
+    shutil.copytree(tiny_model_dir, model)
+    result = _train(_config(tmp_path, model, overwrite=True))
+    assert result.exit_code == 2 and f"{run} is (or holds) the source folder {model}" in result.output
+    assert (model / "config.json").is_file() and (run / "config.yaml").read_text() == "run: {}\n"

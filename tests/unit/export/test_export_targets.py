@@ -23,7 +23,7 @@ def test_export_refuses_unrelated_folder(tiny_model_dir, tmp_path):
         app, ["export", str(tiny_model_dir), "--format", "hf", "--out", str(precious)]
     )
     assert result.exit_code == 2
-    assert f"error: {precious}: --out exists and is not a Tandem export folder" in result.output
+    assert f"error: --out: {precious} is not empty and not a Tandem export folder" in result.output
     assert "Traceback" not in result.output
     assert [p.name for p in precious.iterdir()] == ["cat.jpg"]
 
@@ -41,7 +41,7 @@ def test_export_refuses_the_source_model_folder(tiny_model_dir, tmp_path):
 def test_export_refuses_a_file_as_out(tiny_model_dir, tmp_path):
     target = tmp_path / "notes.txt"
     target.write_text("keep me")
-    with pytest.raises(ConfigError, match="--out is a file"):
+    with pytest.raises(ConfigError, match="notes.txt is a file, not a folder"):
         export_model(tiny_model_dir, target, "hf")
     assert target.read_text() == "keep me"
 
