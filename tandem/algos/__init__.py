@@ -29,7 +29,14 @@ from tandem.algos.corrections import CORRECTIONS, correction_weights
 from tandem.algos.dapo import filter_groups, overlong_penalty
 from tandem.algos.kl import KL_ESTIMATORS, AdaptiveKL, FixedKL, kl_penalty
 from tandem.algos.policy import policy_loss
-from tandem.algos.policy_losses import POLICY_LOSSES, PolicyLossInputs, PolicyLossSpec, clipped_surrogate
+from tandem.algos.policy_losses import (
+    POLICY_LOSSES,
+    ClipOptions,
+    PolicyLossInputs,
+    PolicyLossSpec,
+    WeightClipOptions,
+    clipped_surrogate,
+)
 from tandem.algos.preference import PREFERENCE_LOSSES, dpo_loss, reward_model_loss
 from tandem.algos.registry import DuplicateNameError, Registry, UnknownNameError
 from tandem.algos.value import explained_variance, value_loss
@@ -44,12 +51,14 @@ __all__ = [
     "AdaptiveKL",
     "AdvantageInputs",
     "AdvantageSpec",
+    "ClipOptions",
     "DuplicateNameError",
     "FixedKL",
     "PolicyLossInputs",
     "PolicyLossSpec",
     "Registry",
     "UnknownNameError",
+    "WeightClipOptions",
     "aggregate",
     "clipped_surrogate",
     "compute_advantages",

@@ -7,6 +7,8 @@ metrics. Order per token: ``w_correction * loss_t + beta * kl_t``, then ``aggreg
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from tandem.algos.aggregation import aggregate
@@ -25,9 +27,7 @@ def policy_loss(
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    dual_clip: float | None = None,
+    options: object | None = None,
     behavior_logprobs: torch.Tensor | None = None,
     ref_logprobs: torch.Tensor | None = None,
     scores: torch.Tensor | None = None,
@@ -41,10 +41,14 @@ def policy_loss(
     global_seqs: float | None = None,
     norm_constant: float | None = None,
     kl_kind: str = "k3",
+    **option_values: Any,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Scalar loss to minimise and a dict of float metrics for the registered policy loss ``name``.
 
     Tensors are ``[B, T]`` (``scores``, ``group_ids``: ``[B]``); only ``logprobs`` carries gradient.
+    ``options``: the loss's hyper-parameters, an instance of ``POLICY_LOSSES[name].options`` (defaults
+    when None); keyword arguments not named here set fields of it, e.g. ``clip_high=0.28`` (a name the
+    loss does not have is a ValueError listing its options).
     ``correction`` (a name in ``CORRECTIONS``: ``token_tis``, ``seq_tis``, ``token_mis``, ``seq_mis``,
     ``token_rs``, ``seq_rs``) reweights by ``pi_old / pi_behavior`` with bounds
     ``[correction_low (default 1/high), correction_high]``;
@@ -70,14 +74,16 @@ def policy_loss(
     )
     if beta < 0:
         raise ValueError(f"beta must be >= 0, got {beta}")
+    try:
+        opts = spec.make_options(options, **option_values)
+    except ValueError as exc:
+        raise ValueError(f"policy loss {name!r}: {exc}") from None
     inp = PolicyLossInputs(
         logprobs=logprobs,
         old_logprobs=_clean(old_logprobs, mask),
         advantages=_clean(advantages, mask),
         response_mask=mask,
-        clip_low=clip_low,
-        clip_high=clip_high,
-        dual_clip=dual_clip,
+        options=opts,
         behavior_logprobs=None if behavior_logprobs is None else _clean(behavior_logprobs, mask),
         ref_logprobs=None if ref_logprobs is None else _clean(ref_logprobs, mask),
         scores=None if scores is None else scores.detach(),

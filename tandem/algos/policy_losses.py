@@ -7,13 +7,19 @@ the proximal policy recomputed by the trainer), ``mu`` the behaviour policy that
 
 Losses whose gradient is ``-w * A * grad log pi`` with a detached weight ``w`` use the straight-through
 form ``-w * A * exp(log pi - sg(log pi))``: same gradient, and the reported value is ``-w * A``.
+
+A loss with hyper-parameters declares them as a frozen dataclass (its ``options``); each field's
+``metadata`` holds its ``description`` and bounds (``ge``/``gt``/``le``/``lt``), from which the config
+builds the model that validates ``algorithm.loss_options``. The loss reads them as ``x.options``. So a new
+loss with a new hyper-parameter is one registered function plus its options class, and its docs entry.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 import torch
 
@@ -31,9 +37,7 @@ class PolicyLossInputs:
     old_logprobs: torch.Tensor  # [B, T] float, proximal policy (trainer, before this step's updates)
     advantages: torch.Tensor  # [B, T] float
     response_mask: torch.Tensor  # [B, T] bool
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = None
+    options: Any = None  # the loss's options (an instance of its spec's ``options`` class), or None
     behavior_logprobs: torch.Tensor | None = None  # [B, T] float, engine that sampled
     ref_logprobs: torch.Tensor | None = None  # [B, T] float, reference policy
     scores: torch.Tensor | None = None  # [B] float, sequence reward
@@ -46,6 +50,28 @@ LossFn = Callable[[PolicyLossInputs], tuple[torch.Tensor, dict[str, torch.Tensor
 
 
 @dataclass(frozen=True)
+class ClipOptions:
+    """PPO-style clipping of the ratio to ``[1 - clip_low, 1 + clip_high]``, optionally dual-clipped."""
+
+    clip_low: float = field(default=0.2, metadata={"ge": 0, "description": "PPO clip ε_low."})
+    clip_high: float = field(
+        default=0.2, metadata={"ge": 0, "description": "PPO clip ε_high (DAPO clip-higher: 0.28)."}
+    )
+    dual_clip: float | None = field(
+        default=None,
+        metadata={"gt": 1, "description": "Dual-clip constant c for negative advantages (null = off)."},
+    )
+
+
+@dataclass(frozen=True)
+class WeightClipOptions:
+    """Bounds ``[1 - clip_low, 1 + clip_high]`` of a clipped, detached importance weight (CISPO)."""
+
+    clip_low: float = field(default=0.2, metadata={"ge": 0, "description": "Weight clip ε_low."})
+    clip_high: float = field(default=0.2, metadata={"ge": 0, "description": "Weight clip ε_high."})
+
+
+@dataclass(frozen=True)
 class PolicyLossSpec:
     """A registered loss and what the trainer must know about it.
 
@@ -54,7 +80,8 @@ class PolicyLossSpec:
     reweights by the behaviour policy, so a rollout correction must not be stacked on top.
     ``needs_whole_groups``: every sample of a group must be in the same micro-batch.
     ``off_policy_safe``: it stays stable on samples several policy versions old (staleness η ≥ 2)
-    without a rollout correction.
+    without a rollout correction. ``options``: the frozen dataclass of its hyper-parameters (None: it
+    has none); :meth:`make_options` builds one.
     """
 
     fn: LossFn
@@ -63,6 +90,29 @@ class PolicyLossSpec:
     owns_behavior_correction: bool = False
     needs_whole_groups: bool = False
     off_policy_safe: bool = False
+    options: type | None = None
+
+    def option_names(self) -> list[str]:
+        """Names of the loss's hyper-parameters, in declaration order."""
+        return [f.name for f in fields(self.options)] if self.options is not None else []
+
+    def make_options(self, options: object | None = None, **values: Any) -> Any:
+        """The loss's options: ``options`` (an instance of :attr:`options`, defaults when None) with
+        ``values`` replacing fields of the same name. A name the loss lacks is a ValueError listing its
+        options; a loss without options returns None."""
+        unknown = sorted(set(values) - set(self.option_names()))
+        if unknown:
+            valid = ", ".join(self.option_names()) or "none"
+            raise ValueError(f"unknown option {', '.join(unknown)}; this loss's options: {valid}")
+        if self.options is None:
+            if options is not None:
+                raise ValueError(f"this loss takes no options, got {type(options).__name__}")
+            return None
+        if options is None:
+            return self.options(**values)
+        if not isinstance(options, self.options):
+            raise ValueError(f"options must be a {self.options.__name__}, got {type(options).__name__}")
+        return replace(options, **values) if values else options
 
 
 POLICY_LOSSES: Registry[PolicyLossSpec] = Registry("policy loss")
@@ -75,10 +125,11 @@ def _register(
     owns_behavior_correction: bool = False,
     needs_whole_groups: bool = False,
     off_policy_safe: bool = False,
+    options: type | None = None,
 ) -> Callable[[LossFn], LossFn]:
     def deco(fn: LossFn) -> LossFn:
         spec = PolicyLossSpec(
-            fn, requires, owns_kl, owns_behavior_correction, needs_whole_groups, off_policy_safe
+            fn, requires, owns_kl, owns_behavior_correction, needs_whole_groups, off_policy_safe, options
         )
         POLICY_LOSSES.add(name, spec)
         return fn
@@ -130,15 +181,20 @@ def _log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor) -> torch.Tens
     return (logprobs - old_logprobs).clamp(-_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT)
 
 
-@_register("ppo_clip")
+@_register("ppo_clip", options=ClipOptions)
 def _ppo_clip(x: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clip with asymmetric bounds (DAPO clip-higher) and optional dual clip."""
+    o: ClipOptions = x.options
     ratio = torch.exp(_log_ratio(x.logprobs, x.old_logprobs))
-    return clipped_surrogate(ratio, x.advantages, x.response_mask, x.clip_low, x.clip_high, x.dual_clip)
+    return clipped_surrogate(ratio, x.advantages, x.response_mask, o.clip_low, o.clip_high, o.dual_clip)
 
 
 @_register(
-    "decoupled_ppo", requires=("behavior_logprobs",), owns_behavior_correction=True, off_policy_safe=True
+    "decoupled_ppo",
+    requires=("behavior_logprobs",),
+    owns_behavior_correction=True,
+    off_policy_safe=True,
+    options=ClipOptions,
 )
 def _decoupled_ppo(x: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """AReaL: ``w * ppo_clip(u)`` with ``u = pi/pi_prox`` and ``w = min(pi_prox/mu, weight_cap)`` detached."""
@@ -148,35 +204,38 @@ def _decoupled_ppo(x: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, torch.T
         raise ValueError(f"decoupled_ppo weight cap (correction_high) must be > 0, got {x.weight_cap}")
     log_w = (x.old_logprobs - x.behavior_logprobs).detach()
     w = torch.exp(log_w.clamp(min=-_LOG_RATIO_LIMIT, max=math.log(x.weight_cap)))  # [B, T]
-    loss, metrics = clipped_surrogate(u, x.advantages, x.response_mask, x.clip_low, x.clip_high, x.dual_clip)
+    o: ClipOptions = x.options
+    loss, metrics = clipped_surrogate(u, x.advantages, x.response_mask, o.clip_low, o.clip_high, o.dual_clip)
     metrics.update(_weight_metrics(w, x.response_mask, x.weight_cap))
     return w * loss, metrics
 
 
-@_register("gspo")
+@_register("gspo", options=ClipOptions)
 def _gspo(x: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GSPO: sequence ratio ``s = exp(mean_t log r_t)`` clipped PPO-style (token form: value ``s``,
     gradient ``s * grad log pi_t``, so ``seq-mean-token-mean`` reproduces the sequence objective)."""
+    o: ClipOptions = x.options
     m = x.response_mask.to(x.logprobs.dtype)
     log_r = (x.logprobs - x.old_logprobs) * m  # [B, T]
     seq_log_r = log_r.sum(dim=-1) / m.sum(dim=-1).clamp(min=1.0)  # [B]
     seq_log_r = seq_log_r.clamp(-_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT)
     token_log_s = seq_log_r.detach().unsqueeze(-1) + x.logprobs - x.logprobs.detach()  # [B, T]
     return clipped_surrogate(
-        torch.exp(token_log_s), x.advantages, x.response_mask, x.clip_low, x.clip_high, x.dual_clip
+        torch.exp(token_log_s), x.advantages, x.response_mask, o.clip_low, o.clip_high, o.dual_clip
     )
 
 
-@_register("cispo")
+@_register("cispo", options=WeightClipOptions)
 def _cispo(x: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """CISPO (MiniMax-M1): ``-sg(clip(r, 1 - clip_low, 1 + clip_high)) * A * log pi``; clipping the weight
     instead of the objective keeps a gradient on every token."""
     ratio = torch.exp(_log_ratio(x.logprobs, x.old_logprobs)).detach()
-    w = ratio.clamp(1.0 - x.clip_low, 1.0 + x.clip_high)
+    o: WeightClipOptions = x.options
+    w = ratio.clamp(1.0 - o.clip_low, 1.0 + o.clip_high)
     loss = -w * x.advantages * _straight_through(x.logprobs)
     metrics = {
-        "clipfrac_high": _frac(ratio > 1.0 + x.clip_high, x.response_mask),
-        "clipfrac_low": _frac(ratio < 1.0 - x.clip_low, x.response_mask),
+        "clipfrac_high": _frac(ratio > 1.0 + o.clip_high, x.response_mask),
+        "clipfrac_low": _frac(ratio < 1.0 - o.clip_low, x.response_mask),
     }
     metrics["clipfrac"] = metrics["clipfrac_high"] + metrics["clipfrac_low"]
     return loss, metrics

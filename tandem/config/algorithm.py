@@ -3,15 +3,23 @@
 Names are plain strings checked against the registries of :mod:`tandem.algos` by :mod:`tandem.config.checks`
 (a field's ``registry`` extra names its registry; the docs list its entries), so a newly registered piece
 needs no edit here. The trainer reads the resolved fields and never branches on ``algorithm.name``.
+
+``algorithm.loss_options`` holds the hyper-parameters of the chosen policy loss, validated by a pydantic
+model built from the loss's own options dataclass (:func:`loss_options_model`), so a loss with a new
+hyper-parameter needs no field here. ``clip_low``, ``clip_high`` and ``dual_clip`` stay accepted as
+top-level shorthands (:data:`LOSS_OPTION_SHORTHANDS`) for the options of the same name.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import typing
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
-from tandem.config.base import Section
+from tandem.config.base import CrossFieldError, Section
 from tandem.config.presets import ALGORITHM_PRESETS
 
 
@@ -52,9 +60,11 @@ class AlgorithmConfig(Section):
         description="Loss aggregation (tandem.algos.AGGREGATIONS).",
         json_schema_extra={"registry": "AGGREGATIONS"},
     )
-    clip_low: float | None = Field(None, ge=0, description="PPO clip ε_low.")
-    clip_high: float | None = Field(None, ge=0, description="PPO clip ε_high (DAPO clip-higher: 0.28).")
-    dual_clip: float | None = Field(None, gt=1, description="Dual-clip constant c for negative advantages.")
+    loss_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Hyper-parameters of the policy loss (e.g. {clip_high: 0.28}); each loss's options are "
+        "listed below. algorithm.clip_low, clip_high and dual_clip are shorthands for the option of that name.",
+    )
     norm_by_std: bool | None = Field(None, description="Divide group-relative advantages by the group std.")
     gamma: float = Field(1.0, ge=0, le=1, description="Discount.")
     lam: float = Field(1.0, ge=0, le=1, description="GAE λ.")
@@ -89,9 +99,77 @@ class AlgorithmConfig(Section):
         name = data.get("name", "grpo")
         if name not in ALGORITHM_PRESETS:
             raise ValueError(f"unknown algorithm '{name}'; valid: {', '.join(ALGORITHM_PRESETS)}")
-        merged = dict(ALGORITHM_PRESETS[name])
-        merged.update({k: v for k, v in data.items() if v is not None})
-        preset_kl = ALGORITHM_PRESETS[name].get("kl")
+        preset = ALGORITHM_PRESETS[name]
+        merged = dict(preset)
+        merged.update({k: v for k, v in data.items() if v is not None and k not in LOSS_OPTION_SHORTHANDS})
+        preset_kl = preset.get("kl")
         if isinstance(preset_kl, dict) and isinstance(data.get("kl"), dict):
             merged["kl"] = {**preset_kl, **data["kl"]}  # a user kl section refines the preset's
+        shorthands = {k: data[k] for k in LOSS_OPTION_SHORTHANDS if data.get(k) is not None}
+        merged["loss_options"] = resolve_loss_options(
+            merged.get("policy_loss"), preset.get("loss_options", {}), data.get("loss_options"), shorthands
+        )
         return merged
+
+
+# Top-level keys kept from before per-loss options: ``algorithm.clip_high`` = ``algorithm.loss_options.clip_high``.
+LOSS_OPTION_SHORTHANDS = ("clip_low", "clip_high", "dual_clip")
+_BOUNDS = ("ge", "gt", "le", "lt")
+
+
+def loss_options_model(loss: str) -> type[BaseModel] | None:
+    """The pydantic model of policy loss ``loss``'s options, built from its options dataclass (field
+    types, defaults, and ``description`` / bounds from each field's metadata); None if it has none."""
+    from tandem.algos import POLICY_LOSSES
+
+    options = POLICY_LOSSES.get(loss).options
+    if options is None:
+        return None
+    hints = typing.get_type_hints(options)
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(options):
+        meta = {k: f.metadata[k] for k in _BOUNDS if k in f.metadata}
+        fields[f.name] = (hints[f.name], Field(f.default, description=f.metadata.get("description"), **meta))
+    config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    return create_model(f"{options.__name__}Model", __config__=config, **fields)
+
+
+def resolve_loss_options(
+    loss: Any, preset: dict[str, Any], given: Any, shorthands: dict[str, Any]
+) -> dict[str, Any]:
+    """The complete, validated options of policy loss ``loss``: its defaults, then the preset's options it
+    has (a preset's clip bounds are dropped for a loss without them), then ``given`` (``loss_options``),
+    then the top-level shorthands (a shorthand the loss lacks is ignored with a warning, as before per-loss
+    options). Errors name ``algorithm.loss_options.<key>`` (or ``algorithm.<shorthand>``)."""
+    from tandem.algos import POLICY_LOSSES
+
+    if given is not None and not isinstance(given, dict):
+        raise CrossFieldError("algorithm.loss_options", "must be a mapping of option names to values")
+    if not isinstance(loss, str) or loss not in POLICY_LOSSES:
+        return dict(given or {})  # the checks report a missing or unknown policy_loss
+    model = loss_options_model(loss)
+    names = list(model.model_fields) if model is not None else []
+    values = {k: v for k, v in preset.items() if k in names}
+    values.update(given or {})
+    for key, value in shorthands.items():
+        if key in names:
+            values[key] = value
+        else:
+            logging.getLogger("tandem.config").warning(
+                "algorithm.%s has no effect: policy loss '%s' has no option %s", key, loss, key
+            )
+    unknown = [k for k in values if k not in names]
+    if unknown:
+        raise CrossFieldError(
+            f"algorithm.loss_options.{unknown[0]}",
+            f"policy loss '{loss}' has no option '{unknown[0]}'; its options: {', '.join(names) or 'none'}",
+        )
+    if model is None:
+        return {}
+    try:
+        return model.model_validate(values).model_dump()
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = str(err["loc"][0])
+        prefix = "algorithm." if key in shorthands else "algorithm.loss_options."
+        raise CrossFieldError(prefix + key, err["msg"].removeprefix("Value error, ")) from None

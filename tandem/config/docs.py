@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from typing import Literal, get_args, get_origin
 
 from pydantic import BaseModel
 
+from tandem.config.algorithm import loss_options_model
 from tandem.config.schema import TandemConfig
 
 _MODULE_PREFIX = re.compile(r"\btandem\.config\.\w+\.")
@@ -56,8 +58,27 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
     return rows
 
 
-def config_reference() -> str:
-    """Markdown tables, one per section, generated from :class:`TandemConfig`."""
+def option_tables(key: str, models: Sequence[tuple[str, type[BaseModel] | None]]) -> list[str]:
+    """A sub-section documenting a key whose options depend on a registered name (a policy loss's
+    ``algorithm.loss_options``, a channel backend's options): one table row per option of each name."""
+    out = [f"### `{key}`", "", "| name | key | type | default | description |", "|---|---|---|---|---|"]
+    for name, model in models:
+        rows = _rows(model, "") if model is not None else ["| — | — | — | takes no options |"]
+        out += [f"| `{name}` {row}" for row in rows]
+    return [*out, ""]
+
+
+def _loss_option_models() -> list[tuple[str, type[BaseModel] | None]]:
+    from tandem.algos import POLICY_LOSSES
+
+    return [(name, loss_options_model(name)) for name in POLICY_LOSSES]
+
+
+def config_reference(extra: Mapping[str, list[str]] | None = None) -> str:
+    """Markdown tables, one per section, generated from :class:`TandemConfig`; the options of each policy
+    loss follow ``algorithm``, and ``extra`` adds lines after the section of that name (the CLI passes the
+    channel backends' options, which live above this layer)."""
+    extra = {"algorithm": option_tables("algorithm.loss_options", _loss_option_models()), **(extra or {})}
     out = [
         "# Config reference",
         "",
@@ -75,4 +96,5 @@ def config_reference() -> str:
             about += " Optional section: absent unless set."
         out += [f"## `{name}`", "", about, "", "| key | type | default | description |"]
         out += ["|---|---|---|---|", *_rows(section, f"{name}."), ""]
+        out += extra.get(name, [])
     return "\n".join(out)

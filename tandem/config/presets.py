@@ -1,5 +1,7 @@
 """Algorithm presets: named bundles of the three orthogonal choices (advantage, policy loss, aggregation)
-plus their customary hyper-parameters. A preset only fills fields the user left unset.
+plus their customary hyper-parameters. A preset only fills fields the user left unset; its
+``loss_options`` are refined key by key by the user's (options of the default values are omitted: the
+loss's options dataclass holds the defaults, e.g. clip 0.2/0.2).
 
 This is data, not code: the trainer reads the resolved fields and never branches on ``algorithm.name``.
 """
@@ -9,8 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 _PPO_DEFAULTS: dict[str, Any] = {
-    "clip_low": 0.2,
-    "clip_high": 0.2,
     "norm_by_std": True,
     "dynamic_sampling": False,
 }
@@ -37,7 +37,7 @@ ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
         "advantage": "grpo",
         "policy_loss": "ppo_clip",
         "aggregation": "token-mean",
-        "clip_high": 0.28,
+        "loss_options": {"clip_high": 0.28},
         "dynamic_sampling": True,
     },
     "rloo": {**_PPO_DEFAULTS, "advantage": "rloo", "policy_loss": "ppo_clip", "aggregation": "token-mean"},
@@ -58,15 +58,14 @@ ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
         "advantage": "grpo",
         "policy_loss": "gspo",
         "aggregation": "seq-mean-token-mean",
-        "clip_low": 3e-4,
-        "clip_high": 4e-4,
+        "loss_options": {"clip_low": 3e-4, "clip_high": 4e-4},
     },
     "cispo": {
         **_PPO_DEFAULTS,
         "advantage": "grpo",
         "policy_loss": "cispo",
         "aggregation": "token-mean",
-        "clip_high": 4.0,
+        "loss_options": {"clip_high": 4.0},
     },
     "decoupled_ppo": {
         **_PPO_DEFAULTS,

@@ -15,11 +15,11 @@ import warnings
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
-from tandem.algos import aggregate, policy_loss, value_loss
+from tandem.algos import POLICY_LOSSES, aggregate, policy_loss, value_loss
 from tandem.config.schema import AlgorithmConfig, TrainerConfig
 from tandem.models.forward import response_logprobs
 from tandem.models.value import SharedValueHead, ValueCapture
@@ -38,7 +38,14 @@ class UpdateSettings:
     temperature: float
     autocast_bf16: bool
     loss_name: str
-    loss_kwargs: dict
+    loss_options: Any  # the loss's options dataclass (``POLICY_LOSSES[loss_name].options``), or None
+    aggregation: str
+    norm_constant: float  # seq-mean-token-sum-norm's divisor: rollout.max_new_tokens
+    beta: float  # β of the KL term in the loss (0 when the KL goes into the reward)
+    kl_kind: str
+    correction: str | None
+    correction_low: float | None
+    correction_high: float
     group_size: int | None = None  # rows come in groups of n sharing a prompt: score the prompt once
 
     @classmethod
@@ -52,18 +59,7 @@ class UpdateSettings:
         max_new_tokens: int,
         group_size: int | None = None,
     ) -> UpdateSettings:
-        loss_kwargs = {
-            "clip_low": algo.clip_low,
-            "clip_high": algo.clip_high,
-            "dual_clip": algo.dual_clip,
-            "beta": algo.beta if algo.kl.where == "loss" else 0.0,
-            "correction": algo.correction,
-            "correction_low": algo.correction_low,
-            "correction_high": algo.correction_high,
-            "aggregation": algo.aggregation,
-            "kl_kind": algo.kl.kind,
-            "norm_constant": float(max_new_tokens),
-        }
+        assert algo.policy_loss is not None and algo.aggregation is not None  # the config checks ensure it
         return cls(
             ppo_epochs=trainer.ppo_epochs,
             mini_batch_size=trainer.mini_batch_size,
@@ -73,7 +69,14 @@ class UpdateSettings:
             temperature=max(temperature, 1e-6) if temperature > 0 else 1.0,
             autocast_bf16=autocast_bf16,
             loss_name=algo.policy_loss,
-            loss_kwargs=loss_kwargs,
+            loss_options=POLICY_LOSSES.get(algo.policy_loss).make_options(**algo.loss_options),
+            aggregation=algo.aggregation,
+            norm_constant=float(max_new_tokens),
+            beta=algo.beta if algo.kl.where == "loss" else 0.0,
+            kl_kind=algo.kl.kind,
+            correction=algo.correction,
+            correction_low=algo.correction_low,
+            correction_high=algo.correction_high,
             group_size=group_size,
         )
 
@@ -279,17 +282,23 @@ def _micro_backward(
         group_ids=r.group_ids,
         global_tokens=mini_tokens,
         global_seqs=mini_seqs,
-        **s.loss_kwargs,
+        options=s.loss_options,
+        beta=s.beta,
+        correction=s.correction,
+        correction_low=s.correction_low,
+        correction_high=s.correction_high,
+        aggregation=s.aggregation,
+        kl_kind=s.kl_kind,
+        norm_constant=s.norm_constant,
     )
     if s.entropy_coef:
-        kw = s.loss_kwargs
         ent = aggregate(
             entropy.float(),
             mask,
-            kw["aggregation"],
+            s.aggregation,
             mini_tokens,
             global_seqs=mini_seqs,
-            norm_constant=kw["norm_constant"],
+            norm_constant=s.norm_constant,
         )
         loss = loss - s.entropy_coef * ent
     vf, vf_term = _shared_value_loss(value, cap, m, mini_tokens, share) if value is not None else ({}, 0.0)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -234,7 +235,8 @@ def test_gradients_finite_for_extreme_inputs(name: str, correction: str | None) 
     lp = _lp([[-50.0, -1e-6, -20.0], [-0.1, -50.0, -3.0]])
     old = torch.tensor([[0.0, -50.0, -20.0], [-50.0, 0.0, -3.0]])
     adv = torch.tensor([[1e4, -1e4, 1e4], [-1e4, 1e4, -1e4]])
-    loss, m = _call(name, lp, old, adv, dual_clip=3.0, correction=correction, **_EXTREME)
+    dual = {"dual_clip": 3.0} if "dual_clip" in POLICY_LOSSES.get(name).option_names() else {}
+    loss, m = _call(name, lp, old, adv, correction=correction, **dual, **_EXTREME)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(lp.grad).all()
     assert all(math.isfinite(v) for v in m.values()), m
@@ -259,3 +261,48 @@ def test_fully_masked_batch_gives_zero_loss_and_finite_metrics() -> None:
     lp = _lp([[0.1, 0.2]])
     loss, m = _call("ppo_clip", lp, torch.zeros(1, 2), [[1.0, 1.0]], mask=torch.zeros(1, 2, dtype=torch.bool))
     assert loss.item() == 0.0 and all(math.isfinite(v) for v in m.values())
+
+
+# ---------------------------------------------------------------- per-loss options
+
+
+def test_options_object_and_keywords_give_the_same_loss() -> None:
+    from tandem.algos import ClipOptions
+
+    lp, old, adv = _lp([[0.5, -0.5]]), torch.zeros(1, 2), [[1.0, -1.0]]
+    by_kw, _ = _call("ppo_clip", lp, old, adv, clip_low=0.1, clip_high=0.3)
+    by_obj, _ = _call("ppo_clip", lp, old, adv, options=ClipOptions(clip_low=0.1, clip_high=0.3))
+    mixed, _ = _call("ppo_clip", lp, old, adv, options=ClipOptions(clip_low=0.1), clip_high=0.3)
+    assert by_kw.item() == by_obj.item() == mixed.item()
+
+
+@pytest.mark.parametrize(
+    ("name", "kw", "message"),
+    [
+        (
+            "topr",
+            {"clip_high": 0.3},
+            "policy loss 'topr': unknown option clip_high; this loss's options: none",
+        ),
+        ("cispo", {"dual_clip": 3.0}, "unknown option dual_clip; this loss's options: clip_low, clip_high"),
+        ("ppo_clip", {"options": 0.2}, "options must be a ClipOptions, got float"),
+    ],
+)
+def test_options_a_loss_does_not_have_are_refused(name: str, kw: dict, message: str) -> None:
+    extra = dict(behavior_logprobs=torch.zeros(1, 2), scores=torch.ones(1), group_ids=torch.zeros(1))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _call(name, _lp([[0.1, 0.2]]), torch.zeros(1, 2), [[1.0, 1.0]], **extra, **kw)
+
+
+def test_every_loss_declares_its_options_with_descriptions() -> None:
+    import dataclasses
+
+    for name in POLICY_LOSSES:
+        spec = POLICY_LOSSES.get(name)
+        if spec.options is None:
+            assert spec.option_names() == [] and spec.make_options() is None
+            continue
+        assert dataclasses.is_dataclass(spec.options), name
+        for f in dataclasses.fields(spec.options):
+            assert f.metadata.get("description"), f"{name}.{f.name} has no description"
+            assert f.default is not dataclasses.MISSING, f"{name}.{f.name} has no default"
