@@ -109,9 +109,11 @@ def config_show(
 @user_errors
 def config_docs() -> None:
     """Print the config reference (Markdown) generated from the schema: docs/configs.md."""
-    from tandem.config.docs import config_reference
+    from tandem.channels import option_models
+    from tandem.config.docs import config_reference, option_tables
 
-    out.print(config_reference(), highlight=False, markup=False, soft_wrap=True)
+    channels = option_tables("architecture.channel.options", option_models())  # backends sit above config
+    out.print(config_reference({"architecture": channels}), highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command("init-model")
@@ -125,10 +127,13 @@ def init_model(
 ) -> None:
     """Build a tiny Llama-architecture model with a character-level tokenizer.
 
-    Example: tandem init-model models/tiny --hidden-size 128 --num-layers 4
+    OUT may be new, empty or an earlier Tandem model folder (replaced atomically); any other folder is
+    refused. Example: tandem init-model models/tiny --hidden-size 128 --num-layers 4
     """
+    from tandem.data.outputs import check_output_dir
     from tandem.models import init_tiny_model
 
+    check_output_dir(out_dir, "model", where="OUT")
     path = init_tiny_model(
         out_dir, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads, seed=seed
     )
@@ -139,7 +144,14 @@ def init_model(
 @user_errors
 def sft(
     model: Annotated[Path, typer.Argument(help="Starting HF model folder.")],
-    out_dir: Annotated[Path, typer.Option("--out", help="Where to save the fine-tuned model.")],
+    out_dir: Annotated[
+        Path,
+        typer.Option(
+            "--out",
+            help="Where to save the fine-tuned model: a new or empty folder, or an earlier Tandem model "
+            "folder (replaced atomically); never the starting model.",
+        ),
+    ],
     data: Annotated[Path | None, typer.Option(help="JSONL/Parquet with prompt+completion or text.")] = None,
     task: Annotated[str | None, typer.Option(help="Built-in task whose reference answers to learn.")] = None,
     task_option: Annotated[
@@ -159,16 +171,18 @@ def sft(
     from tandem.cli.progress import step_progress
     from tandem.cli.sft_data import sft_pairs
     from tandem.config import parse_override
+    from tandem.data.outputs import check_output_dir
     from tandem.models import load_causal_lm, load_tokenizer, save_pretrained_atomic
     from tandem.train.sft import SFTSettings, run_sft
 
+    check_output_dir(out_dir, "model", sources=(model,), where="--out")  # before any training
     options = {".".join(key): value for key, value in map(parse_override, task_option or [])}
     pairs = sft_pairs(data=data, task=task, train_size=train_size, seed=seed, task_options=options)
     policy, tok = load_causal_lm(model), load_tokenizer(model)
     settings = SFTSettings(steps=steps, lr=lr, batch_size=batch_size, weight_decay=weight_decay, seed=seed)
     with step_progress("sft", steps, key="sft/loss") as on_step:
         metrics = run_sft(policy, tok, pairs, settings, on_step=on_step)
-    save_pretrained_atomic(policy, tok, out_dir)
+    save_pretrained_atomic(policy, tok, out_dir, created_by="tandem sft", source=model)
     out.print(f"SFT done: loss {metrics['sft/loss']:.4f}; model saved to [bold]{escape(str(out_dir))}[/]")
 
 

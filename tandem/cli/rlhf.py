@@ -42,11 +42,19 @@ def _pairs(data_cfg: Any, tokenizer: Any, seed: int) -> tuple[list, list]:
     return split_by_prompt(train, val_fraction=data_cfg.val_fraction, seed=seed)
 
 
-def _save_to(out_dir: str, save: Any) -> None:
-    """Run ``save(local_dir)`` atomically and upload when ``out_dir`` is an fsspec URL."""
-    from tandem.data.storage import local_output
+def _check_out(out_dir: str, kind: str, *sources: str | None) -> None:
+    """Refuse ``out_dir`` before any training when replacing it would lose data: an unrelated folder, or
+    (a folder holding) a model the command reads (:func:`tandem.data.outputs.check_output_dir`)."""
+    from tandem.data.outputs import check_output_dir
 
-    with local_output(out_dir) as local:
+    check_output_dir(out_dir, kind, sources=sources, where="out_dir")
+
+
+def _save_to(out_dir: str, kind: str, save: Any) -> None:
+    """Run ``save(local_dir)`` (atomic and checked locally); publish to ``out_dir`` when it is a URL."""
+    from tandem.data.outputs import output_folder
+
+    with output_folder(out_dir, kind) as local:
         save(local)
 
 
@@ -64,6 +72,7 @@ def rm(config: ConfigPath, overrides: Overrides = None) -> None:
     from tandem.train import rm as rmlib
 
     cfg = load_command_config(RMConfig, config, overrides)
+    _check_out(cfg.out_dir, "reward", cfg.model)
     with local_input(cfg.model) as model_dir:
         model, tok = rmlib.load_reward_model(model_dir, init_head=True)
     train, val = _pairs(cfg.data, tok, cfg.seed)
@@ -85,7 +94,7 @@ def rm(config: ConfigPath, overrides: Overrides = None) -> None:
         )  # fmt: skip
     out.print(table)
     stats = rmlib.reward_stats(model, tok, train) | {"history": history, "config": cfg.model_dump()}
-    _save_to(cfg.out_dir, lambda d: rmlib.save_reward_model(model, tok, d, stats))
+    _save_to(cfg.out_dir, "reward", lambda d: rmlib.save_reward_model(model, tok, d, stats, source=cfg.model))
     out.print(f"reward model saved to [bold]{escape(cfg.out_dir)}[/] (use as reward.model.path)")
 
 
@@ -102,6 +111,7 @@ def dpo(config: ConfigPath, overrides: Overrides = None) -> None:
     from tandem.train import dpo as dpolib
 
     cfg = load_command_config(DPOConfig, config, overrides)
+    _check_out(cfg.out_dir, "model", cfg.model, cfg.ref_model)
     with local_input(cfg.model) as model_dir:
         tok = load_tokenizer(model_dir)
         train, val = _pairs(cfg.data, tok, cfg.seed)
@@ -110,6 +120,7 @@ def dpo(config: ConfigPath, overrides: Overrides = None) -> None:
             ref_train, ref_val = _reference(cfg, str(model_dir), tok, train, val)
         policy = load_causal_lm(model_dir)
     before = _verifier_score(cfg, policy, tok) if cfg.eval_task else None
+    saved_as = {"created_by": "tandem dpo", "source": cfg.model}
     settings = dpolib.DPOSettings(
         beta=cfg.beta, loss_type=cfg.loss_type, label_smoothing=cfg.label_smoothing, lr=cfg.lr,
         batch_size=cfg.batch_size, epochs=cfg.epochs, max_steps=cfg.max_steps,
@@ -120,7 +131,7 @@ def dpo(config: ConfigPath, overrides: Overrides = None) -> None:
         after = _verifier_score(cfg, policy, tok) if cfg.eval_task else None
         if before is not None and after is not None:
             out.print(f"verifier accuracy {100 * before:.1f}% -> {100 * after:.1f}%")
-        _save_to(cfg.out_dir, lambda d: save_pretrained_atomic(policy, tok, d))
+        _save_to(cfg.out_dir, "model", lambda d: save_pretrained_atomic(policy, tok, d, **saved_as))
         out.print(f"policy saved to [bold]{escape(cfg.out_dir)}[/]")
         return
     start = dpolib.implicit_reward_metrics(policy, tok, val, ref_val, cfg.beta)
@@ -129,7 +140,7 @@ def dpo(config: ConfigPath, overrides: Overrides = None) -> None:
     end = dpolib.implicit_reward_metrics(policy, tok, val, ref_val, cfg.beta)
     after = _verifier_score(cfg, policy, tok) if cfg.eval_task else None
     _print_dpo(start, end, before, after)
-    _save_to(cfg.out_dir, lambda d: save_pretrained_atomic(policy, tok, d))
+    _save_to(cfg.out_dir, "model", lambda d: save_pretrained_atomic(policy, tok, d, **saved_as))
     out.print(f"policy saved to [bold]{escape(cfg.out_dir)}[/]")
 
 

@@ -3,7 +3,8 @@
 Loading never touches the network (``local_files_only=True``) and refuses folders whose weights exist
 only as pickle files (``pytorch_model.bin``, ``*.pt``, ``*.pth``, ``*.ckpt``): unpickling runs arbitrary
 code. Saving writes to a temporary sibling folder, fsyncs every file, then renames it into place, so a
-crash never leaves a half-written folder that looks complete.
+crash never leaves a half-written folder that looks complete; it replaces only an empty folder or an
+earlier Tandem model folder (``tandem_model.json``, see :mod:`tandem.data.outputs`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from tandem.data.outputs import check_output_dir, write_model_marker
 from tandem.errors import ModelError, first_line
 from tandem.utils.io import atomic_dir
 
@@ -105,17 +107,27 @@ def load_causal_lm(
 
 
 def save_pretrained_atomic(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, out_dir: str | os.PathLike
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase | None,
+    out_dir: str | os.PathLike,
+    *,
+    created_by: str = "tandem",
+    source: str | os.PathLike | None = None,
 ) -> Path:
-    """Save ``model`` (safetensors) and ``tokenizer`` as an HF folder at ``out_dir``, atomically.
+    """Save ``model`` (safetensors) and ``tokenizer`` as an HF folder at ``out_dir``, atomically, marked
+    as a Tandem model folder (``tandem_model.json``: ``created_by``, ``source``).
 
-    Uses :func:`tandem.utils.io.atomic_dir`: written into a temporary sibling, fsynced, then renamed into
-    place; an existing ``out_dir`` is replaced only once the new folder is complete, and a failure leaves
-    it untouched. Returns ``out_dir``.
+    Refuses (:class:`ConfigError`, nothing written) an ``out_dir`` that is, or holds, ``source`` (the
+    model it was trained from), and an existing non-empty folder that is not a Tandem model folder
+    (:func:`tandem.data.outputs.check_output_dir`). Uses :func:`tandem.utils.io.atomic_dir`: written into
+    a temporary sibling, fsynced, then renamed into place; an existing model folder is replaced only once
+    the new folder is complete, and a failure leaves it untouched. Returns ``out_dir``.
     """
+    check_output_dir(out_dir, "model", sources=(source,))
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(str(tmp), safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
+        write_model_marker(tmp, created_by=created_by, source=source)
     logger.debug("saved model folder %s", out_dir)
     return Path(out_dir)

@@ -64,9 +64,11 @@ def init_tiny_model(
     max_position_embeddings: int = 256,
     seed: int = 0,
     chars: str | None = None,
+    created_by: str = "tandem init-model",
 ) -> Path:
     """Build a randomly initialised tiny ``LlamaForCausalLM`` with a character tokenizer over ``chars``
-    and save it atomically as a Hugging Face folder at ``out_dir`` (replacing any folder there).
+    and save it atomically as a Hugging Face folder at ``out_dir``: an empty folder or an earlier Tandem
+    model folder there is replaced, anything else refused (see :func:`save_pretrained_atomic`).
 
     Initialisation is seeded by ``seed`` without touching the global RNG state. Returns ``out_dir``.
     """
@@ -88,4 +90,4 @@ def init_tiny_model(
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = tokenizer.bos_token_id
-    return save_pretrained_atomic(model, tokenizer, out_dir)
+    return save_pretrained_atomic(model, tokenizer, out_dir, created_by=created_by)

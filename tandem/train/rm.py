@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from tandem.algos import reward_model_loss
+from tandem.data.outputs import REWARD_MARKER, check_output_dir
 from tandem.data.preference import PreferencePair
 from tandem.errors import DataError, ModelError
 from tandem.models.forward import positions_from_mask
@@ -30,7 +31,7 @@ from tandem.train.preference_batch import completion_text, prompt_text
 from tandem.utils.io import atomic_write_json
 from tandem.utils.seed import seed_everything
 
-STATS_FILE = "tandem_reward.json"
+STATS_FILE = REWARD_MARKER  # the stats file also marks a reward-model folder (tandem.data.outputs)
 
 
 @dataclass(frozen=True)
@@ -229,11 +230,21 @@ def reward_stats(model: torch.nn.Module, tokenizer: Any, pairs: Sequence[Prefere
 
 
 def save_reward_model(
-    model: torch.nn.Module, tokenizer: Any, out_dir: str | Path, stats: dict[str, Any]
+    model: torch.nn.Module,
+    tokenizer: Any,
+    out_dir: str | Path,
+    stats: dict[str, Any],
+    *,
+    source: str | Path | None = None,
 ) -> Path:
-    """Save the HF folder atomically with ``tandem_reward.json`` (normalisation stats, history) inside."""
+    """Save the HF folder atomically with ``tandem_reward.json`` (normalisation stats, history) inside.
+
+    That file marks a reward-model folder: only an empty folder or an earlier one is replaced, never an
+    unrelated folder or ``source`` (the starting model) or a folder holding it
+    (:func:`tandem.data.outputs.check_output_dir`)."""
     from tandem.utils.io import atomic_dir
 
+    check_output_dir(out_dir, "reward", sources=(source,))
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))

@@ -123,14 +123,21 @@ def build_warm_start(
         tandem sft BASE --task arith --task-option digits=2 --steps 300 --weight-decay 0.0 --seed SEED --out OUT
     """
     from tandem.data import rows_from_task
+    from tandem.data.outputs import check_output_dir
     from tandem.models import init_tiny_model, load_causal_lm, load_tokenizer, save_pretrained_atomic
     from tandem.rewards import get_task
 
     out_dir = Path(out_dir)
+    check_output_dir(out_dir, "model", sources=(base,))  # before training: refused folders cost nothing
     base_dir = (
         Path(base)
         if base
-        else init_tiny_model(out_dir.with_name(out_dir.name + ".base"), seed=seed, **(model_options or {}))
+        else init_tiny_model(
+            out_dir.with_name(out_dir.name + ".base"),
+            seed=seed,
+            created_by="tandem sft (warm-start base)",
+            **(model_options or {}),
+        )
     )
     model, tok = load_causal_lm(base_dir), load_tokenizer(base_dir)
     rows = rows_from_task(get_task(task, **(task_options or {})), "train", train_size, seed).rows
@@ -142,7 +149,7 @@ def build_warm_start(
         SFTSettings(steps=steps, lr=lr, batch_size=batch_size, weight_decay=weight_decay, seed=seed),
         on_step=on_step,
     )
-    save_pretrained_atomic(model, tok, out_dir)
+    save_pretrained_atomic(model, tok, out_dir, created_by="tandem sft (warm start)", source=base)
     if not base:
         import shutil
 

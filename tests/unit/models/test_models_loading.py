@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
-from tandem.errors import ModelError
+from tandem.errors import ConfigError, ModelError
 from tandem.models import build_char_tokenizer, load_causal_lm, load_tokenizer, save_pretrained_atomic
 
 
@@ -69,11 +69,11 @@ def test_pad_token_falls_back_to_eos(tmp_path):
     assert loaded.padding_side == "left"
 
 
-def test_save_atomic_replaces_existing_folder(tmp_path, tiny_model_dir):
+def test_save_atomic_replaces_an_earlier_model_folder(tmp_path, tiny_model_dir):
     model = load_causal_lm(tiny_model_dir)
     tok = load_tokenizer(tiny_model_dir)
     out = tmp_path / "ckpt"
-    out.mkdir()
+    save_pretrained_atomic(model, tok, out)  # a Tandem model folder (tandem_model.json)
     (out / "stale.txt").write_text("old")
     with torch.no_grad():
         model.model.norm.weight.fill_(0.5)
@@ -100,3 +100,23 @@ def test_failed_save_leaves_old_folder_intact(tmp_path, tiny_model_dir, monkeypa
         save_pretrained_atomic(model, tok, out)
     assert sorted(p.name for p in out.iterdir()) == before
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
+
+
+def test_save_pretrained_atomic_refuses_an_unrelated_folder(tmp_path, tiny_model_dir):
+    model, tok = load_causal_lm(tiny_model_dir), load_tokenizer(tiny_model_dir)
+    precious = tmp_path / "photos"
+    precious.mkdir()
+    (precious / "cat.jpg").write_bytes(b"\xff\xd8")
+    with pytest.raises(ConfigError, match="is not empty and not a Tandem model folder"):
+        save_pretrained_atomic(model, tok, precious)
+    assert [p.name for p in tmp_path.iterdir()] == ["photos"]  # no temp sibling left
+    assert [p.name for p in precious.iterdir()] == ["cat.jpg"]
+
+
+def test_save_pretrained_atomic_refuses_its_source_and_marks_its_output(tmp_path, tiny_model_dir):
+    model, tok = load_causal_lm(tiny_model_dir), load_tokenizer(tiny_model_dir)
+    with pytest.raises(ConfigError, match=r"is \(or holds\) the source folder"):
+        save_pretrained_atomic(model, tok, tiny_model_dir, source=tiny_model_dir)
+    out = save_pretrained_atomic(model, tok, tmp_path / "sft", created_by="tandem sft", source=tiny_model_dir)
+    marker = json.loads((out / "tandem_model.json").read_text())
+    assert marker == {"kind": "model", "created_by": "tandem sft", "source": str(tiny_model_dir)}

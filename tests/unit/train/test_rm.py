@@ -116,3 +116,16 @@ def test_shipped_command_configs_load_and_bad_keys_name_file_and_line(tmp_path):
     bad.write_text("model: m\nout_dir: o\ndata:\n  train_file: t\n  tain_file: x\n")
     with pytest.raises(ConfigError, match=rf"^{bad}:5: data.tain_file: unknown key$"):
         load_command_config(RMConfig, bad)
+
+
+def test_save_reward_model_refuses_an_unrelated_folder_and_its_source(trained_rm, tmp_path, tiny_model_dir):
+    model, tok, _, earlier = trained_rm
+    precious = tmp_path / "thesis"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("years of work")
+    with pytest.raises(ConfigError, match="not a Tandem reward-model folder"):
+        rm.save_reward_model(model, tok, precious, {"mean": 0.0, "std": 1.0})
+    with pytest.raises(ConfigError, match=r"is \(or holds\) the source folder"):
+        rm.save_reward_model(model, tok, tiny_model_dir.parent, {}, source=tiny_model_dir)
+    assert [p.name for p in precious.iterdir()] == ["thesis.tex"]
+    rm.save_reward_model(model, tok, earlier, rm.read_reward_stats(earlier))  # an earlier one: replaced
