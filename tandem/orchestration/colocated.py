@@ -19,13 +19,12 @@ from typing import Any
 import torch
 
 from tandem.config.schema import TandemConfig
-from tandem.data import PromptSampler
 from tandem.evaluate import evaluate_prompts
 from tandem.monitor import PhaseTimer
 from tandem.orchestration.build import DataParts
 from tandem.orchestration.learner import LearnerStep
 from tandem.orchestration.remote import mirror_checkpoint
-from tandem.orchestration.scoring import OverlongShaping, collect_dynamic, score_rollout
+from tandem.orchestration.rollout_step import RolloutStep, SequentialPrompts, sample_rows
 from tandem.rewards import RewardSet
 from tandem.rollout.base import RolloutEngine, SamplingParams
 from tandem.train.checkpoint import load_checkpoint, save_checkpoint
@@ -102,26 +101,6 @@ def learner_step(
     )
 
 
-def step_seed(seed: int, step: int, round_: int = 0) -> int:
-    """Deterministic per-step sampling seed, so a resumed run samples exactly what the original did."""
-    return (seed * 1_000_003 + step * 9_973 + round_ * 31) % (2**31 - 1)
-
-
-def sampling_params(cfg: TandemConfig, step: int, round_: int = 0) -> SamplingParams:
-    """Sampling parameters of training step ``step`` (generation round ``round_``); the decoupled workers
-    use the same function, so batch k is sampled identically in both architectures."""
-    r = cfg.rollout
-    return SamplingParams(
-        max_new_tokens=r.max_new_tokens,
-        temperature=r.temperature,
-        top_p=r.top_p,
-        top_k=r.top_k,
-        n=r.n,
-        stop=list(r.stop),
-        seed=step_seed(cfg.run.seed, step, round_),
-    )
-
-
 class ColocatedTrainer:
     """Runs training steps on injected parts; holds only the loop's own state (step, sampler, groups)."""
 
@@ -129,18 +108,17 @@ class ColocatedTrainer:
         self.parts = parts
         cfg = parts.cfg
         self.cfg = cfg
-        ov = cfg.reward.overlong
-        self.overlong = (
-            OverlongShaping(ov.max_len or cfg.rollout.max_new_tokens, ov.buffer, ov.factor)
-            if ov.enabled
-            else None
-        )
-        self.sampler = PromptSampler(
-            parts.data.train, batch_size=cfg.data.prompts_per_step, seed=cfg.run.seed
-        )
+        self.prompts = SequentialPrompts(parts.data.train, cfg.data.prompts_per_step, cfg.run.seed)
         self.timer = PhaseTimer()
+        self.rollout = RolloutStep(
+            cfg,
+            parts.engine,
+            parts.rewards,
+            self.prompts,
+            timer=self.timer,
+            pad_token_id=parts.tokenizer.pad_token_id,
+        )
         self.step = 0
-        self.next_group = 0
         self.generator = torch.Generator().manual_seed(cfg.run.seed)
         self.learner = learner_step(cfg, parts, timer=self.timer, generator=self.generator)
         self._last: tuple[RolloutBatch, torch.Tensor] | None = None
@@ -151,56 +129,23 @@ class ColocatedTrainer:
     def state_dict(self) -> dict[str, Any]:
         return {
             "step": self.step,
-            "next_group": self.next_group,
-            "sampler": self.sampler.state_dict(),
+            **self.prompts.state_dict(),
             "generator": self.generator.get_state().tolist(),
             "learner": self.learner.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
-        self.next_group = int(state["next_group"])
-        self.sampler.load_state_dict(state["sampler"])
+        self.prompts.load_state_dict(state)
         self.generator.set_state(torch.tensor(state["generator"], dtype=torch.uint8))
         self.learner.load_state_dict(state.get("learner", {}))
         self.parts.engine.update_weights(None, self.step)
 
     # -- phases ----------------------------------------------------------------------------------------
-    def sampling_params(self, round_: int = 0) -> SamplingParams:
-        return sampling_params(self.cfg, self.step, round_)
-
-    def _generate_and_score(self, round_: int) -> tuple[RolloutBatch, torch.Tensor, dict[str, float]]:
-        rows = self.sampler.next_batch()
-        extras = [{k: v for k, v in row.items() if k != "prompt"} for row in rows]
-        with self.timer.phase("generate"):
-            batch = self.parts.engine.generate(
-                [row["prompt"] for row in rows],
-                self.sampling_params(round_),
-                group_offset=self.next_group,
-                extras=extras,
-            )
-        self.next_group += len(rows)
-        with self.timer.phase("reward"):
-            scores, metrics = score_rollout(batch, self.parts.rewards, self.overlong)
-        return batch, scores, metrics
-
     def collect(self) -> tuple[RolloutBatch, torch.Tensor, dict[str, float]]:
-        """Generate and score one step's batch. With dynamic sampling, groups whose rewards are all equal
-        are dropped and generation repeats (up to ``max_resample_rounds``) until the batch is full."""
-        algo = self.cfg.algorithm
-        batch, scores, metrics = self._generate_and_score(0)
-        metrics["reward/mean"] = float(scores.mean())
-        metrics["reward/std"] = float(scores.std()) if scores.numel() > 1 else 0.0
-        if not algo.dynamic_sampling:
-            return batch, scores, metrics
-        batch, scores, dapo = collect_dynamic(
-            (batch, scores),
-            lambda round_: self._generate_and_score(round_)[:2],
-            want=self.cfg.data.prompts_per_step * self.cfg.rollout.n,
-            max_rounds=algo.max_resample_rounds,
-            pad_token_id=self.parts.tokenizer.pad_token_id,
-        )
-        return batch, scores, {**metrics, **dapo}
+        """Generate and score this step's batch (:class:`~tandem.orchestration.rollout_step.RolloutStep`)."""
+        scored = self.rollout(self.step)
+        return scored.batch, scored.scores, scored.metrics
 
     def train_step(self) -> dict[str, float]:
         """One full step; returns its metrics."""
@@ -226,14 +171,7 @@ class ColocatedTrainer:
 
     def last_samples(self, n: int) -> list[dict[str, Any]]:
         """A few prompts with their completions and rewards from the last step, to read for reward hacking."""
-        if self._last is None:
-            return []
-        batch, scores = self._last
-        step = max(1, self.cfg.rollout.n)
-        return [
-            {"prompt": batch.prompts[i], "completion": batch.completions[i], "reward": float(scores[i])}
-            for i in range(0, batch.batch_size, step)[:n]
-        ]
+        return [] if self._last is None else sample_rows(*self._last, n, self.cfg.rollout.n)
 
     def evaluate(self) -> dict[str, float]:
         """Greedy accuracy on the held-out prompts."""

@@ -24,6 +24,7 @@ from tandem.orchestration.colocated import rollout_metrics
 from tandem.orchestration.decoupled.coordination import Coordination
 from tandem.orchestration.decoupled.ledger import TicketLedger
 from tandem.orchestration.learner import LearnerStep
+from tandem.orchestration.rollout_step import sample_rows
 from tandem.orchestration.staleness import StalenessController
 from tandem.types import RolloutBatch
 
@@ -174,11 +175,4 @@ class DecoupledLearner:
 
     def last_samples(self, n: int, group_size: int) -> list[dict[str, Any]]:
         """A few prompts with completions and rewards from the last trained batch."""
-        if self.last is None:
-            return []
-        batch, scores = self.last
-        rows = range(0, batch.batch_size, max(1, group_size))[:n]
-        return [
-            {"prompt": batch.prompts[i], "completion": batch.completions[i], "reward": float(scores[i])}
-            for i in rows
-        ]
+        return [] if self.last is None else sample_rows(*self.last, n, group_size)

@@ -27,7 +27,6 @@ import torch
 from tandem.channels.base import TrajectoryChannel, TrajectoryMessage
 from tandem.channels.weights import SharedMemoryWeights
 from tandem.config.schema import TandemConfig
-from tandem.data import PromptSampler
 from tandem.errors import TandemError
 from tandem.models import load_tokenizer
 from tandem.monitor import PhaseTimer
@@ -37,10 +36,9 @@ from tandem.orchestration.build import (
     build_rollout_engine,
     enforce_prompt_lengths,
 )
-from tandem.orchestration.colocated import sampling_params, step_seed
 from tandem.orchestration.decoupled.coordination import Coordination
 from tandem.orchestration.remote import local_models
-from tandem.orchestration.scoring import OverlongShaping, collect_dynamic, score_rollout
+from tandem.orchestration.rollout_step import RolloutStep, TicketPrompts
 from tandem.rollout.base import RolloutEngine
 
 if TYPE_CHECKING:
@@ -62,42 +60,6 @@ class WorkerSpec:
     weights: SharedMemoryWeights | RayObjectStoreWeights
     coord: Coordination | RayCoordination
     errors: Any = None  # multiprocessing queue of one-line error strings (embedded runtime only)
-
-
-class TicketPrompts:
-    """Rows of batch ``k``: the ``k``-th draw of a fresh seeded :class:`PromptSampler` (fast-forwarded)."""
-
-    def __init__(self, dataset: Any, batch_size: int, seed: int) -> None:
-        self._args = (dataset, batch_size, seed)
-        self._sampler = PromptSampler(*self._args)
-        self._next = 0
-
-    def rows(self, ticket: int) -> list[dict[str, Any]]:
-        if ticket < self._next:  # e.g. a re-assigned older ticket: restart the stream
-            self._sampler, self._next = PromptSampler(*self._args), 0
-        while self._next < ticket:
-            self._sampler.next_indices()
-            self._next += 1
-        self._next += 1
-        return self._sampler.next_batch()
-
-    def refill_rows(self, ticket: int, round_: int) -> list[dict[str, Any]]:
-        """Rows of dynamic-sampling round ``round_ ≥ 1`` of ``ticket``: a draw seeded by (ticket, round), so
-        any worker — or a replacement of a dead one — refills a ticket with the same prompts."""
-        dataset, batch_size, seed = self._args
-        return PromptSampler(dataset, batch_size, step_seed(seed, ticket, round_)).next_batch()
-
-
-REFILL_GROUPS = 1 << 40  # group ids of dynamic-sampling refill rounds start here (never clash with round 0)
-
-
-def group_offset(cfg: TandemConfig, ticket: int, round_: int) -> int:
-    """First group id of round ``round_`` of ``ticket``: round 0 is step ``ticket``'s ids in the colocated
-    trainer; refill rounds get their own range."""
-    per = cfg.data.prompts_per_step
-    if round_ == 0:
-        return ticket * per
-    return REFILL_GROUPS + (ticket * cfg.algorithm.max_resample_rounds + round_ - 1) * per
 
 
 class InFlightSync:
@@ -148,63 +110,36 @@ def run_worker(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
     engine = build_rollout_engine(cfg, tokenizer=tokenizer, version=-1)  # its own copy of the weights
     data = enforce_prompt_lengths(build_data(cfg.data, seed=cfg.run.seed), tokenizer, cfg.data)
     rewards = build_rewards(cfg.reward, data.task)
-    ov = cfg.reward.overlong
-    overlong = (
-        OverlongShaping(ov.max_len or cfg.rollout.max_new_tokens, ov.buffer, ov.factor)
-        if ov.enabled
-        else None
+    prompts = TicketPrompts(
+        data.train, cfg.data.prompts_per_step, cfg.run.seed, cfg.algorithm.max_resample_rounds
     )
-    prompts = TicketPrompts(data.train, cfg.data.prompts_per_step, cfg.run.seed)
     inflight = cfg.architecture.weight_sync == "in_flight"
     timer = PhaseTimer()
-    while True:
-        t0 = time.perf_counter()
-        ticket = coord.acquire(spec.slot, alive=alive)
-        idle = time.perf_counter() - t0  # blocked by the staleness bound before this batch
-        if ticket is None:
-            return
-        timer.reset()
-        with timer.phase("sync"):
-            fetched = spec.weights.fetch(engine.version)
-            if fetched is not None:
-                engine.update_weights(*fetched)
-        in_flight = InFlightSync(engine, spec.weights) if inflight else None
-
-        def generate(round_: int, ticket: int = ticket, in_flight: InFlightSync | None = in_flight):
-            """Generate and score round ``round_`` of this ticket (round 0: the ticket's own prompts)."""
-            rows = prompts.rows(ticket) if round_ == 0 else prompts.refill_rows(ticket, round_)
-            extras = [{k: v for k, v in row.items() if k != "prompt"} for row in rows]
-            with timer.phase("generate"):
-                batch = engine.generate(
-                    [row["prompt"] for row in rows],
-                    sampling_params(cfg, ticket, round_),
-                    group_offset=group_offset(cfg, ticket, round_),
-                    extras=extras,
-                    on_chunk=in_flight,
-                    chunk_tokens=cfg.architecture.weight_sync_chunk,
+    rollout = RolloutStep(cfg, engine, rewards, prompts, timer=timer, pad_token_id=tokenizer.pad_token_id)
+    try:
+        while True:
+            t0 = time.perf_counter()
+            ticket = coord.acquire(spec.slot, alive=alive)
+            idle = time.perf_counter() - t0  # blocked by the staleness bound before this batch
+            if ticket is None:
+                return
+            timer.reset()
+            with timer.phase("sync"):
+                fetched = spec.weights.fetch(engine.version)
+                if fetched is not None:
+                    engine.update_weights(*fetched)
+            in_flight = InFlightSync(engine, spec.weights) if inflight else None
+            scored = rollout(ticket, on_chunk=in_flight)
+            meta = {**scored.metrics, **{f"worker/{k}": v for k, v in timer.metrics().items()}}
+            meta["worker/idle_ratio"] = idle / max(1e-9, time.perf_counter() - t0)
+            if in_flight is not None:
+                meta["worker/inflight_updates"] = float(in_flight.updates)
+                meta["worker/inflight_sync_s"] = in_flight.seconds
+            spec.channel.put(
+                TrajectoryMessage(
+                    batch=scored.batch, scores=scored.scores, ticket=ticket, worker_id=spec.slot, meta=meta
                 )
-            with timer.phase("reward"):
-                scores, metrics = score_rollout(batch, rewards, overlong)
-            return batch, scores, metrics
-
-        batch, scores, reward_metrics = generate(0)
-        reward_metrics["reward/mean"] = float(scores.mean())  # of everything sampled, as colocated logs it
-        reward_metrics["reward/std"] = float(scores.std()) if scores.numel() > 1 else 0.0
-        if cfg.algorithm.dynamic_sampling:
-            batch, scores, dapo = collect_dynamic(
-                (batch, scores),
-                lambda round_: generate(round_)[:2],
-                want=cfg.samples_per_step,
-                max_rounds=cfg.algorithm.max_resample_rounds,
-                pad_token_id=tokenizer.pad_token_id,
             )
-            reward_metrics.update(dapo)
-        meta = {**reward_metrics, **{f"worker/{k}": v for k, v in timer.metrics().items()}}
-        meta["worker/idle_ratio"] = idle / max(1e-9, time.perf_counter() - t0)
-        if in_flight is not None:
-            meta["worker/inflight_updates"] = float(in_flight.updates)
-            meta["worker/inflight_sync_s"] = in_flight.seconds
-        spec.channel.put(
-            TrajectoryMessage(batch=batch, scores=scores, ticket=ticket, worker_id=spec.slot, meta=meta)
-        )
-        coord.done(spec.slot)
+            coord.done(spec.slot)
+    finally:
+        engine.close()

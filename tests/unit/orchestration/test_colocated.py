@@ -7,7 +7,8 @@ from pathlib import Path
 import torch
 
 from tandem.config import build_config
-from tandem.orchestration.colocated import ColocatedTrainer, step_seed
+from tandem.orchestration.colocated import ColocatedTrainer
+from tandem.orchestration.rollout_step import step_seed
 from tandem.orchestration.runner import build_parts
 from tandem.types import RolloutBatch
 
@@ -25,7 +26,7 @@ class ScriptedEngine:
     def update_weights(self, state_dict, version):
         self.version = version
 
-    def generate(self, prompts, params, *, group_offset=0, extras=None):
+    def generate(self, prompts, params, *, group_offset=0, extras=None, on_chunk=None, chunk_tokens=4):
         answers = self.rounds[min(self.calls, len(self.rounds) - 1)]
         self.calls += 1
         B = len(prompts) * params.n

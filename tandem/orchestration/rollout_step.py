@@ -1,0 +1,196 @@
+"""One rollout step, the same in both architectures: prompts -> engine -> rewards -> dynamic sampling.
+
+:class:`RolloutStep` is what the colocated trainer runs before each update and what every decoupled rollout
+worker runs per ticket; only the :class:`PromptSource` differs:
+
+* :class:`SequentialPrompts` (colocated): the run's seeded sampler, drawn in order (its position is
+  checkpointed); group ids count up across steps and refill rounds.
+* :class:`TicketPrompts` (workers): batch ``k`` is the ``k``-th draw of a fresh seeded sampler (so any worker,
+  or the replacement of a dead one, draws the same prompts for ticket ``k``); refill rounds draw with a seed
+  of their own and get group ids of their own.
+
+Round 0 of step ``k`` has the same prompts, sampling seed (:func:`sampling_params`) and group ids in both,
+so a decoupled run at η = 0 with one worker reproduces the colocated one. The result is a
+:class:`ScoredBatch`: the batch, its sequence scores and the reward metrics (``reward/mean`` and
+``reward/std`` of everything sampled, before a dynamic-sampling filter).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from tandem.config.schema import TandemConfig
+from tandem.data import PromptDataset, PromptSampler
+from tandem.monitor import PhaseTimer
+from tandem.orchestration.scoring import OverlongShaping, collect_dynamic, score_rollout
+from tandem.rewards import RewardSet
+from tandem.rollout.base import ChunkCallback, RolloutEngine, SamplingParams
+from tandem.types import RolloutBatch
+
+REFILL_GROUPS = 1 << 40  # group ids of a worker's dynamic-sampling refill rounds start here
+
+
+@dataclass
+class ScoredBatch:
+    """A step's rollout: the batch, its sequence scores ``[B]`` and the metrics known before the update."""
+
+    batch: RolloutBatch
+    scores: torch.Tensor  # [B] float32, after shaping
+    metrics: dict[str, float]
+
+
+def step_seed(seed: int, step: int, round_: int = 0) -> int:
+    """Deterministic per-step sampling seed, so a resumed run samples exactly what the original did."""
+    return (seed * 1_000_003 + step * 9_973 + round_ * 31) % (2**31 - 1)
+
+
+def sampling_params(cfg: TandemConfig, step: int, round_: int = 0) -> SamplingParams:
+    """Sampling parameters of training step ``step`` (generation round ``round_``), in both architectures."""
+    r = cfg.rollout
+    return SamplingParams(
+        max_new_tokens=r.max_new_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        n=r.n,
+        stop=list(r.stop),
+        seed=step_seed(cfg.run.seed, step, round_),
+    )
+
+
+def overlong_shaping(cfg: TandemConfig) -> OverlongShaping | None:
+    """The DAPO overlong penalty configured in ``reward.overlong`` (None when off)."""
+    ov = cfg.reward.overlong
+    if not ov.enabled:
+        return None
+    return OverlongShaping(ov.max_len or cfg.rollout.max_new_tokens, ov.buffer, ov.factor)
+
+
+class PromptSource(Protocol):
+    """Which prompts round ``round_`` of step ``step`` generates from, and their first group id."""
+
+    def rows(self, step: int, round_: int) -> list[dict[str, Any]]: ...
+
+    def group_offset(self, step: int, round_: int, num_rows: int) -> int: ...
+
+
+class SequentialPrompts:
+    """The colocated source: one seeded sampler drawn in order (refill rounds draw the next batches)."""
+
+    def __init__(self, dataset: PromptDataset, batch_size: int, seed: int) -> None:
+        self.sampler = PromptSampler(dataset, batch_size=batch_size, seed=seed)
+        self.next_group = 0
+
+    def rows(self, step: int, round_: int) -> list[dict[str, Any]]:
+        return self.sampler.next_batch()
+
+    def group_offset(self, step: int, round_: int, num_rows: int) -> int:
+        first, self.next_group = self.next_group, self.next_group + num_rows
+        return first
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"next_group": self.next_group, "sampler": self.sampler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.next_group = int(state["next_group"])
+        self.sampler.load_state_dict(state["sampler"])
+
+
+class TicketPrompts:
+    """The workers' source: rows of batch ``k`` are the ``k``-th draw of a fresh seeded sampler
+    (fast-forwarded); refill round ``r ≥ 1`` of ticket ``k`` is a draw seeded by ``(k, r)``."""
+
+    def __init__(self, dataset: PromptDataset, batch_size: int, seed: int, max_rounds: int) -> None:
+        self._args = (dataset, batch_size, seed)
+        self._sampler = PromptSampler(*self._args)
+        self._next = 0
+        self.max_rounds = max_rounds
+
+    def rows(self, step: int, round_: int) -> list[dict[str, Any]]:
+        dataset, batch_size, seed = self._args
+        if round_ > 0:  # any worker refills a ticket with the same prompts
+            return PromptSampler(dataset, batch_size, step_seed(seed, step, round_)).next_batch()
+        if step < self._next:  # e.g. a re-assigned older ticket: restart the stream
+            self._sampler, self._next = PromptSampler(*self._args), 0
+        while self._next < step:
+            self._sampler.next_indices()
+            self._next += 1
+        self._next += 1
+        return self._sampler.next_batch()
+
+    def group_offset(self, step: int, round_: int, num_rows: int) -> int:
+        """Round 0: step ``step``'s ids in the colocated trainer; refill rounds get their own range."""
+        per = self._args[1]
+        if round_ == 0:
+            return step * per
+        return REFILL_GROUPS + (step * self.max_rounds + round_ - 1) * per
+
+
+class RolloutStep:
+    """Generates and scores one step's batch with an injected engine, reward set and prompt source.
+
+    With dynamic sampling (``algorithm.dynamic_sampling``) groups whose rewards are all equal are dropped
+    and more rounds are generated (up to ``max_resample_rounds``) until the batch is full. Phases
+    ``generate`` and ``reward`` are timed on ``timer``."""
+
+    def __init__(
+        self,
+        cfg: TandemConfig,
+        engine: RolloutEngine,
+        rewards: RewardSet,
+        prompts: PromptSource,
+        *,
+        timer: PhaseTimer,
+        pad_token_id: int,
+    ) -> None:
+        self.cfg, self.engine, self.rewards, self.prompts = cfg, engine, rewards, prompts
+        self.timer, self.pad_token_id = timer, pad_token_id
+        self.overlong = overlong_shaping(cfg)
+
+    def generate(
+        self, step: int, round_: int, on_chunk: ChunkCallback | None = None
+    ) -> tuple[RolloutBatch, torch.Tensor, dict[str, float]]:
+        """Generate and score round ``round_`` of step ``step`` (round 0: the step's own prompts)."""
+        rows = self.prompts.rows(step, round_)
+        extras = [{k: v for k, v in row.items() if k != "prompt"} for row in rows]
+        with self.timer.phase("generate"):
+            batch = self.engine.generate(
+                [row["prompt"] for row in rows],
+                sampling_params(self.cfg, step, round_),
+                group_offset=self.prompts.group_offset(step, round_, len(rows)),
+                extras=extras,
+                on_chunk=on_chunk,
+                chunk_tokens=self.cfg.architecture.weight_sync_chunk,
+            )
+        with self.timer.phase("reward"):
+            scores, metrics = score_rollout(batch, self.rewards, self.overlong)
+        return batch, scores, metrics
+
+    def __call__(self, step: int, on_chunk: ChunkCallback | None = None) -> ScoredBatch:
+        """Step ``step``'s scored batch; ``on_chunk`` is the engine's in-flight weight-update hook."""
+        algo = self.cfg.algorithm
+        batch, scores, metrics = self.generate(step, 0, on_chunk)
+        metrics["reward/mean"] = float(scores.mean())  # of everything sampled
+        metrics["reward/std"] = float(scores.std()) if scores.numel() > 1 else 0.0
+        if not algo.dynamic_sampling:
+            return ScoredBatch(batch, scores, metrics)
+        batch, scores, dapo = collect_dynamic(
+            (batch, scores),
+            lambda round_: self.generate(step, round_, on_chunk)[:2],
+            want=self.cfg.samples_per_step,
+            max_rounds=algo.max_resample_rounds,
+            pad_token_id=self.pad_token_id,
+        )
+        return ScoredBatch(batch, scores, {**metrics, **dapo})
+
+
+def sample_rows(batch: RolloutBatch, scores: torch.Tensor, n: int, group_size: int) -> list[dict[str, Any]]:
+    """The first sample of up to ``n`` groups: prompt, completion and reward, to read for reward hacking."""
+    rows = range(0, batch.batch_size, max(1, group_size))[:n]
+    return [
+        {"prompt": batch.prompts[i], "completion": batch.completions[i], "reward": float(scores[i])}
+        for i in rows
+    ]
