@@ -96,11 +96,13 @@ def test_critic_update_reduces_value_loss_and_micro_batching_is_exact(tiny_model
         critic = build_value_model(tiny_model_dir)
         exp, _ = make_experience(r, scores, s, critic=critic)
         trainer = TrainerConfig(ppo_epochs=1, micro_batch_size=micro, max_grad_norm=None)
-        cs = CriticSettings.from_config(CriticConfig(lr=1e-2, value_clip=None), trainer, autocast_bf16=False)
-        opt = build_critic_optimizer(critic, CriticConfig(lr=1e-2), trainer)
+        # lr 1e-3: small steps on one fixed batch descend at every step (at 1e-2 Adam overshoots and the
+        # loss oscillates, so where step 5 lands would depend on the machine's float rounding)
+        cs = CriticSettings.from_config(CriticConfig(lr=1e-3, value_clip=None), trainer, autocast_bf16=False)
+        opt = build_critic_optimizer(critic, CriticConfig(lr=1e-3), trainer)
         before = {k: v.clone() for k, v in critic.state_dict().items()}
         losses = [critic_update(critic, opt, exp, cs)["critic/vf_loss"] for _ in range(5)]
-        assert losses[-1] < losses[0], losses
+        assert all(b < a for a, b in zip(losses, losses[1:], strict=False)), losses
         assert any(not torch.equal(before[k], v) for k, v in critic.state_dict().items())
         results.append(losses[0])
     assert results[0] == pytest.approx(results[1], rel=1e-5)

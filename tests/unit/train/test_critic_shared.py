@@ -99,8 +99,10 @@ def test_head_state_is_the_head_alone_and_round_trips(tiny_model_dir, tmp_path):
 def _joint(tiny_model_dir, r, scores, *, group_size=None, micro=None):
     """Policy + head, one optimiser with the head group, the experience of ``r`` and the settings."""
     policy, head = _head(tiny_model_dir)
-    trainer = TrainerConfig(lr=1e-2, max_grad_norm=None, micro_batch_size=micro, shared_prefix=True)
-    critic_cfg = CriticConfig(lr=1e-2, value_clip=None)
+    # lr 1e-3: repeated updates on one batch lower the value loss at every step (at 1e-2 Adam overshoots
+    # and the loss oscillates, so where a given step lands would depend on float rounding)
+    trainer = TrainerConfig(lr=1e-3, max_grad_norm=None, micro_batch_size=micro, shared_prefix=True)
+    critic_cfg = CriticConfig(lr=1e-3, value_clip=None)
     opt = build_optimizer(policy, trainer)
     add_value_head_group(opt, head, critic_cfg, trainer)
     us = UpdateSettings.from_config(
@@ -138,7 +140,7 @@ def test_joint_update_lowers_value_loss_and_micro_batching_is_exact(tiny_model_d
     policy, head, opt, us, cs, exp, _ = _joint(tiny_model_dir, r, scores, group_size=group_size, micro=micro)
     value = shared_value(head, cs)
     losses = [policy_update(policy, opt, None, exp, us, value=value)["critic/vf_loss"] for _ in range(5)]
-    assert losses[-1] < losses[0], losses
+    assert all(b < a for a, b in zip(losses, losses[1:], strict=False)), losses
     # the first loss does not depend on micro-batching or the shared prefix (same weights, same batch)
     _, head0, _, _, _, exp0, _ = _joint(tiny_model_dir, r, scores)
     with torch.no_grad():
