@@ -18,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from tandem.errors import first_line
 from tandem.serve.decode import RowRequest, RowResult, TokenCallback
 from tandem.serve.metrics import BATCH_BUCKETS, Metrics
 
@@ -33,6 +34,10 @@ class QueueFullError(Exception):
     """The bounded request queue is full (answer 429)."""
 
 
+class RowFailedError(Exception):
+    """Generating this request's row failed (answer 500); the other rows of its batch are unaffected."""
+
+
 @dataclass
 class Job:
     """One queued row: its future result and, when streaming, a queue of new token ids (None = done)."""
@@ -41,6 +46,7 @@ class Job:
     future: asyncio.Future
     tokens: asyncio.Queue | None = None
     enqueued: float = field(default_factory=time.perf_counter)
+    sent: int = 0  # tokens already streamed to the client
 
 
 class DynamicBatcher:
@@ -140,24 +146,22 @@ class DynamicBatcher:
             await self._run(loop, batch)
 
     async def _run(self, loop: asyncio.AbstractEventLoop, batch: list[Job]) -> None:
-        """Generate ``batch`` on the generation thread; stream tokens and resolve futures."""
+        """Generate ``batch`` on the generation thread; stream tokens and resolve futures.
 
-        def on_token(row: int, token: int) -> None:
-            queue = batch[row].tokens
-            if queue is not None:
-                loop.call_soon_threadsafe(queue.put_nowait, token)
-
-        rows = [job.row for job in batch]
+        When the batch fails, the failure is isolated instead of failing every request in it: the rows
+        are generated again in two halves, recursively, so a row that fails on its own fails alone (with
+        :class:`RowFailedError`) and every other row still gets its answer. A streaming row that already
+        sent tokens cannot be replayed and fails with the batch."""
         self.metrics.observe(
-            "batch_size", len(rows), BATCH_BUCKETS, "Rows per generated batch.", arm=self.arm
+            "batch_size", len(batch), BATCH_BUCKETS, "Rows per generated batch.", arm=self.arm
         )
         started = time.perf_counter()
         try:
-            results = await loop.run_in_executor(self._executor, self.runner, rows, on_token)
-        except Exception as err:  # a generation failure fails this batch's requests, not the server
-            logger.exception("generation failed")
-            for job in batch:
-                _finish(job, error=err)
+            results = await loop.run_in_executor(
+                self._executor, self.runner, [j.row for j in batch], _sender(loop, batch)
+            )
+        except Exception as err:  # a generation failure fails only the rows that cause it
+            await self._isolate(loop, batch, err)
             return
         elapsed = max(time.perf_counter() - started, 1e-9)
         produced = sum(len(r.token_ids) for r in results)
@@ -165,6 +169,36 @@ class DynamicBatcher:
         self.metrics.set("tokens_per_second", produced / elapsed, "Tokens/s of the last batch.", arm=self.arm)
         for job, result in zip(batch, results, strict=True):
             _finish(job, result=result)
+
+    async def _isolate(self, loop: asyncio.AbstractEventLoop, batch: list[Job], err: Exception) -> None:
+        if len(batch) == 1:
+            logger.error("generation failed for one request: %s", first_line(err), exc_info=err)
+            _finish(batch[0], error=RowFailedError(f"generation failed for this request: {first_line(err)}"))
+            return
+        retry = []
+        for job in batch:
+            if job.sent:
+                _finish(job, error=RowFailedError(f"generation failed mid-stream: {first_line(err)}"))
+            elif not job.future.done() and not job.row.cancelled():
+                retry.append(job)
+            else:
+                _finish(job, result=RowResult(token_ids=[], finish_reason="cancelled"))
+        half = (len(retry) + 1) // 2
+        for part in (retry[:half], retry[half:]):
+            if part:
+                await self._run(loop, part)
+
+
+def _sender(loop: asyncio.AbstractEventLoop, batch: list[Job]) -> TokenCallback:
+    """The ``on_token`` callback of ``batch`` (runs on the generation thread)."""
+
+    def on_token(row: int, token: int) -> None:
+        job = batch[row]
+        if job.tokens is not None:
+            job.sent += 1
+            loop.call_soon_threadsafe(job.tokens.put_nowait, token)
+
+    return on_token
 
 
 def _finish(job: Job, *, result: RowResult | None = None, error: BaseException | None = None) -> None:

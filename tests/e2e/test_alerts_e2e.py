@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 import tandem.orchestration.alerting as alerting_mod
-import tandem.orchestration.runner as runner_mod
+import tandem.orchestration.parts as parts_mod
 import tandem.train.update as update_mod
 from tandem.cli.main import app
 from tandem.config import build_config, config_to_yaml
@@ -119,7 +119,7 @@ def test_skip_action_vetoes_optimizer_step(warm_model, tmp_path, monkeypatch):
 
 def test_lr_x1000_at_step_k_rolls_back_and_scales_lr(warm_model, tmp_path, monkeypatch):
     k = 4  # the update of step k runs with LR × 1000
-    orig_build = runner_mod.build_scheduler
+    orig_build = parts_mod.build_scheduler
 
     def faulty_scheduler(opt, cfg, n):
         sched = orig_build(opt, cfg, n)
@@ -134,7 +134,7 @@ def test_lr_x1000_at_step_k_rolls_back_and_scales_lr(warm_model, tmp_path, monke
         sched.lr_lambdas[0] = lam
         return sched
 
-    monkeypatch.setattr(runner_mod, "build_scheduler", faulty_scheduler)
+    monkeypatch.setattr(parts_mod, "build_scheduler", faulty_scheduler)
     restored = []
     orig_rollback = alerting_mod.AlertController.rollback
 
