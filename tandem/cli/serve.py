@@ -40,6 +40,21 @@ def _split(split: str | None) -> dict[str, float] | None:
     return weights
 
 
+def _keys(api_key: list[str] | None, admin_key: str | None) -> tuple[list[str], str | None]:
+    """The API keys (flags, then ``TANDEM_API_KEYS``; blank entries of the variable are skipped) and the
+    admin key; ConfigError naming the flag or variable for an empty or whitespace key."""
+    from tandem.serve.app import check_key
+
+    for key in api_key or []:
+        check_key(key, "--api-key")
+    env_keys = [k.strip() for k in os.environ.get("TANDEM_API_KEYS", "").split(",") if k.strip()]
+    for key in env_keys:
+        check_key(key, "TANDEM_API_KEYS")
+    if admin_key is not None:
+        check_key(admin_key, "--admin-key")
+    return list(api_key or []) + env_keys, admin_key or os.environ.get("TANDEM_ADMIN_KEY", "").strip() or None
+
+
 @app.command()
 @user_errors
 def serve(
@@ -64,6 +79,12 @@ def serve(
     ssl_keyfile: Annotated[str | None, typer.Option(help="TLS private key (PEM).")] = None,
     threads: Annotated[int, typer.Option(help="torch threads for generation.")] = 0,
     workers: Annotated[int, typer.Option(help="Replicas: uvicorn worker processes behind one port.")] = 1,
+    read_timeout: Annotated[
+        float, typer.Option(help="Seconds a request's head, then its body, may take to arrive.")
+    ] = 30.0,
+    max_connections: Annotated[
+        int, typer.Option(help="Open connections (or running requests) beyond which requests get 503.")
+    ] = 1024,
 ) -> None:
     """Serve a model with the OpenAI API (completions, chat, streaming), /predict, /metrics and A/B arms.
 
@@ -75,11 +96,11 @@ def serve(
     import torch
 
     from tandem.serve.app import ServeSettings
-    from tandem.serve.server import build_state, check_bind, run_server
+    from tandem.serve.server import build_state, check_bind, check_tls, run_server
 
     if threads:
         torch.set_num_threads(threads)
-    keys = list(api_key or []) + [k for k in os.environ.get("TANDEM_API_KEYS", "").split(",") if k]
+    keys, admin_key = _keys(api_key, admin_key)
     settings = ServeSettings(
         max_batch_size=max_batch_size,
         max_wait_ms=max_wait_ms,
@@ -88,10 +109,13 @@ def serve(
         max_tokens_limit=max_tokens_limit,
         max_body_bytes=max_body_bytes,
         api_keys=keys,
-        admin_key=admin_key or os.environ.get("TANDEM_ADMIN_KEY") or None,
+        admin_key=admin_key,
         feedback_db=feedback_db,
+        read_timeout_s=read_timeout,
+        max_connections=max_connections,
     )
     check_bind(host, bool(keys))
+    check_tls(ssl_certfile, ssl_keyfile)
     if workers > 1:
         from tandem.serve.server import run_replicas
 

@@ -1,25 +1,30 @@
-"""The FastAPI application: OpenAI-compatible endpoints, health, metrics, /predict and the admin API.
+"""What the routes share: settings, server state, key checks, JSON body parsing, error handlers.
 
 Only this package imports fastapi. Bad input never reaches generation: bodies are validated into the
 models of :mod:`tandem.serve.protocol` and every failure is answered with OpenAI's JSON error shape and
-the status listed in ``docs/serving.md`` (400 invalid, 401 key, 404 model, 413 body size, 429 queue full,
-503 not ready).
+the status listed in ``docs/serving.md`` (400 invalid, 401 key, 404 model, 408 slow body, 413 body
+size, 429 queue full, 503 not ready). The app itself is assembled by
+:func:`tandem.serve.server.make_app`; the key is checked before the body is read
+(:mod:`tandem.serve.middleware`).
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tandem.errors import ConfigError
+from tandem.serve.batcher import RowFailedError
 from tandem.serve.metrics import Metrics
+from tandem.serve.middleware import key_from_headers, key_matches
 from tandem.serve.protocol import ApiError, error_body, validation_param
 from tandem.serve.router import Router
 
@@ -41,10 +46,37 @@ class ServeSettings:
     api_keys: list[str] = field(default_factory=list)
     admin_key: str | None = None
     feedback_db: str | None = None
+    read_timeout_s: float = 30.0  # a request's head, and then its body, must arrive within this
+    keep_alive_s: int = 5  # an idle keep-alive connection is closed after this
+    max_connections: int = 1024  # open connections (or running requests) beyond which requests get 503
+    state_dir: str | None = None  # replicas: folder of the shared admin state (set by run_replicas)
+
+    def __post_init__(self) -> None:
+        for key in self.api_keys:
+            check_key(key, "--api-key")
+        if self.admin_key is not None:
+            check_key(self.admin_key, "--admin-key")
+        if not self.read_timeout_s > 0:
+            raise ConfigError(f"must be > 0, got {self.read_timeout_s}", where="--read-timeout")
+        if self.max_connections < 1:
+            raise ConfigError(f"must be >= 1, got {self.max_connections}", where="--max-connections")
+
+
+def check_key(key: str, where: str) -> None:
+    """ConfigError for a key that can never be presented safely: empty, or containing whitespace
+    (HTTP strips header values, so a key of spaces would be matched by an empty header)."""
+    if not key or any(c.isspace() for c in key):
+        raise ConfigError(
+            "an API key must be non-empty and contain no whitespace",
+            where=where,
+            hint="e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))'",
+        )
 
 
 class ServerState:
-    """Everything the routes share: settings, router (arms), metrics, readiness, feedback store."""
+    """Everything the routes share: settings, router (arms), metrics, readiness, feedback store, and the
+    admin state this replica serves: ``store`` (:mod:`tandem.serve.admin_state`), ``applied`` (the
+    version the router shows) and ``loaded`` (load id -> arm loaded in this process)."""
 
     def __init__(self, settings: ServeSettings, name: str) -> None:
         self.settings = settings
@@ -55,71 +87,44 @@ class ServerState:
         self.batchers: list = []  # every batcher ever started (replaced arms stay alive for rollback)
         self.feedback = None
         self.started = time.time()
+        self.store = None  # MemoryStore or FileStore
+        self.applied = -1
+        self.loaded: dict = {}
+        self.loading: set[str] = set()  # load ids being loaded in the background
+        self.failed: dict[str, str] = {}  # load id -> why this replica could not load it
 
 
-class BodyLimit:
-    """ASGI middleware: answer 413 once a request body exceeds ``limit`` bytes (header or streamed)."""
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 
-    def __init__(self, app, limit: int) -> None:
-        self.app, self.limit = app, limit
 
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = dict(scope.get("headers") or [])
-        declared = headers.get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            return await _send_413(send, self.limit)
-        seen = 0
-
-        async def limited_receive():
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLargeError()
-            return message
-
+def parse_json_object(raw: bytes) -> dict:
+    """The JSON object of a request body; 400 (never 500) for invalid JSON, nesting too deep for the
+    parser, a lone UTF-16 surrogate escape (``"\\ud800"``: not text, and it breaks tokenizers and
+    SQLite), or a value that is not an object."""
+    try:
+        data = json.loads(raw or b"null")
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ApiError(400, f"body is not valid JSON: {err}", code="json_invalid") from err
+    except RecursionError as err:
+        raise ApiError(400, "body is nested too deeply", code="json_too_deep") from err
+    if not isinstance(data, dict):
+        raise ApiError(400, "body must be a JSON object", code="invalid_body")
+    if _SURROGATE.search(raw):
         try:
-            await self.app(scope, limited_receive, send)
-        except _TooLargeError:
-            await _send_413(send, self.limit)
-
-
-class _TooLargeError(Exception):
-    pass
-
-
-async def _send_413(send, limit: int) -> None:
-    body = json.dumps(
-        error_body(f"request body larger than {limit} bytes", "invalid_request_error", code="body_too_large")
-    ).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 413,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
-
-
-def _key_of(request: Request) -> str | None:
-    auth = request.headers.get("authorization", "")
-    if auth.lower().startswith("bearer "):
-        return auth[7:].strip()
-    return request.headers.get("x-api-key")
-
-
-def _matches(key: str | None, allowed: list[str]) -> bool:
-    return key is not None and any(hmac.compare_digest(key.encode(), k.encode()) for k in allowed)
+            json.dumps(data, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise ApiError(
+                400,
+                "body contains a lone UTF-16 surrogate escape (not valid Unicode text)",
+                code="invalid_unicode",
+            ) from err
+    return data
 
 
 def check_user_key(state: ServerState, request: Request) -> None:
     """401 unless the request carries one of the API keys (no keys configured: open, loopback only)."""
     keys = state.settings.api_keys
-    if keys and not _matches(_key_of(request), keys):
+    if keys and not key_matches(key_from_headers(request.headers.raw), keys):
         raise ApiError(
             401,
             "missing or invalid API key (send 'Authorization: Bearer <key>')",
@@ -133,7 +138,7 @@ def check_admin_key(state: ServerState, request: Request) -> None:
     admin = state.settings.admin_key
     if not admin:
         raise ApiError(404, "admin API disabled (start the server with an admin key)", code="admin_disabled")
-    if not _matches(_key_of(request), [admin]):
+    if not key_matches(key_from_headers(request.headers.raw), [admin]):
         raise ApiError(
             401, "missing or invalid admin key", type="authentication_error", code="invalid_admin_key"
         )
@@ -156,6 +161,10 @@ def install_error_handlers(app: FastAPI) -> None:
             error_body(message, "invalid_request_error", param, kind or None), status_code=400
         )
 
+    @app.exception_handler(RowFailedError)
+    async def _row_failed(request: Request, exc: RowFailedError) -> JSONResponse:
+        return JSONResponse(error_body(str(exc), "server_error", None, "generation_failed"), status_code=500)
+
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
@@ -169,37 +178,6 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(
             error_body("internal server error", "server_error", None, "internal_error"), status_code=500
         )
-
-
-def create_app(state: ServerState) -> FastAPI:
-    """The ASGI app over ``state``; routes live in :mod:`tandem.serve.routes`."""
-    from tandem.serve.routes import register_routes
-
-    app = FastAPI(title="Tandem", version="1", docs_url=None, redoc_url=None)
-    app.state.tandem = state
-    install_error_handlers(app)
-    register_routes(app, state)
-
-    @app.middleware("http")
-    async def _count(request: Request, call_next) -> Response:
-        started = time.perf_counter()
-        response = await call_next(request)
-        path = request.scope.get("route").path if request.scope.get("route") else "other"
-        arm = response.headers.get("x-tandem-arm", "none")
-        state.metrics.inc(
-            "requests_total", 1, "HTTP requests.", path=path, status=str(response.status_code), arm=arm
-        )
-        state.metrics.observe(
-            "request_latency_seconds",
-            time.perf_counter() - started,
-            help="Request latency (streams: until headers).",
-            path=path,
-            arm=arm,
-        )
-        return response
-
-    app.add_middleware(BodyLimit, limit=state.settings.max_body_bytes)
-    return app
 
 
 def metrics_text(state: ServerState) -> PlainTextResponse:

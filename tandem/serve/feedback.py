@@ -10,6 +10,7 @@ preference format ``tandem dpo`` reads).
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import threading
 import time
@@ -23,6 +24,29 @@ CREATE TABLE IF NOT EXISTS feedback (
   rowid INTEGER PRIMARY KEY AUTOINCREMENT, response_id TEXT, choice_index INTEGER, rating REAL,
   other_id TEXT, preferred TEXT, prompt TEXT, arm TEXT, chosen TEXT, rejected TEXT, created REAL);
 """
+
+
+RATING_MIN, RATING_MAX = -1.0, 1.0  # e.g. 1 / 0 or 1 / -1 for thumbs up / down
+
+
+def check_rating(value: object) -> float:
+    """``value`` as a rating: a finite number in ``[RATING_MIN, RATING_MAX]`` (JSON also carries ``NaN``
+    and ``1e400``, which SQLite would store as NULL and Inf); ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError("'rating' must be a number (or send other_id + preferred)")
+    rating = float(value)
+    if not (math.isfinite(rating) and RATING_MIN <= rating <= RATING_MAX):
+        raise ValueError(f"'rating' must be a finite number in [{RATING_MIN:g}, {RATING_MAX:g}], got {value}")
+    return rating
+
+
+def check_pair(response_id: str, other_id: str, chosen: str, rejected: str) -> None:
+    """ValueError for a pairwise choice that teaches nothing: a response paired with itself, or two
+    responses with the same text (a chosen == rejected row that ``tandem data validate`` rejects)."""
+    if response_id == other_id:
+        raise ValueError("'other_id' must name a different response than 'id'")
+    if chosen == rejected:
+        raise ValueError("the two responses have the same text; there is nothing to prefer")
 
 
 class FeedbackStore:
@@ -66,7 +90,12 @@ class FeedbackStore:
         other_id: str | None = None,
         preferred: str | None = None,
     ) -> int:
-        """Insert one feedback row (committed before returning); returns its row id."""
+        """Insert one feedback row (committed before returning); returns its row id. ValueError for a
+        rating or pair that :func:`check_rating` / :func:`check_pair` refuse."""
+        if rating is not None:
+            rating = check_rating(rating)
+        if chosen is not None and rejected is not None:
+            check_pair(response_id, other_id or "", chosen, rejected)
         with self._lock:
             cur = self._db.execute(
                 "INSERT INTO feedback (response_id, choice_index, rating, other_id, preferred, prompt, arm, chosen,"
@@ -99,16 +128,18 @@ class FeedbackStore:
 
 def preference_pairs(rows: list[dict], threshold: float = 0.5) -> list[dict]:
     """Preference rows from feedback: explicit pairwise choices as they are; ratings of completions of the
-    same prompt paired best-vs-worst when their ratings differ and straddle ``threshold``."""
+    same prompt paired best-vs-worst when their ratings differ and straddle ``threshold``. Rows written
+    before ratings and pairs were validated (non-finite ratings, chosen == rejected) are skipped."""
     pairs = [
         {"prompt": r["prompt"], "chosen": r["chosen"], "rejected": r["rejected"]}
         for r in rows
-        if r["chosen"] is not None and r["rejected"] is not None
+        if r["chosen"] is not None and r["rejected"] is not None and r["chosen"] != r["rejected"]
     ]
     rated: dict[str, list[tuple[float, str]]] = {}
     for r in rows:
-        if r["rating"] is not None and r["chosen"] is not None and r["rejected"] is None:
-            rated.setdefault(r["prompt"], []).append((float(r["rating"]), r["chosen"]))
+        rating = r["rating"]
+        if rating is not None and math.isfinite(rating) and r["chosen"] is not None and r["rejected"] is None:
+            rated.setdefault(r["prompt"], []).append((float(rating), r["chosen"]))
     for prompt, items in rated.items():
         items.sort()
         (low, worst), (high, best) = items[0], items[-1]

@@ -16,9 +16,10 @@ from pathlib import Path
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from tandem.errors import ModelError
+from tandem.errors import ModelError, first_line
 from tandem.models import load_causal_lm, load_tokenizer
 from tandem.serve.decode import RowRequest, RowResult, TokenCallback, decode_rows
+from tandem.serve.protocol import ApiError
 
 _STEP = re.compile(r"^step-(\d+)$")
 EXPORT_MANIFEST = "tandem_export.json"
@@ -98,7 +99,17 @@ class ServedModel:
         tokenizer = load_tokenizer(folder)
         ctx = int(getattr(model.config, "max_position_embeddings", 0) or 2048)
         served = name or Path(path).resolve().name
-        return cls(served, folder, model, tokenizer, _version(folder), fmt, ctx)
+        loaded = cls(served, folder, model, tokenizer, _version(folder), fmt, ctx)
+        loaded.check_chat_template()
+        return loaded
+
+    @property
+    def label(self) -> str:
+        """A name for this model that does not reveal where it lives on disk: the folder name, or
+        ``RUN/step-N`` for a run's checkpoint."""
+        if self.folder.name == "model" and _STEP.match(self.folder.parent.name):
+            return f"{self.folder.parent.parent.parent.name}/{self.folder.parent.name}"
+        return self.folder.resolve().name
 
     def encode(self, text: str) -> list[int]:
         """Prompt token ids (with the tokenizer's special tokens, as in training)."""
@@ -106,11 +117,45 @@ class ServedModel:
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         """The prompt text of a conversation: the tokenizer's chat template when it has one, else
-        ``role: content`` lines followed by ``assistant:``."""
+        ``role: content`` lines followed by ``assistant:``.
+
+        The template runs in transformers' Jinja sandbox. A template error (the template's own
+        ``raise_exception``, e.g. "roles must alternate", or an operation the sandbox blocks) is the
+        answer for this conversation: 400 with the template's message, not a 500."""
         if getattr(self.tokenizer, "chat_template", None):
-            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            from jinja2 import TemplateError
+
+            try:
+                return self.tokenizer.apply_chat_template(
+                    messages, tokenize=False, add_generation_prompt=True
+                )
+            except TemplateError as err:
+                raise ApiError(
+                    400, f"the chat template rejected this conversation: {err}", param="messages"
+                ) from err
         lines = [f"{m['role']}: {m['content']}" for m in messages]
         return "\n".join([*lines, "assistant:"])
+
+    def check_chat_template(self) -> None:
+        """ModelError at load when the chat template does something the sandbox blocks for a plain
+        one-message conversation (reading object internals, ...): such a template would fail every chat
+        request, and a template that probes the sandbox is not one to serve."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            return
+        from jinja2.exceptions import SecurityError
+
+        try:
+            self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+            )
+        except SecurityError as err:
+            raise ModelError(
+                f"the chat template performs an operation the sandbox blocks: {first_line(err)}",
+                where=str(self.folder / "tokenizer_config.json"),
+                hint="fix or remove chat_template",
+            ) from None
+        except Exception:  # noqa: BLE001 - a template may refuse this probe (e.g. requires a system turn)
+            return
 
     def run(self, rows: list[RowRequest], on_token: TokenCallback) -> list[RowResult]:
         """Generate ``rows`` as one batch (called on the batcher's generation thread)."""

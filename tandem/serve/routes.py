@@ -10,11 +10,11 @@ to the arm's dynamic batcher. Bodies and chunks are built by :mod:`tandem.serve.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import threading
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
@@ -22,10 +22,11 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from tandem.errors import ConfigError
 from tandem.rollout.base import SamplingParams
-from tandem.serve.app import ServerState, check_user_key, metrics_text
+from tandem.serve.app import ServerState, check_user_key, metrics_text, parse_json_object
 from tandem.serve.batcher import QueueFullError
 from tandem.serve.cache import cache_key
 from tandem.serve.decode import RowRequest, RowResult
+from tandem.serve.feedback import check_pair, check_rating
 from tandem.serve.model import ServedModel
 from tandem.serve.protocol import ApiError, ChatRequest, CompletionRequest, PredictRequest, _Request
 from tandem.serve.router import Arm
@@ -306,6 +307,7 @@ async def _respond(state: ServerState, plan: Plan, shape: Shape, request: Reques
     pending = _submit(state, plan, stream)
     if stream:
         events = sse(shape, pending, plan.n, plan.ids, plan.params.stop, plan.cancel.set)
+        events = _remembered(state, shape.rid, plan, pending, events)
         return StreamingResponse(events, media_type="text/event-stream", headers=headers)
     results = await _wait_all(plan, pending, request)
     chosen = _best(plan, results)
@@ -329,6 +331,16 @@ def require_json(request: Request) -> None:
         )
 
 
+async def _remembered(state: ServerState, rid: str, plan: Plan, pending: list, events: AsyncIterator[bytes]):
+    """The ``events`` of a stream; its answers are remembered (for feedback) just before ``[DONE]``, so
+    feedback sent as soon as the client sees the end finds them. A stream cut short is not stored."""
+    async for chunk in events:
+        if chunk.startswith(b"data: [DONE]"):
+            results = [cached if cached is not None else job.future.result() for cached, job in pending]
+            _remember(state, rid, plan, results)
+        yield chunk
+
+
 def _remember(state: ServerState, rid: str, plan: Plan, results: list[RowResult]) -> None:
     """Keep the prompt and responses of ``rid`` so feedback can refer to it."""
     if state.feedback is not None:
@@ -341,13 +353,7 @@ async def _parse(request: Request, model: type[_Request] | type[PredictRequest])
     from fastapi.exceptions import RequestValidationError
     from pydantic import ValidationError
 
-    raw = await request.body()
-    try:
-        data = json.loads(raw or b"null")
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ApiError(400, f"body is not valid JSON: {err}", code="json_invalid") from err
-    if not isinstance(data, dict):
-        raise ApiError(400, "body must be a JSON object", code="invalid_body")
+    data = parse_json_object(await request.body())
     try:
         return model.model_validate(data)
     except ValidationError as err:
@@ -355,14 +361,7 @@ async def _parse(request: Request, model: type[_Request] | type[PredictRequest])
 
 
 async def _parse_dict(request: Request) -> dict:
-    raw = await request.body()
-    try:
-        data = json.loads(raw or b"null")
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ApiError(400, f"body is not valid JSON: {err}", code="json_invalid") from err
-    if not isinstance(data, dict):
-        raise ApiError(400, "body must be a JSON object", code="invalid_body")
-    return data
+    return parse_json_object(await request.body())
 
 
 def _feedback(state: ServerState, data: dict) -> dict:
@@ -395,14 +394,19 @@ def _feedback(state: ServerState, data: dict) -> dict:
             raise ApiError(400, "'preferred' must equal 'id' or 'other_id'", param="preferred")
         mine, theirs = texts[index], other_found[2][0]
         chosen, rejected = (mine, theirs) if preferred == rid else (theirs, mine)
+        try:
+            check_pair(rid, other, chosen, rejected)
+        except ValueError as err:
+            raise ApiError(400, str(err), param="other_id") from err
         row = state.feedback.add(
             **common, other_id=other, preferred=preferred, chosen=chosen, rejected=rejected
         )
     else:
-        rating = data.get("rating")
-        if not isinstance(rating, (int, float)) or isinstance(rating, bool):
-            raise ApiError(400, "'rating' must be a number (or send other_id + preferred)", param="rating")
-        row = state.feedback.add(**common, rating=float(rating), chosen=texts[index])
+        try:
+            rating = check_rating(data.get("rating"))
+        except ValueError as err:
+            raise ApiError(400, str(err), param="rating") from err
+        row = state.feedback.add(**common, rating=rating, chosen=texts[index])
     state.metrics.inc("feedback_total", 1, "Feedback rows stored.", arm=arm)
     return {"id": row, "object": "feedback", "stored": True}
 
@@ -442,7 +446,7 @@ def register_routes(app: FastAPI, state: ServerState) -> None:
                 "object": "model",
                 "created": int(state.started),
                 "owned_by": "tandem",
-                "root": str(arm.model.folder),
+                "root": arm.model.label,
                 "version": arm.model.version,
                 "format": arm.model.format,
             }
@@ -469,7 +473,3 @@ def register_routes(app: FastAPI, state: ServerState) -> None:
     async def feedback(request: Request):
         check_user_key(state, request)
         return _feedback(state, await _parse_dict(request))
-
-    from tandem.serve.admin import register_admin
-
-    register_admin(app, state)

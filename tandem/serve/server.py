@@ -13,43 +13,36 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from tandem.errors import ConfigError, MissingDependencyError
-from tandem.serve.batcher import DynamicBatcher
-from tandem.serve.cache import LRUCache
-from tandem.serve.model import ServedModel
-from tandem.serve.router import Arm
+from tandem.serve.router import build_arm
 from tandem.utils.net import is_loopback_host
 
 logger = logging.getLogger(__name__)
 
 
-def build_arm(state, name: str, path: str | Path) -> Arm:
-    """Load ``path`` and wrap it in an arm with its own batcher and cache (batcher not started)."""
-    model = ServedModel.load(path, name=state.name)
-    s = state.settings
-    batcher = DynamicBatcher(
-        model.run,
-        max_batch_size=s.max_batch_size,
-        max_wait_ms=s.max_wait_ms,
-        max_queue=s.max_queue,
-        metrics=state.metrics,
-        arm=name,
-    )
-    return Arm(name, model, batcher, LRUCache(s.cache_size))
-
-
 def build_state(
     arms: dict[str, str], settings, name: str | None = None, split: dict[str, float] | None = None
 ):
-    """A :class:`~tandem.serve.app.ServerState` with ``arms`` (name -> model/run folder) loaded."""
+    """A :class:`~tandem.serve.app.ServerState` with ``arms`` (name -> model/run folder) loaded.
+
+    The admin state starts as ``arms`` with ``split``; with ``settings.state_dir`` (replicas) it is the
+    shared file there, which may already have moved on (a replica restarted after admin changes: it
+    catches up when serving starts)."""
+    from tandem.serve import admin_state
     from tandem.serve.app import ServerState
 
     first = next(iter(arms.values()))
     state = ServerState(settings, name or Path(first).resolve().name)
+    try:
+        start = admin_state.initial(arms, split)
+    except admin_state.SplitError as err:
+        raise ConfigError(str(err), where="--split") from None
     for arm_name, path in arms.items():
-        state.router.add(build_arm(state, arm_name, path))
-    if split:
-        state.router.set_split(split, record=False)
-    state.router._history.clear()
+        state.loaded[start.current.arms[arm_name]] = build_arm(state, arm_name, path)
+    state.store = (
+        admin_state.FileStore(settings.state_dir) if settings.state_dir else admin_state.MemoryStore(start)
+    )
+    state.router.show(start.current, state.loaded)
+    state.applied = start.version
     if settings.feedback_db:
         from tandem.serve.feedback import FeedbackStore
 
@@ -58,16 +51,34 @@ def build_state(
 
 
 def make_app(state):
-    """The FastAPI app with a lifespan that starts the batchers and marks the server ready."""
-    from tandem.serve.app import create_app
+    """The ASGI app over ``state``: the routes (:mod:`tandem.serve.routes`, :mod:`tandem.serve.admin`)
+    inside the middleware (:mod:`tandem.serve.middleware`), with a lifespan that starts the batchers,
+    catches up with the admin state and marks the server ready."""
+    from fastapi import FastAPI
 
-    app = create_app(state)
+    from tandem.serve.admin import register_admin, sync
+    from tandem.serve.app import install_error_handlers
+    from tandem.serve.middleware import BodyLimit, Gate
+    from tandem.serve.routes import register_routes
+
+    app = FastAPI(title="Tandem", version="1", docs_url=None, redoc_url=None)
+    app.state.tandem = state
+    install_error_handlers(app)
+    register_routes(app, state)
+    register_admin(app, state)
+    s = state.settings
+    app.add_middleware(BodyLimit, limit=s.max_body_bytes, timeout_s=s.read_timeout_s)
+    paths = {route.path for route in app.routes}
+    app.add_middleware(
+        Gate, api_keys=s.api_keys, metrics=state.metrics, paths=paths, before=lambda: sync(state)
+    )
 
     @asynccontextmanager
     async def lifespan(_app):
-        for arm in state.router.arms.values():
+        for arm in state.loaded.values():
             arm.batcher.start()
             state.batchers.append(arm.batcher)
+        sync(state)
         state.ready = True
         try:
             yield
@@ -92,9 +103,6 @@ def check_bind(host: str, has_keys: bool) -> None:
         )
 
 
-SPEC_ENV = "TANDEM_SERVE_SPEC"
-
-
 def app_from_env():
     """App factory for uvicorn worker processes (``--workers N``): rebuilds the state from the JSON spec
     the parent put in ``TANDEM_SERVE_SPEC`` (arms, settings, name, split). Each worker loads its own copy
@@ -102,11 +110,41 @@ def app_from_env():
     import dataclasses
 
     from tandem.serve.app import ServeSettings
+    from tandem.serve.connections import SPEC_ENV
 
     spec = json.loads(os.environ[SPEC_ENV])
     fields = {f.name for f in dataclasses.fields(ServeSettings)}
     settings = ServeSettings(**{k: v for k, v in spec["settings"].items() if k in fields})
     return make_app(build_state(spec["arms"], settings, name=spec["name"], split=spec["split"]))
+
+
+def check_tls(certfile: str | None, keyfile: str | None) -> None:
+    """ConfigError (one line) unless the TLS files exist and hold a certificate chain and its key;
+    uvicorn would otherwise fail at startup with a traceback."""
+    if certfile is None and keyfile is None:
+        return
+    if certfile is None:
+        raise ConfigError("a TLS key needs its certificate", where="--ssl-keyfile", hint="add --ssl-certfile")
+    for flag, path in (("--ssl-certfile", certfile), ("--ssl-keyfile", keyfile)):
+        if path is not None and not Path(path).is_file():
+            raise ConfigError(f"file not found: {path}", where=flag)
+    import ssl
+
+    try:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(certfile, keyfile, password=lambda: b"")  # never prompt on a tty
+    except (ssl.SSLError, OSError) as err:
+        raise ConfigError(
+            f"cannot load the certificate and key: {err}", where="--ssl-certfile", hint="PEM files expected"
+        ) from None
+
+
+def _uvicorn():
+    try:
+        import uvicorn
+    except ImportError as err:
+        raise MissingDependencyError("uvicorn", "serve") from err
+    return uvicorn
 
 
 def run_replicas(
@@ -120,27 +158,43 @@ def run_replicas(
     ssl_certfile: str | None = None,
     ssl_keyfile: str | None = None,
 ) -> None:
-    """Serve with ``workers`` uvicorn worker processes behind one port (replicas)."""
+    """Serve with ``workers`` uvicorn worker processes behind one port (replicas). The admin state they
+    share lives in a temporary folder, removed when the server stops."""
     import dataclasses
+    import shutil
+    import tempfile
+
+    from tandem.serve import admin_state
 
     check_bind(host, bool(settings.api_keys))
+    check_tls(ssl_certfile, ssl_keyfile)
+    uvicorn = _uvicorn()
+    from tandem.serve.connections import SPEC_ENV, uvicorn_limits
+
     try:
-        import uvicorn
-    except ImportError as err:
-        raise MissingDependencyError("uvicorn", "serve") from err
-    spec = {"arms": arms, "settings": dataclasses.asdict(settings), "name": name, "split": split}
-    os.environ[SPEC_ENV] = json.dumps(spec)
-    uvicorn.run(
-        "tandem.serve.server:app_from_env",
-        factory=True,
-        host=host,
-        port=port,
-        workers=workers,
-        ssl_certfile=ssl_certfile,
-        ssl_keyfile=ssl_keyfile,
-        log_level="warning",
-        timeout_graceful_shutdown=5,
-    )
+        start = admin_state.initial(arms, split)
+    except admin_state.SplitError as err:
+        raise ConfigError(str(err), where="--split") from None
+    folder = tempfile.mkdtemp(prefix="tandem-serve-")
+    try:
+        admin_state.FileStore(folder).create(start)
+        shared = dataclasses.replace(settings, state_dir=folder)
+        spec = {"arms": arms, "settings": dataclasses.asdict(shared), "name": name, "split": split}
+        os.environ[SPEC_ENV] = json.dumps(spec)
+        uvicorn.run(
+            "tandem.serve.server:app_from_env",
+            factory=True,
+            host=host,
+            port=port,
+            workers=workers,
+            ssl_certfile=ssl_certfile,
+            ssl_keyfile=ssl_keyfile,
+            log_level="warning",
+            timeout_graceful_shutdown=5,
+            **uvicorn_limits(settings, replicas=True),
+        )
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def run_server(
@@ -153,17 +207,17 @@ def run_server(
 ) -> None:
     """Serve ``state`` with uvicorn until interrupted."""
     check_bind(host, bool(state.settings.api_keys))
-    try:
-        import uvicorn
-    except ImportError as err:
-        raise MissingDependencyError("uvicorn", "serve") from err
-    app = make_app(state)
+    check_tls(ssl_certfile, ssl_keyfile)
+    uvicorn = _uvicorn()
+    from tandem.serve.connections import uvicorn_limits
+
     uvicorn.run(
-        app,
+        make_app(state),
         host=host,
         port=port,
         ssl_certfile=ssl_certfile,
         ssl_keyfile=ssl_keyfile,
         log_level=log_level,
         timeout_graceful_shutdown=5,
+        **uvicorn_limits(state.settings),
     )

@@ -35,7 +35,12 @@ class Running:
 
         self.state = state
         self.port = _free_port()
-        config = uvicorn.Config(make_app(state), host="127.0.0.1", port=self.port, log_level="error")
+        from tandem.serve.connections import uvicorn_limits
+
+        limits = uvicorn_limits(state.settings)  # the connection limits `tandem serve` runs with
+        config = uvicorn.Config(
+            make_app(state), host="127.0.0.1", port=self.port, log_level="error", **limits
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()

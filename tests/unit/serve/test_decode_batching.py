@@ -9,6 +9,7 @@ import torch
 
 from tandem.models import load_causal_lm, load_tokenizer
 from tandem.rollout import HFEngine, SamplingParams
+from tandem.serve import admin_state as ops
 from tandem.serve.batcher import DynamicBatcher, QueueFullError
 from tandem.serve.cache import LRUCache, cache_key
 from tandem.serve.decode import RowRequest, RowResult, decode_rows
@@ -97,16 +98,18 @@ def test_metrics_render_prometheus_text():
 
 
 def test_router_sticky_split_promote_rollback():
+    cfg = ops.initial({"a": "/m/a"})
+    cfg = ops.add_arm(cfg, "b", "load-b", "/m/b", weight=1.0)
+    assert cfg.current.split == {"a": 0.5, "b": 0.5}
+    loaded = {"start-a": Arm("a", None, None, LRUCache(0)), "load-b": Arm("b", None, None, LRUCache(0))}
     router = Router()
-    router.add(Arm("a", None, None, LRUCache(0)))
-    router.add(Arm("b", None, None, LRUCache(0)), weight=1.0)
-    assert router.split == {"a": 0.5, "b": 0.5}
+    router.show(cfg.current, loaded)
     picks = {u: router.pick(u).name for u in (f"user{i}" for i in range(200))}
     assert all(router.pick(u).name == arm for u, arm in picks.items())  # sticky
     assert 60 < sum(a == "a" for a in picks.values()) < 140  # roughly the split
-    router.promote("b")
+    router.show(ops.promote(cfg, "b").current, loaded)
     assert {router.pick(u).name for u in picks} == {"b"}
-    router.rollback()
-    assert router.split == {"a": 0.5, "b": 0.5}
-    with pytest.raises(KeyError):
-        router.set_split({"zzz": 1.0})
+    back = ops.rollback(ops.promote(cfg, "b"))
+    assert back.current.split == {"a": 0.5, "b": 0.5} and back.version == cfg.version + 2
+    with pytest.raises(ops.SplitError):
+        ops.set_split(cfg, {"zzz": 1.0})
