@@ -2,9 +2,10 @@
 
 A channel moves :class:`TrajectoryMessage` objects — one scored batch of samples each — serialised
 explicitly (:mod:`tandem.channels.serialize`: safetensors bytes + JSON, never pickled tensors). Each backend
-is one module implementing :class:`TrajectoryChannel` and one line in ``BACKENDS``
-(``tandem/channels/__init__.py``); a Kafka backend would be a new ``kafka.py`` whose ``put`` produces to a
-topic, ``get`` polls a consumer group and ``ack`` commits offsets after the checkpoint.
+is one module whose class implements :class:`TrajectoryChannel` and :class:`ChannelBackend` (its options
+model, the runtimes it serves, ``from_config``), plus one line in ``BACKENDS`` (``tandem/channels/__init__.py``);
+a Kafka backend would be a new ``kafka.py`` whose ``put`` produces to a topic, ``get`` polls a consumer group
+and ``ack`` commits offsets after the checkpoint, with ``Options`` holding its brokers and topic.
 
 Delivery semantics: ``get`` returns a :class:`Delivery` whose ``delivery_id`` the learner passes to ``ack``
 once the update that used the sample is durable (checkpointed). Non-durable backends (the in-process
@@ -15,9 +16,11 @@ next consumer after a crash and report them through ``redelivered``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from multiprocessing.context import BaseContext
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
+from pydantic import BaseModel, ConfigDict
 
 from tandem.types import RolloutBatch
 
@@ -53,7 +56,11 @@ class Delivery:
 
 @runtime_checkable
 class TrajectoryChannel(Protocol):
-    """Producer/consumer channel of trajectory messages (see the module docstring for semantics)."""
+    """Producer/consumer channel of trajectory messages (see the module docstring for semantics).
+
+    ``durable``: un-acknowledged messages survive the consumer (a restarted learner re-reads them)."""
+
+    durable: bool
 
     def put(self, message: TrajectoryMessage) -> None:
         """Append one message (called by rollout workers; must be safe from several processes)."""
@@ -74,3 +81,30 @@ class TrajectoryChannel(Protocol):
     def close(self) -> None:
         """Release this process's handles (idempotent)."""
         ...
+
+
+class ChannelOptions(BaseModel):
+    """Base of a backend's options model: unknown keys and non-finite floats are errors."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+@dataclass(frozen=True)
+class ChannelSetting:
+    """What a backend may need from the run besides its options."""
+
+    run_name: str = "run"  # run.name, e.g. for a default stream or topic name
+    runtime: str = "embedded"  # architecture.runtime
+    mp_context: BaseContext | None = None  # embedded runtime: the context worker processes are spawned with
+
+
+class ChannelBackend(Protocol):
+    """What a ``BACKENDS`` entry points at: a :class:`TrajectoryChannel` class that declares its options
+    (``Options``, validated from ``architecture.channel.options``), the ``architecture.runtime`` values it
+    can serve, whether it is durable, and how to build itself from validated options."""
+
+    Options: ClassVar[type[ChannelOptions]]
+    runtimes: ClassVar[tuple[str, ...]]
+    durable: bool
+
+    def from_config(self, options: Any, setting: ChannelSetting) -> TrajectoryChannel: ...

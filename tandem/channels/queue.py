@@ -11,7 +11,7 @@ import multiprocessing as mp
 import queue as std_queue
 from multiprocessing.context import BaseContext
 
-from tandem.channels.base import Delivery, TrajectoryMessage
+from tandem.channels.base import ChannelOptions, ChannelSetting, Delivery, TrajectoryMessage
 from tandem.channels.serialize import decode_message, encode_message
 
 
@@ -19,10 +19,19 @@ class QueueChannel:
     """A :class:`~tandem.channels.base.TrajectoryChannel` over ``multiprocessing.Queue``."""
 
     durable = False
+    runtimes = ("embedded",)  # worker processes inherit the queue; Ray actors cannot reach it
+
+    class Options(ChannelOptions):
+        """The queue has no settings."""
 
     def __init__(self, ctx: BaseContext | None = None, maxsize: int = 0) -> None:
         self._queue = (ctx or mp.get_context("spawn")).Queue(maxsize)
         self.redelivered = 0  # never: the queue is not durable
+
+    @classmethod
+    def from_config(cls, options: Options, setting: ChannelSetting) -> QueueChannel:
+        """A queue in the context the worker processes are spawned with."""
+        return cls(setting.mp_context)
 
     def put(self, message: TrajectoryMessage) -> None:
         self._queue.put(encode_message(message))

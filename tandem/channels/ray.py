@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tandem.channels.base import Delivery, TrajectoryMessage
+from tandem.channels.base import ChannelOptions, ChannelSetting, Delivery, TrajectoryMessage
 from tandem.channels.serialize import decode_message, encode_message
 from tandem.errors import ConfigError
 
@@ -73,6 +73,14 @@ class RayQueueChannel:
     """A :class:`~tandem.channels.base.TrajectoryChannel` over an actor-backed Ray queue."""
 
     durable = False
+    runtimes = ("ray",)  # the queue is an actor of the run's Ray instance
+
+    class Options(ChannelOptions):
+        """The Ray queue has no settings."""
+
+    @classmethod
+    def from_config(cls, options: Options, setting: ChannelSetting) -> RayQueueChannel:
+        return cls()
 
     def __init__(self, maxsize: int = 0) -> None:
         import_ray()

@@ -20,7 +20,9 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from tandem.channels.base import Delivery, TrajectoryMessage
+from pydantic import Field
+
+from tandem.channels.base import ChannelOptions, ChannelSetting, Delivery, TrajectoryMessage
 from tandem.channels.serialize import decode_message, encode_message
 from tandem.errors import ConfigError, MissingDependencyError
 
@@ -37,6 +39,36 @@ class RedisStreamChannel:
     """A :class:`~tandem.channels.base.TrajectoryChannel` on one Redis stream and consumer group."""
 
     durable = True
+    runtimes = ("embedded", "ray")  # any process that reaches the server
+
+    class Options(ChannelOptions):
+        """``architecture.channel.options`` of the Redis backend."""
+
+        redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis server URL.")
+        stream: str | None = Field(
+            None, description="Redis stream / consumer group name (default: tandem:<run.name>)."
+        )
+        max_len: int | None = Field(
+            None,
+            ge=1,
+            description="Retention: trim the stream to about this many entries (acknowledged ones first).",
+        )
+        trim_acked: bool = Field(
+            True, description="Retention: delete stream entries once acknowledged (after their checkpoint)."
+        )
+        max_age_s: float | None = Field(
+            None,
+            gt=0,
+            description="Retention: trim stream entries older than this many seconds (null = keep).",
+        )
+
+    @classmethod
+    def from_config(cls, options: Options, setting: ChannelSetting) -> RedisStreamChannel:
+        """The run's stream (``tandem:<run.name>`` unless ``stream`` is set) on the server ``redis_url``."""
+        stream = options.stream or f"tandem:{setting.run_name}"
+        return cls(
+            options.redis_url, stream, None, "learner", options.max_len, options.trim_acked, options.max_age_s
+        )
 
     def __init__(
         self,
@@ -81,7 +113,7 @@ class RedisStreamChannel:
         except redis.ConnectionError as exc:
             raise ConfigError(
                 f"cannot reach Redis at {self.url} ({exc})",
-                where="architecture.channel.redis_url",
+                where="architecture.channel.options.redis_url",
                 hint="start redis-server or fix the URL",
             ) from exc
 

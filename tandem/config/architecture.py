@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from tandem.config.base import Section
 
@@ -61,26 +61,38 @@ class AutoscaleConfig(Section):
 
 
 class ChannelConfig(Section):
-    backend: Literal["queue", "redis", "ray"] = Field(
+    """The trajectory channel: a backend name and that backend's options. Backends live above the config
+    layer (``tandem.channels.BACKENDS``), so a decoupled run validates ``options`` against the backend's own
+    model when it starts, before anything is written; a new backend needs no field here."""
+
+    backend: str = Field(
         "queue",
-        description="Trajectory channel: multiprocessing queue (default), Redis Streams (durable) or a Ray "
-        "actor queue (runtime ray).",
+        min_length=1,
+        description="Trajectory channel, a name in tandem.channels.BACKENDS: queue (multiprocessing, "
+        "default), redis (Redis Streams, durable) or ray (an actor queue, runtime ray). An unknown name is "
+        "an error listing the valid ones.",
     )
-    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis server URL (backend redis).")
-    stream: str | None = Field(
-        None, description="Redis stream / consumer group name (default: tandem:<run.name>)."
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Settings of the chosen backend, validated by it when a decoupled run starts (each "
+        "backend's are listed below). Keys given directly under architecture.channel (e.g. redis_url) are "
+        "options too.",
     )
-    max_len: int | None = Field(
-        None,
-        ge=1,
-        description="Retention: trim the stream to about this many entries (acknowledged ones first).",
-    )
-    trim_acked: bool = Field(
-        True, description="Retention: delete stream entries once acknowledged (after their checkpoint)."
-    )
-    max_age_s: float | None = Field(
-        None, gt=0, description="Retention: trim stream entries older than this many seconds (null = keep)."
-    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_options(cls, data: Any) -> Any:
+        """``channel: {backend: redis, redis_url: ...}`` (the form before ``options`` existed) means
+        ``channel: {backend: redis, options: {redis_url: ...}}``; a direct key wins over the same key in
+        ``options`` (so ``architecture.channel.redis_url=...`` overrides a resolved config)."""
+        if not isinstance(data, dict):
+            return data
+        flat = {k: v for k, v in data.items() if k not in cls.model_fields}
+        nested = data.get("options", {})
+        if not flat or not isinstance(nested, dict):
+            return data
+        kept = {k: v for k, v in data.items() if k in cls.model_fields}
+        return {**kept, "options": {**nested, **flat}}
 
 
 class ArchitectureConfig(Section):

@@ -138,7 +138,9 @@ def _warn_off_policy(cfg: CheckedConfig) -> None:
 
 
 def _check_architecture(cfg: CheckedConfig) -> None:
-    """Decoupled runs: reject what the runtime cannot do; warn when the loss ignores staleness η ≥ 2."""
+    """Decoupled runs: reject what the runtime cannot do; warn when the loss ignores staleness η ≥ 2.
+    The trajectory channel is checked by its backend when a decoupled run starts
+    (:func:`tandem.channels.check_channel`: name, options, runtime), as backends live above this layer."""
     arch = cfg.architecture
     if arch.autoscale.min_workers > arch.autoscale.max_workers:
         raise CrossFieldError(
@@ -153,11 +155,6 @@ def _check_architecture(cfg: CheckedConfig) -> None:
             f"num_workers={arch.num_workers} is outside autoscale [{arch.autoscale.min_workers}, "
             f"{arch.autoscale.max_workers}]",
         )
-    if arch.channel.backend == "ray" and arch.runtime != "ray":
-        raise CrossFieldError(
-            "architecture.channel.backend",
-            "the ray channel needs architecture.runtime=ray; use queue or redis",
-        )
     _check_data_parallel(cfg)
     if arch.mode != "decoupled":
         return
@@ -165,11 +162,6 @@ def _check_architecture(cfg: CheckedConfig) -> None:
         raise CrossFieldError(
             "architecture.ray.learner_actor",
             "a learner actor needs architecture.runtime=ray; set it to false",
-        )
-    if arch.runtime == "ray" and arch.channel.backend == "queue":
-        raise CrossFieldError(
-            "architecture.channel.backend",
-            "the multiprocessing queue cannot reach Ray actors; use ray (or redis) with architecture.runtime=ray",
         )
     _warn_off_policy(cfg)
 

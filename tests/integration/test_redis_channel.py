@@ -123,7 +123,7 @@ def test_unreachable_redis_is_a_config_error():
     from tandem.channels.redis import RedisStreamChannel
     from tandem.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="architecture.channel.redis_url: cannot reach Redis"):
+    with pytest.raises(ConfigError, match="architecture.channel.options.redis_url: cannot reach Redis"):
         RedisStreamChannel(f"redis://127.0.0.1:{_free_port()}/0", "t:none")
 
 

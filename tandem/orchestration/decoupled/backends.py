@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from tandem.channels import TrajectoryChannel, open_channel
+from tandem.channels import ChannelSetting, TrajectoryChannel, open_channel
 from tandem.channels.weights import SharedMemoryWeights
 from tandem.config.schema import TandemConfig
 from tandem.orchestration.decoupled.coordination import Coordination
@@ -49,30 +49,27 @@ class Backend:
                 stack.callback(fn)
 
 
-ChannelOptions = Callable[[TandemConfig, BaseContext], dict[str, Any]]
+def open_trajectory_channel(cfg: TandemConfig, ctx: BaseContext | None) -> TrajectoryChannel:
+    """The configured trajectory channel (``architecture.channel``), built by its backend from its options."""
+    ch = cfg.architecture.channel
+    setting = ChannelSetting(run_name=cfg.run.name, runtime=cfg.architecture.runtime, mp_context=ctx)
+    return open_channel(ch.backend, ch.options, setting)
 
 
 def open_backend(
-    cfg: TandemConfig,
-    controller: StalenessController,
-    template: dict[str, torch.Tensor],
-    channel_options: ChannelOptions,
-    ctx: BaseContext,
+    cfg: TandemConfig, controller: StalenessController, template: dict[str, torch.Tensor], ctx: BaseContext
 ) -> Backend:
-    """Create the parts for ``cfg.architecture.runtime``; ``template`` is the policy's state dict,
-    ``channel_options(cfg, ctx)`` the trajectory channel's constructor options."""
+    """Create the parts for ``cfg.architecture.runtime``; ``template`` is the policy's state dict."""
     if cfg.architecture.runtime == "ray":
-        return _open_ray(cfg, controller, channel_options, ctx)
+        return _open_ray(cfg, controller, ctx)
     coord = Coordination(ctx, controller)
     weights = SharedMemoryWeights(template, ctx)
-    channel = open_channel(cfg.architecture.channel.backend, **channel_options(cfg, ctx))
+    channel = open_trajectory_channel(cfg, ctx)
     supervisor = LocalSupervisor(ctx, cfg, channel, weights, coord)
     return Backend(coord, weights, channel, supervisor, [weights.unlink, channel.close])
 
 
-def _open_ray(
-    cfg: TandemConfig, controller: StalenessController, channel_options: ChannelOptions, ctx: BaseContext
-) -> Backend:
+def _open_ray(cfg: TandemConfig, controller: StalenessController, ctx: BaseContext) -> Backend:
     from tandem.channels.ray_weights import RayObjectStoreWeights
     from tandem.orchestration.decoupled.ray_cluster import RayCluster
     from tandem.orchestration.decoupled.ray_coordination import RayCoordination
@@ -85,7 +82,7 @@ def _open_ray(
         cleanups.append(coord.close)
         weights = RayObjectStoreWeights()
         cleanups.append(weights.unlink)
-        channel = open_channel(cfg.architecture.channel.backend, **channel_options(cfg, ctx))
+        channel = open_trajectory_channel(cfg, ctx)
         cleanups.append(channel.close)
     except BaseException:
         Backend(None, None, None, None, cleanups).close()  # type: ignore[arg-type]

@@ -1,6 +1,6 @@
 """Embedded decoupled runtime: one learner (this process) and N rollout worker processes on one machine.
 
-Wiring: a trajectory channel (``architecture.channel.backend``) carries scored batches from the workers to
+Wiring: a trajectory channel (``architecture.channel``) carries scored batches from the workers to
 the learner; a shared-memory weight channel carries versioned weights back; a
 :class:`~tandem.orchestration.decoupled.coordination.Coordination` admits batches under the staleness
 bound η; a :class:`~tandem.orchestration.decoupled.supervisor.LocalSupervisor` restarts dead workers.
@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from tandem.channels import TrajectoryChannel
+from tandem.channels import TrajectoryChannel, check_channel
 from tandem.channels.weights import SharedMemoryWeights
 from tandem.config.schema import TandemConfig
 from tandem.monitor import MetricsLogger, PhaseTimer
@@ -86,28 +86,14 @@ class RunHooks:
     listener: MetricsListener | None = None  # also gets every logged row and alert (Ray: to the driver)
 
 
-def channel_options(cfg: TandemConfig, ctx: BaseContext) -> dict[str, Any]:
-    """Constructor options of the configured trajectory channel backend."""
-    ch = cfg.architecture.channel
-    if ch.backend == "queue":
-        return {"ctx": ctx}
-    if ch.backend == "ray":
-        return {}
-    return {
-        "url": ch.redis_url,
-        "stream": ch.stream or f"tandem:{cfg.run.name}",
-        "max_len": ch.max_len,
-        "trim_acked": ch.trim_acked,
-        "max_age_s": ch.max_age_s,
-    }
-
-
 def train_decoupled(
     cfg: TandemConfig, *, resume: bool = False, progress: bool | None = None, hooks: RunHooks | None = None
 ) -> RunResult:
     """Train with the decoupled architecture; same run folder and result as the colocated ``train``."""
     hooks = hooks or RunHooks()
     check_decoupled_rules(cfg)
+    ch = cfg.architecture.channel
+    check_channel(ch.backend, ch.options, cfg.architecture.runtime)  # before any work: name, options, runtime
     check_run_dir(cfg, resume=resume)
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.architecture.learner.threads)
@@ -125,7 +111,7 @@ def train_decoupled(
 
     ctx = mp.get_context("spawn")
     controller = StalenessController(cfg.architecture.staleness, cfg.samples_per_step)
-    backend = open_backend(cfg, controller, parts.policy.state_dict(), channel_options, ctx)  # by runtime
+    backend = open_backend(cfg, controller, parts.policy.state_dict(), ctx)  # by runtime
     coord, weights, channel, supervisor = backend.coord, backend.weights, backend.channel, backend.supervisor
     dp: DataParallelLearner | None = None
     try:
@@ -185,7 +171,7 @@ def _admit_after_restart(learner: DecoupledLearner, coord: Coordination) -> None
     """Set the admission counters. Fresh run: 0/0. Restart: un-acknowledged messages of a durable channel
     are buffered first; tickets up to the newest one known exist already, and the buffered ones are the
     only ones still to consume, so capacity is ``η + 1 − buffered`` (see ``staleness``)."""
-    recovered = learner.recover() if getattr(learner.channel, "durable", False) else []
+    recovered = learner.recover() if learner.channel.durable else []
     known = learner.ledger.consumed | set(recovered)
     issued = max(known) + 1 if known else 0
     coord.set_counters(issued=issued, consumed=issued - len(recovered))

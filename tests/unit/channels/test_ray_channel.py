@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from tandem.channels import BACKENDS, TrajectoryMessage
+from tandem.channels import BACKENDS, TrajectoryMessage, check_channel
 from tandem.config import build_config
 from tandem.errors import ConfigError
 from tandem.orchestration.staleness import StalenessController
@@ -54,10 +54,22 @@ def test_missing_ray_names_the_runtime_key(monkeypatch):
         import_ray()
 
 
-def test_ray_runtime_rejects_the_multiprocessing_queue():
-    with pytest.raises(ConfigError, match="architecture.channel.backend.*cannot reach Ray actors"):
-        _cfg(runtime="ray", channel={"backend": "queue"})
-    assert _cfg(runtime="ray", channel={"backend": "ray"}).architecture.runtime == "ray"
+def _check(cfg) -> None:
+    ch = cfg.architecture.channel
+    check_channel(ch.backend, ch.options, cfg.architecture.runtime)
+
+
+def test_ray_runtime_rejects_the_multiprocessing_queue_and_the_ray_channel_needs_ray():
+    """Each backend declares the runtimes it serves; the pre-flight derives the message from them."""
+    with pytest.raises(ConfigError) as err:
+        _check(_cfg(runtime="ray", channel={"backend": "queue"}))
+    assert str(err.value) == (
+        "architecture.channel.backend: channel 'queue' cannot serve architecture.runtime=ray "
+        "(it serves: embedded); use redis or ray"
+    )
+    with pytest.raises(ConfigError, match="channel 'ray' cannot serve architecture.runtime=embedded"):
+        _check(_cfg(runtime="embedded", channel={"backend": "ray"}))
+    _check(_cfg(runtime="ray", channel={"backend": "ray"}))
     assert BACKENDS["ray"] == "tandem.channels.ray:RayQueueChannel"
 
 

@@ -54,11 +54,61 @@ def test_dynamic_sampling_is_accepted_when_decoupled():
     assert build_config(_data({"name": "dapo"}, 1)).algorithm.dynamic_sampling is True
 
 
-def test_unknown_channel_backend_names_the_key():
+def test_unknown_channel_backend_names_the_key_and_the_valid_ones():
+    """Channel backends live above the config layer: a decoupled run checks the name (and the backend its
+    options) before it starts; the config keeps the name as given."""
+    from tandem.channels import check_channel
+
     data = _data({"name": "decoupled_ppo"}, 1)
     data["architecture"]["channel"] = {"backend": "kafka"}
-    with pytest.raises(ConfigError, match="architecture.channel.backend"):
-        build_config(data)
+    cfg = build_config(data)
+    with pytest.raises(ConfigError) as err:
+        check_channel(cfg.architecture.channel.backend, cfg.architecture.channel.options, "embedded")
+    assert (
+        str(err.value)
+        == "architecture.channel.backend: unknown channel backend 'kafka'; valid: queue, ray, redis"
+    )
+
+
+@pytest.mark.parametrize(
+    ("channel", "message"),
+    [
+        (
+            {"backend": "redis", "max_age_s": -1},
+            "architecture.channel.options.max_age_s: Input should be greater",
+        ),
+        (
+            {"backend": "redis", "options": {"trim_ackd": False}},
+            "architecture.channel.options.trim_ackd: unknown option of channel 'redis'; its options: "
+            "redis_url, stream, max_len, trim_acked, max_age_s",
+        ),
+        (
+            {"backend": "queue", "redis_url": "redis://x"},
+            "architecture.channel.options.redis_url: unknown option of channel 'queue'; its options: none",
+        ),
+    ],
+)
+def test_bad_channel_options_name_their_key(channel, message):
+    from tandem.channels import check_channel
+
+    data = _data({"name": "decoupled_ppo"}, 1)
+    data["architecture"]["channel"] = channel
+    ch = build_config(data).architecture.channel
+    with pytest.raises(ConfigError) as err:
+        check_channel(ch.backend, ch.options, "embedded")
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_flat_channel_keys_are_options_and_win_over_the_same_option():
+    data = _data({"name": "decoupled_ppo"}, 1)
+    data["architecture"]["channel"] = {
+        "backend": "redis",
+        "redis_url": "redis://a:1/0",
+        "options": {"redis_url": "redis://b:2/0", "stream": "s"},
+    }
+    ch = build_config(data).architecture.channel
+    assert ch.options == {"redis_url": "redis://a:1/0", "stream": "s"}
+    assert build_config(build_config(data).model_dump(mode="json")).architecture.channel == ch
 
 
 @pytest.mark.parametrize("name", ["decoupled_ppo", "decoupled_agro", "decoupled_topr", "decoupled_grpo_tis"])
@@ -78,7 +128,6 @@ def test_shipped_decoupled_presets_load_without_warning(caplog, name):
         ),
         ({"num_workers": 5, "autoscale": {"enabled": True, "max_workers": 4}}, "architecture.num_workers"),
         ({"weight_sync": "sometimes"}, "architecture.weight_sync"),
-        ({"channel": {"max_age_s": -1}}, "architecture.channel.max_age_s"),
     ],
 )
 def test_bad_elasticity_and_sync_settings_name_their_key(arch, key):
