@@ -201,8 +201,11 @@ def test_admin_load_split_promote_rollback_and_feedback(server, tiny_model_dir, 
     assert admin.post("/admin/split", json={"weights": {"nope": 1}}).status_code == 400
     admin.close()
     with server.client() as c:
-        a = c.post("/v1/completions", json={"prompt": "2+2=", "max_tokens": 3}).json()
-        b = c.post("/v1/completions", json={"prompt": "2+2=", "max_tokens": 3}).json()
+        a = c.post("/v1/completions", json={"prompt": "2+2=", "max_tokens": 3, "seed": 0}).json()
+        for seed in range(1, 20):  # a pair of identical answers is refused: sample until the texts differ
+            b = c.post("/v1/completions", json={"prompt": "2+2=", "max_tokens": 3, "seed": seed}).json()
+            if b["choices"][0]["text"] != a["choices"][0]["text"]:
+                break
         ok = c.post("/v1/feedback", json={"id": a["id"], "other_id": b["id"], "preferred": b["id"]})
         assert ok.status_code == 200, ok.text
         assert c.post("/v1/feedback", json={"id": "cmpl-missing", "rating": 1}).status_code == 404

@@ -174,8 +174,12 @@ def test_feedback_survives_kill_9_and_exports(tiny_model_dir, tmp_path):
     proc = _spawn([str(tiny_model_dir), "--feedback-db", str(db)], port)
     try:
         url = f"http://127.0.0.1:{port}"
-        a = httpx.post(url + "/v1/completions", json={"prompt": "3+4=", "max_tokens": 4}, timeout=30).json()
-        b = httpx.post(url + "/v1/completions", json={"prompt": "3+4=", "max_tokens": 4}, timeout=30).json()
+        body = {"prompt": "3+4=", "max_tokens": 4, "seed": 0}
+        a = httpx.post(url + "/v1/completions", json=body, timeout=30).json()
+        for seed in range(1, 20):  # a pair of identical answers is refused: sample until the texts differ
+            b = httpx.post(url + "/v1/completions", json={**body, "seed": seed}, timeout=30).json()
+            if b["choices"][0]["text"] != a["choices"][0]["text"]:
+                break
         r = httpx.post(url + "/v1/feedback", json={"id": a["id"], "other_id": b["id"], "preferred": a["id"]})
         assert r.status_code == 200
     finally:
