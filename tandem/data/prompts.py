@@ -11,14 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from tandem.data.jsonl import iter_json_objects
 from tandem.data.parquet import read_parquet_rows
 from tandem.errors import DataError
-
-if TYPE_CHECKING:
-    from tandem.data.sampler import PromptSampler
 
 JSONL_SUFFIXES = (".jsonl", ".json")
 PARQUET_SUFFIXES = (".parquet",)
@@ -87,12 +84,6 @@ class PromptDataset:
     def column(self, name: str) -> list[Any]:
         """Values of column ``name`` for every row (None where a row lacks it)."""
         return [row.get(name) for row in self.rows]
-
-    def sampler(self, batch_size: int, seed: int) -> PromptSampler:
-        """A resumable, epoch-shuffled batch sampler over this dataset."""
-        from tandem.data.sampler import PromptSampler
-
-        return PromptSampler(self, batch_size=batch_size, seed=seed)
 
 
 def validate_prompt(prompt: Any, where: str) -> None:

@@ -18,7 +18,7 @@ def dataset(n: int) -> PromptDataset:
 
 
 def test_every_row_once_per_epoch_and_reshuffled():
-    sampler = dataset(12).sampler(batch_size=4, seed=3)
+    sampler = PromptSampler(dataset(12), batch_size=4, seed=3)
     epoch0 = [r["i"] for _ in range(3) for r in sampler.next_batch()]
     epoch1 = [r["i"] for _ in range(3) for r in sampler.next_batch()]
     assert sorted(epoch0) == sorted(epoch1) == list(range(12))
