@@ -89,4 +89,3 @@ ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
     # Fully explicit: every field must be given.
     "custom": {**_PPO_DEFAULTS},
 }
-
