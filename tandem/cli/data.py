@@ -12,14 +12,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from tandem.cli.main import app, user_errors
+from tandem.cli.app import data_app, user_errors
 
 if TYPE_CHECKING:
     from tandem.data.preference import InvalidRow
 
-data_app = typer.Typer(
-    help="Preference data: validate, split, stats, dedup, aggregate, make-safety.", no_args_is_help=True
-)
 out = Console()
 
 InputFile = Annotated[
@@ -246,16 +243,3 @@ def make_safety(
     out.print(
         f"safety preferences: train {len(train)} ({flipped} flipped), val {len(val)} -> {escape(str(out_dir))}"
     )
-
-
-def register(main_app: typer.Typer) -> None:
-    """Add the ``data`` commands; if another module already registered a ``data`` group (e.g.
-    ``data export-feedback`` from serving), merge into it instead of shadowing it."""
-    for group in main_app.registered_groups:
-        if group.name == "data" and group.typer_instance is not None and group.typer_instance is not data_app:
-            group.typer_instance.registered_commands.extend(data_app.registered_commands)
-            return
-    main_app.add_typer(data_app, name="data")
-
-
-register(app)

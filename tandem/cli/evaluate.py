@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -10,23 +9,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from tandem.cli.main import app, err, out, user_errors
+from tandem.cli.app import app, err, out, parse_options, user_errors
 from tandem.cli.progress import count_progress
 from tandem.errors import ConfigError
-
-
-def parse_options(items: list[str] | None, flag: str) -> dict[str, Any]:
-    """``["digits=2", "ops=+-"]`` -> ``{"digits": 2, "ops": "+-"}`` (values parsed as JSON when they can be)."""
-    opts: dict[str, Any] = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"expected KEY=VALUE, got {item!r}", where=flag)
-        try:
-            opts[key] = json.loads(value)
-        except json.JSONDecodeError:
-            opts[key] = value
-    return opts
 
 
 def metrics_table(title: str, columns: dict[str, dict[str, float]]) -> Table:

@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from tandem.cli.main import app, out, user_errors
+from tandem.cli.app import app, out, parse_options, user_errors
 
 
 def _fmt(value, unit: str = "", digits: int = 3) -> str:
@@ -50,7 +50,6 @@ def export_cmd(
 
     Example: tandem export runs/grpo --format int8 --task arith
     """
-    from tandem.cli.evaluate import parse_options
     from tandem.data.outputs import check_output_dir, output_folder
     from tandem.data.storage import is_remote, local_input
     from tandem.export.api import export_model

@@ -1,234 +1,33 @@
 """``tandem`` — command-line entry point. Commands print; library code only logs.
 
 Expected bad input (config, data, model, reward) ends in one red line on stderr and exit code 2.
+
+The app and its groups live in ``tandem.cli.app``; each command module attaches its commands when it is
+imported. This module imports them all, in the order ``tandem --help`` lists them, and is the only module
+that does: command modules never import it, so the CLI has no import cycle.
 """
 
 from __future__ import annotations
 
-import functools
-import logging
-import os
-from pathlib import Path
-from typing import Annotated
+from tandem.cli.app import app
 
-import typer
-from rich.console import Console
-from rich.markup import escape
+# The import order is the order of the commands in --help, so it is not sorted.
+# isort: off
+from tandem.cli import train as _train  # noqa: F401  (registers train, init-model, sft, demo)
+from tandem.cli import config as _config  # noqa: F401  (registers config show|docs)
+from tandem.cli import data as _data  # noqa: F401  (registers data validate|stats|dedup|split|...)
+from tandem.cli import evaluate as _evaluate  # noqa: F401  (registers eval, abtest, report)
+from tandem.cli import export as _export  # noqa: F401  (registers export)
+from tandem.cli import rlhf as _rlhf  # noqa: F401  (registers rm, dpo, label)
+from tandem.cli import serve as _serve  # noqa: F401  (registers serve, loadtest, data export-feedback)
+# isort: on
 
-from tandem.errors import TandemError
-
-app = typer.Typer(
-    name="tandem",
-    help="Align language models with RL and preference optimisation.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-config_app = typer.Typer(help="Inspect configs.", no_args_is_help=True)
-app.add_typer(config_app, name="config")
-
-out = Console()
-err = Console(stderr=True)
-
-
-def user_errors(fn):
-    """Turn a TandemError into one line on stderr and a non-zero exit, without a traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        _quiet_transformers()
-        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-        try:
-            return fn(*args, **kwargs)
-        except TandemError as exc:
-            # Escaped: the message quotes user text (overrides, paths) that may look like rich markup.
-            err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-            raise typer.Exit(exc.exit_code) from None
-        except KeyboardInterrupt:
-            err.print("[yellow]interrupted[/]")
-            raise typer.Exit(130) from None
-
-    return wrapper
-
-
-def _quiet_transformers() -> None:
-    """Transformers' own bars ("Loading weights", "Writing model shards") would break up ours."""
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-        hf_logging.set_verbosity_error()
-    except ImportError:  # pragma: no cover - transformers is a core dependency
-        pass
-
-
-Overrides = Annotated[list[str] | None, typer.Argument(help="Dotted overrides, e.g. trainer.lr=5e-6.")]
-
-
-@app.command()
-@user_errors
-def train(
-    config: Annotated[Path, typer.Argument(help="YAML config, e.g. configs/grpo.yaml.")],
-    overrides: Overrides = None,
-    resume: Annotated[bool, typer.Option(help="Continue the run from its latest checkpoint.")] = False,
-    progress: Annotated[
-        bool | None,
-        typer.Option(help="Show the progress bar (default: monitor.progress).", show_default=False),
-    ] = None,
-) -> None:
-    """Train a policy with RL (GRPO, DAPO, RLOO, ...).
-
-    reward.functions in a config are imported and run as Python code: use only code you trust.
-
-    Example: tandem train configs/dapo.yaml algorithm.clip_high=0.28 trainer.lr=5e-6
-    """
-    from tandem.cli.report import print_run_result
-    from tandem.config import load_config
-    from tandem.orchestration.runner import train as run_train
-
-    cfg = load_config(config, overrides or [])
-    _ensure_warm_start(cfg)
-    result = run_train(cfg, resume=resume, progress=progress)
-    print_run_result(out, result)
-
-
-@config_app.command("show")
-@user_errors
-def config_show(
-    config: Annotated[Path, typer.Argument(help="YAML config.")],
-    overrides: Overrides = None,
-) -> None:
-    """Print the resolved config (presets expanded, overrides applied)."""
-    from tandem.config import config_to_yaml, load_config
-
-    out.print(config_to_yaml(load_config(config, overrides or [])), highlight=False, markup=False, end="")
-
-
-@config_app.command("docs")
-@user_errors
-def config_docs() -> None:
-    """Print the config reference (Markdown) generated from the schema: docs/configs.md."""
-    from tandem.channels import option_models
-    from tandem.config.docs import config_reference, option_tables
-
-    channels = option_tables("architecture.channel.options", option_models())  # backends sit above config
-    out.print(config_reference({"architecture": channels}), highlight=False, markup=False, soft_wrap=True)
-
-
-@app.command("init-model")
-@user_errors
-def init_model(
-    out_dir: Annotated[Path, typer.Argument(help="Folder to create (an ordinary HF model folder).")],
-    hidden_size: Annotated[int, typer.Option(help="Hidden size.")] = 128,
-    num_layers: Annotated[int, typer.Option(help="Transformer layers.")] = 4,
-    num_heads: Annotated[int, typer.Option(help="Attention heads.")] = 4,
-    seed: Annotated[int, typer.Option(help="Initialisation seed.")] = 0,
-) -> None:
-    """Build a tiny Llama-architecture model with a character-level tokenizer.
-
-    OUT may be new, empty or an earlier Tandem model folder (replaced atomically); any other folder is
-    refused. Example: tandem init-model models/tiny --hidden-size 128 --num-layers 4
-    """
-    from tandem.data.outputs import check_output_dir
-    from tandem.models import init_tiny_model
-
-    check_output_dir(out_dir, "model", where="OUT")
-    path = init_tiny_model(
-        out_dir, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads, seed=seed
-    )
-    out.print(f"tiny model written to [bold]{escape(str(path))}[/]")
-
-
-@app.command()
-@user_errors
-def sft(
-    model: Annotated[Path, typer.Argument(help="Starting HF model folder.")],
-    out_dir: Annotated[
-        Path,
-        typer.Option(
-            "--out",
-            help="Where to save the fine-tuned model: a new or empty folder, or an earlier Tandem model "
-            "folder (replaced atomically); never the starting model.",
-        ),
-    ],
-    data: Annotated[Path | None, typer.Option(help="JSONL/Parquet with prompt+completion or text.")] = None,
-    task: Annotated[str | None, typer.Option(help="Built-in task whose reference answers to learn.")] = None,
-    task_option: Annotated[
-        list[str] | None, typer.Option(help="Task option KEY=VALUE (repeatable), e.g. --task-option ops=+.")
-    ] = None,
-    train_size: Annotated[int, typer.Option(help="Rows generated from --task.")] = 4096,
-    steps: Annotated[int, typer.Option(help="Optimiser steps.")] = 300,
-    lr: Annotated[float, typer.Option(help="Learning rate.")] = 3e-3,
-    weight_decay: Annotated[float, typer.Option(help="AdamW weight decay.")] = 0.0,
-    batch_size: Annotated[int, typer.Option(help="Rows per step.")] = 64,
-    seed: Annotated[int, typer.Option(help="Seed.")] = 0,
-) -> None:
-    """Supervised fine-tuning on completions only (warm start for RL).
-
-    Example: tandem sft models/tiny --task arith --steps 300 --out models/arith-sft
-    """
-    from tandem.cli.progress import step_progress
-    from tandem.cli.sft_data import sft_pairs
-    from tandem.config import parse_override
-    from tandem.data.outputs import check_output_dir
-    from tandem.models import load_causal_lm, load_tokenizer, save_pretrained_atomic
-    from tandem.train.sft import SFTSettings, run_sft
-
-    check_output_dir(out_dir, "model", sources=(model,), where="--out")  # before any training
-    options = {".".join(key): value for key, value in map(parse_override, task_option or [])}
-    pairs = sft_pairs(data=data, task=task, train_size=train_size, seed=seed, task_options=options)
-    policy, tok = load_causal_lm(model), load_tokenizer(model)
-    settings = SFTSettings(steps=steps, lr=lr, batch_size=batch_size, weight_decay=weight_decay, seed=seed)
-    with step_progress("sft", steps, key="sft/loss") as on_step:
-        metrics = run_sft(policy, tok, pairs, settings, on_step=on_step)
-    save_pretrained_atomic(policy, tok, out_dir, created_by="tandem sft", source=model)
-    out.print(f"SFT done: loss {metrics['sft/loss']:.4f}; model saved to [bold]{escape(str(out_dir))}[/]")
-
-
-@app.command()
-@user_errors
-def demo(
-    overrides: Overrides = None,
-) -> None:
-    """The quickstart: GRPO on arithmetic from a warm start, with before/after held-out accuracy."""
-    from tandem.cli.report import print_run_result
-    from tandem.config import load_config
-    from tandem.orchestration.runner import train as run_train
-
-    config = Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml"
-    if not config.exists():
-        config = Path("configs/quickstart.yaml")
-    cfg = load_config(config, ["run.overwrite=true", *(overrides or [])])
-    out.print(
-        f"[bold]Tandem quickstart[/]: {cfg.algorithm.name} on '{cfg.data.task}', {cfg.trainer.total_steps} steps"
-    )
-    _ensure_warm_start(cfg)
-    result = run_train(cfg)
-    print_run_result(out, result)
-
-
-def _ensure_warm_start(cfg) -> None:
-    """Build the cached warm-start model (model.warm_start_sft) with a visible progress bar."""
-    if cfg.model.warm_start_sft is None or Path(cfg.model.path).exists():
-        return
-    from tandem.cli.progress import step_progress
-    from tandem.train.sft import build_warm_start
-
-    opts = cfg.model.warm_start_sft.model_dump()
-    out.print(
-        f"building warm-start model [bold]{escape(cfg.model.path)}[/] (tandem sft, cached for later runs)"
-    )
-    with step_progress("warm-start sft", opts["steps"], key="sft/loss") as on_step:
-        build_warm_start(cfg.model.path, seed=cfg.run.seed, on_step=on_step, **opts)
-
-
-from tandem.cli import data as _data  # noqa: E402,F401  (registers data validate|split|stats|dedup|...)
-from tandem.cli import evaluate as _evaluate  # noqa: E402,F401  (registers eval, abtest, report)
-from tandem.cli import export as _export  # noqa: E402,F401  (registers export)
-from tandem.cli import rlhf as _rlhf  # noqa: E402,F401  (registers rm, dpo, label)
-from tandem.cli import serve as _serve  # noqa: E402,F401  (registers serve, data export-feedback)
+__all__ = ["app", "main"]
 
 
 def main() -> None:  # pragma: no cover - console entry point; `python -m tandem` works too
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m tandem.cli.main`, same as `python -m tandem`
     app()

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from tandem.cli.main import Overrides, app, user_errors
+from tandem.cli.app import Overrides, app, user_errors
 
 out = Console()
 ConfigPath = Annotated[Path, typer.Argument(help="YAML config, e.g. configs/rm.yaml.")]

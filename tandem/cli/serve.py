@@ -9,8 +9,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from tandem.cli.data import data_app  # noqa: E402  (the `tandem data` group; we add export-feedback)
-from tandem.cli.main import app, out, user_errors
+from tandem.cli.app import app, data_app, out, user_errors
 from tandem.errors import ConfigError
 
 

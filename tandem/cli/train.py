@@ -1,0 +1,146 @@
+"""``tandem train``, ``tandem demo``, ``tandem init-model`` and ``tandem sft``: RL training and the models
+it starts from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from tandem.cli.app import Overrides, app, out, user_errors
+
+
+@app.command()
+@user_errors
+def train(
+    config: Annotated[Path, typer.Argument(help="YAML config, e.g. configs/grpo.yaml.")],
+    overrides: Overrides = None,
+    resume: Annotated[bool, typer.Option(help="Continue the run from its latest checkpoint.")] = False,
+    progress: Annotated[
+        bool | None,
+        typer.Option(help="Show the progress bar (default: monitor.progress).", show_default=False),
+    ] = None,
+) -> None:
+    """Train a policy with RL (GRPO, DAPO, RLOO, ...).
+
+    reward.functions in a config are imported and run as Python code: use only code you trust.
+
+    Example: tandem train configs/dapo.yaml algorithm.clip_high=0.28 trainer.lr=5e-6
+    """
+    from tandem.cli.report import print_run_result
+    from tandem.config import load_config
+    from tandem.orchestration.runner import train as run_train
+
+    cfg = load_config(config, overrides or [])
+    _ensure_warm_start(cfg)
+    result = run_train(cfg, resume=resume, progress=progress)
+    print_run_result(out, result)
+
+
+@app.command("init-model")
+@user_errors
+def init_model(
+    out_dir: Annotated[Path, typer.Argument(help="Folder to create (an ordinary HF model folder).")],
+    hidden_size: Annotated[int, typer.Option(help="Hidden size.")] = 128,
+    num_layers: Annotated[int, typer.Option(help="Transformer layers.")] = 4,
+    num_heads: Annotated[int, typer.Option(help="Attention heads.")] = 4,
+    seed: Annotated[int, typer.Option(help="Initialisation seed.")] = 0,
+) -> None:
+    """Build a tiny Llama-architecture model with a character-level tokenizer.
+
+    OUT may be new, empty or an earlier Tandem model folder (replaced atomically); any other folder is
+    refused. Example: tandem init-model models/tiny --hidden-size 128 --num-layers 4
+    """
+    from tandem.data.outputs import check_output_dir
+    from tandem.models import init_tiny_model
+
+    check_output_dir(out_dir, "model", where="OUT")
+    path = init_tiny_model(
+        out_dir, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads, seed=seed
+    )
+    out.print(f"tiny model written to [bold]{escape(str(path))}[/]")
+
+
+@app.command()
+@user_errors
+def sft(
+    model: Annotated[Path, typer.Argument(help="Starting HF model folder.")],
+    out_dir: Annotated[
+        Path,
+        typer.Option(
+            "--out",
+            help="Where to save the fine-tuned model: a new or empty folder, or an earlier Tandem model "
+            "folder (replaced atomically); never the starting model.",
+        ),
+    ],
+    data: Annotated[Path | None, typer.Option(help="JSONL/Parquet with prompt+completion or text.")] = None,
+    task: Annotated[str | None, typer.Option(help="Built-in task whose reference answers to learn.")] = None,
+    task_option: Annotated[
+        list[str] | None, typer.Option(help="Task option KEY=VALUE (repeatable), e.g. --task-option ops=+.")
+    ] = None,
+    train_size: Annotated[int, typer.Option(help="Rows generated from --task.")] = 4096,
+    steps: Annotated[int, typer.Option(help="Optimiser steps.")] = 300,
+    lr: Annotated[float, typer.Option(help="Learning rate.")] = 3e-3,
+    weight_decay: Annotated[float, typer.Option(help="AdamW weight decay.")] = 0.0,
+    batch_size: Annotated[int, typer.Option(help="Rows per step.")] = 64,
+    seed: Annotated[int, typer.Option(help="Seed.")] = 0,
+) -> None:
+    """Supervised fine-tuning on completions only (warm start for RL).
+
+    Example: tandem sft models/tiny --task arith --steps 300 --out models/arith-sft
+    """
+    from tandem.cli.progress import step_progress
+    from tandem.cli.sft_data import sft_pairs
+    from tandem.config import parse_override
+    from tandem.data.outputs import check_output_dir
+    from tandem.models import load_causal_lm, load_tokenizer, save_pretrained_atomic
+    from tandem.train.sft import SFTSettings, run_sft
+
+    check_output_dir(out_dir, "model", sources=(model,), where="--out")  # before any training
+    options = {".".join(key): value for key, value in map(parse_override, task_option or [])}
+    pairs = sft_pairs(data=data, task=task, train_size=train_size, seed=seed, task_options=options)
+    policy, tok = load_causal_lm(model), load_tokenizer(model)
+    settings = SFTSettings(steps=steps, lr=lr, batch_size=batch_size, weight_decay=weight_decay, seed=seed)
+    with step_progress("sft", steps, key="sft/loss") as on_step:
+        metrics = run_sft(policy, tok, pairs, settings, on_step=on_step)
+    save_pretrained_atomic(policy, tok, out_dir, created_by="tandem sft", source=model)
+    out.print(f"SFT done: loss {metrics['sft/loss']:.4f}; model saved to [bold]{escape(str(out_dir))}[/]")
+
+
+@app.command()
+@user_errors
+def demo(
+    overrides: Overrides = None,
+) -> None:
+    """The quickstart: GRPO on arithmetic from a warm start, with before/after held-out accuracy."""
+    from tandem.cli.report import print_run_result
+    from tandem.config import load_config
+    from tandem.orchestration.runner import train as run_train
+
+    config = Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml"
+    if not config.exists():
+        config = Path("configs/quickstart.yaml")
+    cfg = load_config(config, ["run.overwrite=true", *(overrides or [])])
+    out.print(
+        f"[bold]Tandem quickstart[/]: {cfg.algorithm.name} on '{cfg.data.task}', {cfg.trainer.total_steps} steps"
+    )
+    _ensure_warm_start(cfg)
+    result = run_train(cfg)
+    print_run_result(out, result)
+
+
+def _ensure_warm_start(cfg) -> None:
+    """Build the cached warm-start model (model.warm_start_sft) with a visible progress bar."""
+    if cfg.model.warm_start_sft is None or Path(cfg.model.path).exists():
+        return
+    from tandem.cli.progress import step_progress
+    from tandem.train.sft import build_warm_start
+
+    opts = cfg.model.warm_start_sft.model_dump()
+    out.print(
+        f"building warm-start model [bold]{escape(cfg.model.path)}[/] (tandem sft, cached for later runs)"
+    )
+    with step_progress("warm-start sft", opts["steps"], key="sft/loss") as on_step:
+        build_warm_start(cfg.model.path, seed=cfg.run.seed, on_step=on_step, **opts)
