@@ -26,7 +26,7 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _check_model_folder(path: Path) -> None:
+def check_model_folder(path: Path) -> None:
     """Raise ModelError unless ``path`` is a folder with ``config.json`` and safetensors weights."""
     if not path.exists():
         raise ModelError("model folder does not exist", where=str(path), hint="check model.path")
@@ -96,7 +96,7 @@ def load_causal_lm(
     folder = Path(path)
     if dtype not in DTYPES:
         raise ModelError(f"unknown dtype '{dtype}'", where="model.dtype", hint=f"use one of {sorted(DTYPES)}")
-    _check_model_folder(folder)
+    check_model_folder(folder)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             str(folder), local_files_only=True, dtype=DTYPES[dtype], use_safetensors=True

@@ -85,7 +85,9 @@ _REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
 }
 
 
-class _Request(BaseModel):
+class GenerationRequest(BaseModel):
+    """The sampling fields completions and chat requests share (OpenAI names and ranges)."""
+
     model_config = ConfigDict(extra="ignore", strict=False)
 
     model: str | None = Field(None, description="Served model id (see /v1/models); default: the served one.")
@@ -169,7 +171,7 @@ class _Request(BaseModel):
 TokenIds = list[StrictInt]
 
 
-class CompletionRequest(_Request):
+class CompletionRequest(GenerationRequest):
     """Body of ``POST /v1/completions``."""
 
     prompt: str | list[str] | TokenIds | list[TokenIds] = Field(
@@ -243,7 +245,7 @@ class ChatMessage(BaseModel):
         return out | ({"name": self.name} if self.name else {})
 
 
-class ChatRequest(_Request):
+class ChatRequest(GenerationRequest):
     """Body of ``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage] = Field(..., min_length=1, description="The conversation so far.")

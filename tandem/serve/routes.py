@@ -28,7 +28,7 @@ from tandem.serve.cache import cache_key
 from tandem.serve.decode import RowRequest, RowResult
 from tandem.serve.feedback import check_pair, check_rating
 from tandem.serve.model import ServedModel
-from tandem.serve.protocol import ApiError, ChatRequest, CompletionRequest, PredictRequest, _Request
+from tandem.serve.protocol import ApiError, ChatRequest, CompletionRequest, GenerationRequest, PredictRequest
 from tandem.serve.router import Arm
 from tandem.serve.shapes import ChatShape, CompletionShape, Shape, usage
 from tandem.serve.streaming import sse
@@ -45,7 +45,7 @@ class Options:
     frequency_penalty: float = 0.0
 
     @classmethod
-    def of(cls, req: _Request, top_logprobs: int | None, echo: bool = False) -> Options:
+    def of(cls, req: GenerationRequest, top_logprobs: int | None, echo: bool = False) -> Options:
         """The options of ``req``."""
         return cls(top_logprobs, echo, req.bias_ids(), req.presence_penalty, req.frequency_penalty)
 
@@ -72,7 +72,7 @@ class Plan:
     token_prompts: list[bool] = field(default_factory=list)
 
 
-def _pick_arm(state: ServerState, req: _Request, request: Request) -> Arm:
+def _pick_arm(state: ServerState, req: GenerationRequest, request: Request) -> Arm:
     if not state.ready or not state.router.arms:
         raise ApiError(503, "model is not loaded yet", type="service_unavailable", code="not_ready")
     forced = None
@@ -137,7 +137,7 @@ def _token_limit(state: ServerState, arm: Arm, ids: list[list[int]], max_tokens:
 
 def plan_request(
     state: ServerState,
-    req: _Request,
+    req: GenerationRequest,
     prompts: list[str | list[int]],
     request: Request,
     *,
@@ -348,7 +348,7 @@ def _remember(state: ServerState, rid: str, plan: Plan, results: list[RowResult]
         state.feedback.remember(rid, plan.arm.name, prompts, [r.text for r in results])
 
 
-async def _parse(request: Request, model: type[_Request] | type[PredictRequest]):
+async def _parse(request: Request, model: type[GenerationRequest] | type[PredictRequest]):
     """Parse the JSON body into ``model``; 400 naming the field on any problem."""
     from fastapi.exceptions import RequestValidationError
     from pydantic import ValidationError

@@ -57,10 +57,10 @@ def load_reward_model(path: str | Path, *, init_head: bool = False) -> tuple[tor
     """
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
-    from tandem.models.loading import _check_model_folder, load_tokenizer
+    from tandem.models.loading import check_model_folder, load_tokenizer
 
     folder = Path(path)
-    _check_model_folder(folder)
+    check_model_folder(folder)
     config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
     archs = config.architectures or []
     if not init_head and not any(a.endswith("ForSequenceClassification") for a in archs):
