@@ -81,7 +81,7 @@ def _peak_rss_mb() -> float:
 def run_tandem(model: str, steps: int, lr: float, seed: int, reward: str, bf16: bool) -> dict[str, Any]:
     from tandem.config import TandemConfig
     from tandem.orchestration.colocated import ColocatedTrainer
-    from tandem.orchestration.runner import build_parts
+    from tandem.orchestration.parts import build_parts
 
     rewards: dict[str, Any] = {"task_reward": True}
     if reward == "digits":

@@ -1,16 +1,19 @@
-"""Alerts acting on a colocated training loop: the rules come from ``monitor.alerts`` (pure engine in
-:mod:`tandem.monitor.alerts`); this module carries out their actions.
+"""Alerts acting on the training loop (both architectures): the rules come from ``monitor.alerts`` (pure
+engine in :mod:`tandem.monitor.alerts`); this module carries out their actions.
 
 - ``warn`` — recorded in ``alerts.jsonl``, shown in the progress display, POSTed to ``monitor.alert_webhook``.
 - ``skip`` — the update is dropped before ``optimizer.step()`` (the trainer's ``pre_update`` veto).
 - ``stop`` — the runner saves a checkpoint and raises :class:`AlertStopError` (exit code 3).
 - ``rollback`` — the last good checkpoint (saved at a step that raised no alert, at least two steps
-  before the alert: see :func:`rollback_target`) is restored — weights, optimiser, scheduler, data
-  position — and the learning rate is multiplied by ``lr_scale``.
+  before the alert: see :func:`rollback_target`) is restored — weights, optimiser, scheduler, learner
+  state — and the learning rate is multiplied by ``lr_scale``. A colocated run also replays the same
+  prompts; a decoupled run publishes the restored weights under a new version, drops every batch sampled
+  before it and carries on with new tickets (the ticket accounting is never rolled back).
   After ``monitor.max_rollbacks`` rollbacks a further one stops the run instead.
 
-The decoupled learner uses the same controller for ``warn``, ``skip`` (the learner's ``pre_update`` veto)
-and ``stop``; ``rollback`` is rejected there at start (:func:`check_decoupled_rules`).
+Both architectures use the same controller on the same :class:`~tandem.orchestration.trainer.Trainer`;
+the one exception, ``rollback`` with a data-parallel learner (its other ranks would keep the faulty
+weights), is refused at start (:func:`check_rollback_support`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any, Protocol
 from tandem.config.schema import TandemConfig
 from tandem.errors import ConfigError, TandemError
 from tandem.monitor.alerts import Alert, AlertEngine, AlertSink, rule_label, system_metrics
-from tandem.orchestration.colocated import ColocatedTrainer, load_run_checkpoint
+from tandem.orchestration.parts import load_run_checkpoint
 from tandem.train.checkpoint import latest_checkpoint, list_checkpoints
 
 log = logging.getLogger(__name__)
@@ -36,20 +39,26 @@ class AlertStopError(TandemError):
 
 
 class AlertTarget(Protocol):
-    """What the controller acts on: a learner whose ``pre_update(metrics)`` hook may veto an update
-    (the colocated trainer, the decoupled learner)."""
+    """What the controller acts on (:class:`~tandem.orchestration.trainer.Trainer`): ``pre_update`` may
+    veto an update, ``restore`` continues from a checkpoint's extra state."""
 
     pre_update: Callable[[dict[str, float]], bool] | None
+    step: int
+
+    def restore(self, extra_state: dict[str, Any], *, rollback: bool = False) -> None: ...
 
 
-def check_decoupled_rules(cfg: TandemConfig) -> None:
-    """ConfigError naming the first ``rollback`` rule: decoupled runs support warn, skip and stop only."""
+def check_rollback_support(cfg: TandemConfig) -> None:
+    """ConfigError naming the first ``rollback`` rule of a decoupled run with a data-parallel learner."""
+    if cfg.architecture.mode != "decoupled" or cfg.architecture.learner.world_size <= 1:
+        return
     for i, rule in enumerate(cfg.monitor.alerts):
         if rule.action == "rollback":
             raise ConfigError(
-                f"alert rule '{rule_label(rule)}': action 'rollback' is not supported in decoupled mode yet",
+                f"alert rule '{rule_label(rule)}': action 'rollback' is not supported with a data-parallel "
+                "learner (architecture.learner.world_size > 1): its other ranks would keep the faulty weights",
                 where=f"monitor.alerts[{i}].action",
-                hint="use warn, skip or stop, or architecture.mode=colocated",
+                hint="use warn, skip or stop, or architecture.learner.world_size=1",
             )
 
 
@@ -70,7 +79,7 @@ class AlertController:
         self,
         cfg: TandemConfig,
         run_dir: Path,
-        trainer: ColocatedTrainer | AlertTarget,
+        trainer: AlertTarget,
         show: Callable[[str], None],
     ) -> None:
         self.cfg = cfg
@@ -126,8 +135,6 @@ class AlertController:
 
     def rollback(self, parts: Any, lr_scale: float | None = None) -> Path:
         """Restore the newest checkpoint into ``parts`` and the trainer; scale the LR. Returns its folder."""
-        if not isinstance(self.trainer, ColocatedTrainer):  # pragma: no cover - check_decoupled_rules
-            raise ConfigError("alert action 'rollback' needs the colocated loop", where="monitor.alerts")
         ckpt = rollback_target(self.ckpt_root, self.trainer.step)
         if ckpt is None:  # pragma: no cover - guarded by _effect
             raise AlertStopError("rollback requested but no checkpoint exists", where=str(self.ckpt_root))
@@ -136,7 +143,7 @@ class AlertController:
         sched = parts.scheduler
         base = list(sched.base_lrs) if sched is not None else [g["lr"] for g in parts.optimizer.param_groups]
         state = load_run_checkpoint(ckpt, parts)
-        self.trainer.load_state_dict(state["extra_state"]["trainer"])
+        self.trainer.restore(state["extra_state"], rollback=True)
         scale_lr(parts.optimizer, sched, [b * scale for b in base])
         self.rollbacks += 1
         log.warning("rolled back to %s (step %d); LR × %g", ckpt, self.trainer.step, scale)

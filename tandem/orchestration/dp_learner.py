@@ -42,6 +42,7 @@ from tandem.models import load_causal_lm
 from tandem.monitor import PhaseTimer
 from tandem.orchestration.build import build_critic, build_reference
 from tandem.orchestration.learner import LearnerStep
+from tandem.orchestration.parts import optimizer_steps
 from tandem.orchestration.remote import local_models
 from tandem.train.distributed import DataParallel, host_store, init_group, join_store, resolve_backend
 from tandem.train.optim import build_optimizer, build_scheduler
@@ -132,16 +133,6 @@ class ProcessLauncher:
 
     def close(self) -> None:
         self.errors.cancel_join_thread()
-
-
-def optimizer_steps(cfg: TandemConfig) -> int:
-    """Optimiser steps of the whole run (the schedule's horizon), as ``build_parts`` computes them."""
-    samples = cfg.samples_per_step
-    return (
-        cfg.trainer.total_steps
-        * cfg.trainer.ppo_epochs
-        * (samples // (cfg.trainer.mini_batch_size or samples))
-    )
 
 
 def whole_groups(cfg: TandemConfig) -> bool:

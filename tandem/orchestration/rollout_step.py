@@ -194,3 +194,16 @@ def sample_rows(batch: RolloutBatch, scores: torch.Tensor, n: int, group_size: i
         {"prompt": batch.prompts[i], "completion": batch.completions[i], "reward": float(scores[i])}
         for i in rows
     ]
+
+
+def rollout_metrics(batch: RolloutBatch, gen_seconds: float) -> dict[str, float]:
+    """Response-length and generation-throughput metrics of one batch."""
+    if batch.batch_size == 0:
+        return {}
+    lengths = batch.response_lengths.float()
+    return {
+        "response/length_mean": float(lengths.mean()),
+        "response/length_max": float(lengths.max()),
+        "response/clip_ratio": sum(r == "length" for r in batch.finish_reasons) / batch.batch_size,
+        "perf/gen_tokens_per_s": float(lengths.sum()) / max(1e-9, gen_seconds),
+    }

@@ -1,5 +1,6 @@
-"""Alerts in the decoupled runtime: the colocated alert engine checks the learner's metrics, the staleness
-rules' threshold defaults to η, ``stop`` checkpoints and ends the run, ``rollback`` is rejected up front."""
+"""Alerts in the decoupled runtime: the shared loop's alert controller checks the learner's metrics, the
+staleness rules' threshold defaults to η, ``stop`` checkpoints and ends the run, ``rollback`` restores a
+checkpoint and carries on (refused up front only with a data-parallel learner)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
+import tandem.orchestration.alerting as alerting_mod
+import tandem.orchestration.parts as parts_mod
 from tandem.config import build_config
 from tandem.errors import ConfigError
+from tandem.monitor import read_metrics
 from tandem.monitor.alerts import read_alerts
 from tandem.orchestration.alerting import AlertStopError
 from tandem.orchestration.decoupled.runtime import train_decoupled
@@ -69,9 +74,63 @@ def test_staleness_alerts_fire_and_stop_a_decoupled_run(tiny_model_dir, tmp_path
     ]
 
 
-def test_rollback_is_rejected_in_decoupled_mode(tiny_model_dir, tmp_path):
+def test_rollback_with_a_data_parallel_learner_is_refused_up_front(tiny_model_dir, tmp_path):
     rule = {"metric": "actor/kl", "kind": "above", "threshold": 1.0, "action": "rollback"}
     cfg = _cfg(tiny_model_dir, tmp_path / "run", ["nan_loss", rule])
-    with pytest.raises(ConfigError, match=r"not supported in decoupled mode") as exc:
-        train_decoupled(cfg, progress=False)
+    data = cfg.model_dump(mode="json")
+    data["architecture"]["learner"]["world_size"] = 2
+    with pytest.raises(ConfigError, match=r"not supported with a data-parallel learner") as exc:
+        train_decoupled(build_config(data), progress=False)
     assert "monitor.alerts[1].action" in str(exc.value) and not (tmp_path / "run").exists()
+
+
+def test_lr_x1000_rolls_a_decoupled_run_back_and_scales_lr(tiny_model_dir, tmp_path, monkeypatch):
+    """As the colocated fault test: the update of step k runs with LR × 1000, the KL rule fires, the weights
+    of a checkpoint from before the fault are restored and published to the worker under a new version,
+    the replayed step runs at half the LR, and the run finishes."""
+    torch.set_num_threads(1)
+    k = 3
+    orig_build = parts_mod.build_scheduler
+
+    def faulty_scheduler(opt, cfg, n):
+        sched = orig_build(opt, cfg, n)
+        base, fired = sched.lr_lambdas[0], [False]
+
+        def lam(i):
+            if i == k - 1 and not fired[0]:  # LambdaLR index k-1 sets the LR of the k-th update
+                fired[0] = True
+                return base(i) * 1000
+            return base(i)
+
+        sched.lr_lambdas[0] = lam
+        return sched
+
+    monkeypatch.setattr(parts_mod, "build_scheduler", faulty_scheduler)
+    restored = []
+    orig_rollback = alerting_mod.AlertController.rollback
+
+    def spy(self, parts, lr_scale=None):
+        ckpt = orig_rollback(self, parts, lr_scale)
+        saved = load_file(str(ckpt / "model" / "model.safetensors"))
+        restored.append((ckpt, saved, {n: p.detach().clone() for n, p in parts.policy.state_dict().items()}))
+        return ckpt
+
+    monkeypatch.setattr(alerting_mod.AlertController, "rollback", spy)
+    rule = {"metric": "actor/kl", "kind": "above", "threshold": 1.0, "action": "rollback", "lr_scale": 0.5}
+    cfg = _cfg(tiny_model_dir, tmp_path / "run", [rule], eta=0, steps=7).model_dump(mode="json")
+    cfg["algorithm"] = {"name": "grpo", "beta": 0.04}
+    cfg["checkpoint"] = {"every": 1, "keep_last": 4}
+    result = train_decoupled(build_config(cfg), progress=False)
+    alerts = read_alerts(tmp_path / "run")
+    assert alerts and alerts[0]["action"] == "rollback" and k <= alerts[0]["step"] <= k + 2
+    assert alerts[0]["effect"] == "rolled back to the last good checkpoint"
+    ckpt, saved, weights = restored[0]
+    assert int(ckpt.name.split("-")[1]) < k  # the restored weights predate the faulty update
+    for name, value in saved.items():
+        torch.testing.assert_close(weights[name], value, rtol=0, atol=0)
+    rows = read_metrics(tmp_path / "run")
+    replayed = int(ckpt.name.split("-")[1]) + 1
+    lrs = [r["actor/lr"] for r in rows if r["step"] == replayed]
+    assert len(lrs) == 2 and lrs[1] == pytest.approx(0.5 * lrs[0])
+    assert all(r["staleness/step_lag"] == 0.0 for r in rows if r["step"] >= 1)  # nothing pre-rollback trained
+    assert result.steps == 7 and (tmp_path / "run" / "summary.json").exists()

@@ -36,7 +36,7 @@ from tandem.monitor.progress import MetricsProgress, ProgressDisplay
 from tandem.orchestration.decoupled.ray_cluster import RayCluster
 from tandem.orchestration.decoupled.ray_supervisor import role_options, role_resources
 from tandem.orchestration.decoupled.runtime import DECOUPLED_KEY_METRICS, RunHooks, train_decoupled
-from tandem.orchestration.runner import RunResult
+from tandem.orchestration.runfolder import RunResult
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ import torch
 
 from tandem.config import build_config
 from tandem.orchestration.colocated import ColocatedTrainer
+from tandem.orchestration.parts import build_parts
 from tandem.orchestration.rollout_step import step_seed
-from tandem.orchestration.runner import build_parts
 from tandem.types import RolloutBatch
 
 DIGITS = Path(__file__).parents[2] / "e2e" / "digits_reward.py"

@@ -1,0 +1,144 @@
+"""The training loop of both architectures: one driver owns the step sequence and everything after a step.
+
+Per step::
+
+    trainer.train_step()          obtain a batch -> learn -> publish weights (:mod:`~.trainer`)
+    held-out evaluation           every ``monitor.eval_every`` steps and after the last one
+    samples                       every ``monitor.sample_every`` steps (and step 1)
+    architecture metrics          ``LoopSetup.extra_metrics`` (decoupled: workers, elastic scaling)
+    non-finite check              a warning naming the metrics
+    alerts                        warn, skip (vetoed inside the update), stop, rollback
+    metrics row                   ``metrics.jsonl``, TensorBoard, the progress bar
+    checkpoint                    every ``checkpoint.every`` steps and at the end (then the source is told:
+                                  a durable channel acknowledges the batches it holds)
+    ``LoopSetup.on_step``         hooks (tests, the Ray learner actor's cancellation)
+
+A checkpoint is skipped at a step that raised an alert when the run has a ``rollback`` rule: it could
+become the rollback target, which must be healthy. Colocated and decoupled runs differ only in their
+trainer's batch source and weight publisher, so every alert action works in both (the one exception,
+rollback with a data-parallel learner, is refused at start: :func:`~.alerting.check_rollback_support`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from tandem.config.schema import TandemConfig
+from tandem.monitor import MetricsLogger
+from tandem.monitor.metrics import MetricsListener
+from tandem.orchestration.alerting import AlertController, AlertStopError
+from tandem.orchestration.parts import RunParts, save_run_checkpoint
+from tandem.orchestration.runfolder import RunResult, finish_run
+from tandem.orchestration.trainer import Trainer
+from tandem.train.checkpoint import latest_checkpoint
+
+log = logging.getLogger(__name__)
+
+KEY_METRICS = ("reward/mean", "eval/accuracy", "actor/kl", "response/length_mean")  # on the progress bar
+
+
+@dataclass
+class LoopSetup:
+    """What :func:`run_loop` drives: the trainer on its parts, where results go, and the architecture's
+    additions (extra metrics per step, a hook after each step, a listener for every logged row)."""
+
+    cfg: TandemConfig
+    parts: RunParts
+    trainer: Trainer
+    result: RunResult
+    key_metrics: tuple[str, ...] = KEY_METRICS
+    progress: bool | None = None  # None: monitor.progress
+    listener: MetricsListener | None = None
+    extra_metrics: Callable[[dict[str, float]], dict[str, float]] | None = None
+    on_step: Callable[[int], None] | None = None
+
+
+def run_loop(setup: LoopSetup) -> None:
+    """Train until ``trainer.total_steps``; raises :class:`AlertStopError` after a ``stop`` alert (with a
+    checkpoint and ``summary.json`` written). The caller writes ``summary.json`` of a finished run."""
+    cfg, trainer, result = setup.cfg, setup.trainer, setup.result
+    mon = cfg.monitor
+    with MetricsLogger(
+        result.run_dir,
+        total_steps=cfg.trainer.total_steps,
+        key_metrics=setup.key_metrics,
+        tensorboard=mon.tensorboard,
+        progress=mon.progress if setup.progress is None else setup.progress,
+        start_step=trainer.step,
+        listener=setup.listener,
+    ) as logger:
+        alerting = AlertController(cfg, result.run_dir, trainer, logger.alert)
+        try:
+            if trainer.step == 0:
+                result.eval_before = trainer.evaluate()
+                logger.log(0, result.eval_before)
+            if (
+                alerting.wants_initial_checkpoint
+                and latest_checkpoint(result.run_dir / "checkpoints") is None
+            ):
+                checkpoint(setup)  # something for a rollback to restore
+            while trainer.step < cfg.trainer.total_steps:
+                metrics = trainer.train_step()
+                step = trainer.step
+                last = step == cfg.trainer.total_steps
+                _observe(setup, logger, metrics, step, last)
+                outcome = alerting.after_step(step, metrics)
+                logger.log(step, metrics)
+                result.last_metrics = metrics
+                if outcome == "stop":
+                    _stop_by_alert(setup, alerting, step)
+                if outcome == "rollback":
+                    alerting.rollback(setup.parts)
+                    continue
+                healthy = not (alerting.wants_initial_checkpoint and alerting.fired_this_step)
+                due = (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or (
+                    last and cfg.checkpoint.save_final
+                )
+                if due and (healthy or last):
+                    checkpoint(setup)
+                if setup.on_step is not None:
+                    setup.on_step(step)
+        finally:
+            alerting.close()
+
+
+def _observe(setup: LoopSetup, logger: MetricsLogger, metrics: dict[str, Any], step: int, last: bool) -> None:
+    """The step's evaluation, samples, architecture metrics and non-finite check (before the alerts)."""
+    mon, trainer = setup.cfg.monitor, setup.trainer
+    if (mon.eval_every and step % mon.eval_every == 0) or last:
+        metrics.update(trainer.evaluate())
+    if mon.sample_every and (step % mon.sample_every == 0 or step == 1) and mon.num_samples:
+        logger.log_samples(step, trainer.last_samples(mon.num_samples))
+    if setup.extra_metrics is not None:
+        metrics.update(setup.extra_metrics(metrics))
+    check_finite(metrics, step)
+
+
+def checkpoint(setup: LoopSetup) -> None:
+    """Save the parts and the trainer's state at its step; then the batch source may acknowledge."""
+    trainer = setup.trainer
+    extra = {trainer.source.state_key: trainer.state_dict(), "eval_before": setup.result.eval_before}
+    save_run_checkpoint(setup.result.run_dir / "checkpoints", trainer.step, setup.parts, setup.cfg, extra)
+    trainer.source.checkpointed()  # only now is every update so far durable
+
+
+def _stop_by_alert(setup: LoopSetup, alerting: AlertController, step: int) -> NoReturn:
+    """Alert action ``stop``: save a checkpoint, write ``summary.json`` and end with AlertStopError (the
+    callers' ``finally`` blocks release workers)."""
+    checkpoint(setup)
+    alerting.close()
+    result = setup.result
+    result.steps = step
+    finish_run(result, result.run_dir / "checkpoints", **setup.trainer.summary(), stopped_by_alert=step)
+    raise AlertStopError(f"stopped by an alert at step {step}", where=str(result.run_dir / "alerts.jsonl"))
+
+
+def check_finite(metrics: dict[str, Any], step: int) -> None:
+    """Warn when the loss or the reward of a step is not finite (naming every non-finite metric)."""
+    bad = [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
+    if any(k in ("actor/pg_loss", "reward/mean") for k in bad):
+        log.warning("step %d: non-finite metrics %s", step, ", ".join(bad))

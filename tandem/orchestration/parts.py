@@ -1,0 +1,151 @@
+"""The parts of a run (models, engine, data, rewards, optimisers), built once from the config, and what is
+done with them as a whole: checkpoint, restore, evaluate, make the learner.
+
+Both architectures build the same :class:`RunParts` in the learner's process (a decoupled run uses its
+engine for the held-out evaluation); the loop and the step receive them (dependency injection), so tests can
+swap any of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tandem.config.schema import TandemConfig
+from tandem.evaluate import evaluate_prompts
+from tandem.monitor import PhaseTimer
+from tandem.orchestration.build import (
+    DataParts,
+    build_critic,
+    build_data,
+    build_eval_rewards,
+    build_policy,
+    build_reference,
+    build_rewards,
+    build_rollout_engine,
+    enforce_prompt_lengths,
+)
+from tandem.orchestration.learner import LearnerStep
+from tandem.orchestration.remote import mirror_checkpoint
+from tandem.rewards import RewardSet
+from tandem.rollout.base import RolloutEngine, SamplingParams
+from tandem.train.checkpoint import load_checkpoint, save_checkpoint
+from tandem.train.optim import build_optimizer, build_scheduler
+from tandem.utils.seed import seed_everything
+
+
+@dataclass
+class RunParts:
+    """Everything a training loop needs, built from the config (:func:`build_parts`)."""
+
+    cfg: TandemConfig
+    policy: torch.nn.Module
+    tokenizer: Any
+    ref_model: torch.nn.Module | None
+    engine: RolloutEngine
+    data: DataParts
+    rewards: RewardSet
+    eval_rewards: RewardSet
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    critic: torch.nn.Module | None = None  # value model, for estimators that need values
+    critic_optimizer: torch.optim.Optimizer | None = None
+
+
+def optimizer_steps(cfg: TandemConfig) -> int:
+    """Optimiser steps of the whole run: the learning-rate schedule's horizon (every learner rank uses it)."""
+    samples = cfg.samples_per_step
+    return (
+        cfg.trainer.total_steps
+        * cfg.trainer.ppo_epochs
+        * (samples // (cfg.trainer.mini_batch_size or samples))
+    )
+
+
+def build_parts(cfg: TandemConfig) -> RunParts:
+    """Build every component of a run from the config (the engine samples with the policy module)."""
+    seed_everything(cfg.run.seed)
+    policy, tokenizer = build_policy(cfg.model, seed=cfg.run.seed)
+    data = enforce_prompt_lengths(build_data(cfg.data, seed=cfg.run.seed), tokenizer, cfg.data)
+    rewards = build_rewards(cfg.reward, data.task)
+    optimizer = build_optimizer(policy, cfg.trainer)
+    critic, critic_optimizer = build_critic(cfg, seed=cfg.run.seed, policy=policy, optimizer=optimizer)
+    return RunParts(
+        cfg=cfg,
+        policy=policy,
+        tokenizer=tokenizer,
+        ref_model=build_reference(cfg.model, cfg.algorithm.beta),
+        engine=build_rollout_engine(cfg, model=policy, tokenizer=tokenizer),
+        data=data,
+        rewards=rewards,
+        eval_rewards=build_eval_rewards(cfg, data.task, rewards),
+        optimizer=optimizer,
+        scheduler=build_scheduler(optimizer, cfg.trainer, optimizer_steps(cfg)),
+        critic=critic,
+        critic_optimizer=critic_optimizer,
+    )
+
+
+def learner_step(
+    cfg: TandemConfig, parts: RunParts, *, timer: PhaseTimer, generator: torch.Generator
+) -> LearnerStep:
+    """The shared learner phases over this run's policy, reference, critic and optimisers."""
+    return LearnerStep.from_config(
+        cfg,
+        policy=parts.policy,
+        ref_model=parts.ref_model,
+        optimizer=parts.optimizer,
+        scheduler=parts.scheduler,
+        timer=timer,
+        generator=generator,
+        critic=parts.critic,
+        critic_optimizer=parts.critic_optimizer,
+    )
+
+
+def load_run_checkpoint(path: Path, parts: RunParts) -> dict[str, Any]:
+    """Restore policy, critic, their optimisers, the scheduler and RNG from checkpoint ``path``."""
+    return load_checkpoint(
+        path,
+        model=parts.policy,
+        optimizer=parts.optimizer,
+        scheduler=parts.scheduler,
+        critic=parts.critic,
+        critic_optimizer=parts.critic_optimizer,
+    )
+
+
+def save_run_checkpoint(
+    ckpt_root: Path, step: int, parts: RunParts, cfg: TandemConfig, extra_state: dict[str, Any]
+) -> Path:
+    """The counterpart of :func:`load_run_checkpoint`: policy, tokenizer, critic, their optimisers, the
+    scheduler, ``extra_state`` (the loop's own state) and the config, atomically; then copied to
+    ``checkpoint.remote_dir`` when set."""
+    folder = save_checkpoint(
+        ckpt_root,
+        step,
+        model=parts.policy,
+        tokenizer=parts.tokenizer,
+        optimizer=parts.optimizer,
+        scheduler=parts.scheduler,
+        extra_state=extra_state,
+        config=cfg.model_dump(mode="json"),
+        keep_last=cfg.checkpoint.keep_last,
+        critic=parts.critic,
+        critic_optimizer=parts.critic_optimizer,
+    )
+    mirror_checkpoint(cfg, folder)  # checkpoint.remote_dir: a copy in object storage
+    return folder
+
+
+def evaluate_heldout(parts: RunParts) -> dict[str, float]:
+    """Greedy accuracy of ``parts.engine`` on the held-out prompts (``{}`` without any)."""
+    ev = parts.data.eval
+    if ev is None or len(ev) == 0:
+        return {}
+    r = parts.cfg.rollout
+    params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=0.0, n=1, stop=list(r.stop))
+    return evaluate_prompts(parts.engine, ev.rows, parts.eval_rewards, params)

@@ -1,0 +1,111 @@
+"""The run folder: what a run may write into, how it is created, and how it is finished.
+
+The run folder holds ``config.yaml`` (resolved), ``metrics.jsonl``, ``samples.jsonl``, ``alerts.jsonl``,
+``tensorboard/``, ``checkpoints/step-N/`` and — written last, atomically — ``summary.json``. A folder
+without ``summary.json`` is an unfinished run (``--resume`` continues it). Both architectures use these
+functions; the step loop itself is :mod:`tandem.orchestration.loop`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tandem.config import config_to_yaml
+from tandem.config.schema import TandemConfig
+from tandem.data.outputs import check_output_dir
+from tandem.errors import ConfigError
+from tandem.monitor.metrics import METRICS_FILE
+from tandem.orchestration.remote import check_remote, fetch_newer_checkpoint
+from tandem.train.checkpoint import latest_checkpoint
+from tandem.utils.io import atomic_write_json, atomic_write_text
+
+
+@dataclass
+class RunResult:
+    """Where a run wrote, how many steps it took, its first and last evaluation and final metrics."""
+
+    run_dir: Path
+    steps: int
+    eval_before: dict[str, float] = field(default_factory=dict)
+    eval_after: dict[str, float] = field(default_factory=dict)
+    last_metrics: dict[str, float] = field(default_factory=dict)
+
+
+def run_dir_of(cfg: TandemConfig) -> Path:
+    return Path(cfg.run.output_dir) if cfg.run.output_dir else Path("runs") / cfg.run.name
+
+
+def run_inputs(cfg: TandemConfig) -> tuple[str | None, ...]:
+    """The folders and files a run reads (models, data): replacing the run folder must not delete them."""
+    reward_model = cfg.reward.model.path if cfg.reward.model else None
+    critic = cfg.critic.path if cfg.critic else None
+    return (cfg.model.path, cfg.model.ref_path, critic, reward_model, cfg.data.train_file, cfg.data.eval_file)
+
+
+def check_run_dir(cfg: TandemConfig, *, resume: bool) -> Path:
+    """The run folder, after refusing what the run may not write into; writes nothing.
+
+    A non-empty folder needs ``--resume`` or ``run.overwrite``; ``run.overwrite`` replaces only a Tandem
+    run folder (``config.yaml`` + ``metrics.jsonl``, see :mod:`tandem.data.outputs`), never an unrelated
+    folder nor one holding a model or data file the run reads (:func:`run_inputs`)."""
+    run_dir = run_dir_of(cfg)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"run folder {run_dir} is a file", where="run.output_dir")
+    holds = run_dir.is_dir() and any(run_dir.iterdir())
+    if holds and not (resume or cfg.run.overwrite):
+        raise ConfigError(
+            f"run folder {run_dir} already holds a run",
+            where="run.output_dir",
+            hint="pass --resume to continue it, run.overwrite=true, or another run.output_dir",
+        )
+    if holds and not resume:
+        check_output_dir(
+            run_dir,
+            "run",
+            sources=run_inputs(cfg),
+            where="run.output_dir",
+            hint="run.overwrite replaces only run folders; choose another run.output_dir",
+        )
+    return run_dir
+
+
+def prepare_run_dir(cfg: TandemConfig, *, resume: bool) -> Path:
+    """Create (or reopen on resume) the run folder and write the resolved config into it.
+
+    Call it after the run's pre-flight checks (:func:`check_run_dir`, building the model and rewards):
+    a run that fails them must leave nothing behind, or the corrected rerun would find a "run" there.
+    ``run.overwrite`` moves the old run aside in one rename before deleting it, so a crash never
+    leaves a half-deleted run that still looks like one."""
+    run_dir = check_run_dir(cfg, resume=resume)
+    check_remote(cfg)  # checkpoint.remote_dir must be writable before any training
+    if run_dir.is_dir() and any(run_dir.iterdir()) and not resume:
+        # A fresh run must not inherit the old run's checkpoints (a later --resume would pick them up).
+        aside = run_dir.with_name(f".{run_dir.name}.replaced-{os.getpid()}")
+        os.replace(run_dir, aside)
+        shutil.rmtree(aside)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "summary.json").unlink(missing_ok=True)
+    atomic_write_text(run_dir / "config.yaml", config_to_yaml(cfg))
+    (run_dir / METRICS_FILE).touch()  # with config.yaml: what marks a Tandem run folder
+    if resume:  # checkpoint.remote_dir: continue from a newer copy there (e.g. on a fresh machine)
+        fetch_newer_checkpoint(cfg, run_dir / "checkpoints")
+    return run_dir
+
+
+def finish_run(result: RunResult, ckpt_root: Path, **extra: Any) -> RunResult:
+    """Fill ``eval_after`` and write ``summary.json`` last (atomically): the run is complete."""
+    result.eval_after = {k: v for k, v in result.last_metrics.items() if k.startswith("eval/")}
+    summary = {
+        "steps": result.steps,
+        "eval_before": result.eval_before,
+        "eval_after": result.eval_after,
+        "final_metrics": result.last_metrics,
+        "checkpoint": str(latest_checkpoint(ckpt_root) or ""),
+        **extra,
+    }
+    atomic_write_json(result.run_dir / "summary.json", summary)
+    return result
