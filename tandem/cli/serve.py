@@ -42,7 +42,7 @@ def _split(split: str | None) -> dict[str, float] | None:
 def _keys(api_key: list[str] | None, admin_key: str | None) -> tuple[list[str], str | None]:
     """The API keys (flags, then ``TANDEM_API_KEYS``; blank entries of the variable are skipped) and the
     admin key; ConfigError naming the flag or variable for an empty or whitespace key."""
-    from tandem.serve.app import check_key
+    from tandem.serve.state import check_key
 
     for key in api_key or []:
         check_key(key, "--api-key")
@@ -94,8 +94,8 @@ def serve(
     require_serve_deps()
     import torch
 
-    from tandem.serve.app import ServeSettings
     from tandem.serve.server import build_state, check_bind, check_tls, run_server
+    from tandem.serve.state import ServeSettings
 
     if threads:
         torch.set_num_threads(threads)

@@ -21,9 +21,10 @@ from fastapi import FastAPI, Request
 
 from tandem.errors import TandemError, first_line
 from tandem.serve import admin_state as ops
-from tandem.serve.app import ServerState, check_admin_key, parse_json_object
+from tandem.serve.app import check_admin_key, parse_json_object
 from tandem.serve.protocol import ApiError
 from tandem.serve.router import build_arm
+from tandem.serve.state import ServerState
 
 logger = logging.getLogger(__name__)
 

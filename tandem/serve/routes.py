@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from tandem.errors import ConfigError
 from tandem.rollout.base import SamplingParams
-from tandem.serve.app import ServerState, check_user_key, metrics_text, parse_json_object
+from tandem.serve.app import check_user_key, metrics_text, parse_json_object
 from tandem.serve.batcher import QueueFullError
 from tandem.serve.cache import cache_key
 from tandem.serve.decode import RowRequest, RowResult
@@ -31,6 +31,7 @@ from tandem.serve.model import ServedModel
 from tandem.serve.protocol import ApiError, ChatRequest, CompletionRequest, GenerationRequest, PredictRequest
 from tandem.serve.router import Arm
 from tandem.serve.shapes import ChatShape, CompletionShape, Shape, usage
+from tandem.serve.state import ServerState
 from tandem.serve.streaming import sse
 
 

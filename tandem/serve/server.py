@@ -22,13 +22,13 @@ logger = logging.getLogger(__name__)
 def build_state(
     arms: dict[str, str], settings, name: str | None = None, split: dict[str, float] | None = None
 ):
-    """A :class:`~tandem.serve.app.ServerState` with ``arms`` (name -> model/run folder) loaded.
+    """A :class:`~tandem.serve.state.ServerState` with ``arms`` (name -> model/run folder) loaded.
 
     The admin state starts as ``arms`` with ``split``; with ``settings.state_dir`` (replicas) it is the
     shared file there, which may already have moved on (a replica restarted after admin changes: it
     catches up when serving starts)."""
     from tandem.serve import admin_state
-    from tandem.serve.app import ServerState
+    from tandem.serve.state import ServerState
 
     first = next(iter(arms.values()))
     state = ServerState(settings, name or Path(first).resolve().name)
@@ -109,8 +109,8 @@ def app_from_env():
     of the model and runs its own batcher; the workers share the listening socket."""
     import dataclasses
 
-    from tandem.serve.app import ServeSettings
     from tandem.serve.connections import SPEC_ENV
+    from tandem.serve.state import ServeSettings
 
     spec = json.loads(os.environ[SPEC_ENV])
     fields = {f.name for f in dataclasses.fields(ServeSettings)}

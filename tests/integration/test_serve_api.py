@@ -15,8 +15,8 @@ pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 
-from tandem.serve.app import ServeSettings  # noqa: E402
 from tandem.serve.server import build_state, make_app  # noqa: E402
+from tandem.serve.state import ServeSettings  # noqa: E402
 
 USER_KEY, ADMIN_KEY = "user-key-1", "admin-key-1"
 

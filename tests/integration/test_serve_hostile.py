@@ -18,8 +18,8 @@ import pytest
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from tandem.serve.app import ServeSettings  # noqa: E402
 from tandem.serve.server import build_state  # noqa: E402
+from tandem.serve.state import ServeSettings  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_serve_api import Running, _free_port  # noqa: E402

@@ -23,11 +23,11 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from tandem.errors import ConfigError, ModelError  # noqa: E402
-from tandem.serve.app import ServeSettings  # noqa: E402
 from tandem.serve.loadtest import check_target, run_load  # noqa: E402
 from tandem.serve.model import ServedModel  # noqa: E402
 from tandem.serve.protocol import ChatRequest, CompletionRequest, PredictRequest  # noqa: E402
 from tandem.serve.server import build_state  # noqa: E402
+from tandem.serve.state import ServeSettings  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_serve_api import Running, _free_port  # noqa: E402

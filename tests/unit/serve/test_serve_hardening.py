@@ -20,13 +20,14 @@ from tandem.errors import ConfigError, ModelError  # noqa: E402
 from tandem.models import load_causal_lm, load_tokenizer  # noqa: E402
 from tandem.rollout import SamplingParams  # noqa: E402
 from tandem.serve import admin_state as ops  # noqa: E402
-from tandem.serve.app import ServeSettings, check_key, parse_json_object  # noqa: E402
+from tandem.serve.app import parse_json_object  # noqa: E402
 from tandem.serve.batcher import DynamicBatcher, RowFailedError  # noqa: E402
 from tandem.serve.decode import RowRequest, RowResult, decode_rows  # noqa: E402
 from tandem.serve.feedback import FeedbackStore, check_pair, check_rating, preference_pairs  # noqa: E402
 from tandem.serve.middleware import key_from_headers, key_matches  # noqa: E402
 from tandem.serve.model import ServedModel  # noqa: E402
 from tandem.serve.protocol import ApiError  # noqa: E402
+from tandem.serve.state import ServeSettings, check_key  # noqa: E402
 
 
 async def _run_batch(runner, rows: list[RowRequest], stream: bool = False) -> list:

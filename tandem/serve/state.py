@@ -1,0 +1,79 @@
+"""One server's settings and shared state: :class:`ServeSettings` (the ``tandem serve`` flags, checked
+when built), :class:`ServerState` (what routes, admin handlers and the batchers share) and the key check
+both the settings and the CLI use.
+
+Kept apart from :mod:`tandem.serve.app` (request checks, error handlers) so every module that only needs
+the state's type can import it without the web framework.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from tandem.errors import ConfigError
+from tandem.serve.metrics import Metrics
+from tandem.serve.router import Router
+
+
+@dataclass
+class ServeSettings:
+    """Limits and keys of one server (``tandem serve`` flags)."""
+
+    max_batch_size: int = 32
+    max_wait_ms: float = 10.0
+    max_queue: int = 256
+    cache_size: int = 1024
+    max_tokens_limit: int = 512
+    max_n: int = 8
+    max_prompts: int = 32
+    max_body_bytes: int = 1 << 20
+    api_keys: list[str] = field(default_factory=list)
+    admin_key: str | None = None
+    feedback_db: str | None = None
+    read_timeout_s: float = 30.0  # a request's head, and then its body, must arrive within this
+    keep_alive_s: int = 5  # an idle keep-alive connection is closed after this
+    max_connections: int = 1024  # open connections (or running requests) beyond which requests get 503
+    state_dir: str | None = None  # replicas: folder of the shared admin state (set by run_replicas)
+
+    def __post_init__(self) -> None:
+        for key in self.api_keys:
+            check_key(key, "--api-key")
+        if self.admin_key is not None:
+            check_key(self.admin_key, "--admin-key")
+        if not self.read_timeout_s > 0:
+            raise ConfigError(f"must be > 0, got {self.read_timeout_s}", where="--read-timeout")
+        if self.max_connections < 1:
+            raise ConfigError(f"must be >= 1, got {self.max_connections}", where="--max-connections")
+
+
+def check_key(key: str, where: str) -> None:
+    """ConfigError for a key that can never be presented safely: empty, or containing whitespace
+    (HTTP strips header values, so a key of spaces would be matched by an empty header)."""
+    if not key or any(c.isspace() for c in key):
+        raise ConfigError(
+            "an API key must be non-empty and contain no whitespace",
+            where=where,
+            hint="e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))'",
+        )
+
+
+class ServerState:
+    """Everything the routes share: settings, router (arms), metrics, readiness, feedback store, and the
+    admin state this replica serves: ``store`` (:mod:`tandem.serve.admin_state`), ``applied`` (the
+    version the router shows) and ``loaded`` (load id -> arm loaded in this process)."""
+
+    def __init__(self, settings: ServeSettings, name: str) -> None:
+        self.settings = settings
+        self.name = name
+        self.router = Router()
+        self.metrics = Metrics()
+        self.ready = False
+        self.batchers: list = []  # every batcher ever started (replaced arms stay alive for rollback)
+        self.feedback = None
+        self.started = time.time()
+        self.store = None  # MemoryStore or FileStore
+        self.applied = -1
+        self.loaded: dict = {}
+        self.loading: set[str] = set()  # load ids being loaded in the background
+        self.failed: dict[str, str] = {}  # load id -> why this replica could not load it
