@@ -3,7 +3,9 @@
 - NaN loss at step k -> ``skip``: the optimiser step is dropped (and any ``skip`` rule really vetoes updates).
 - LR × 1000 at step k -> KL to the reference explodes -> ``rollback``: weights restored from a checkpoint
   that predates the fault, LR scaled down, the run finishes.
-- A reward that pays for length -> ``length_blowup`` warns: logged and POSTed to a webhook on 127.0.0.1.
+- Response length doubles (the length series injected into the real loop, so the test does not depend on
+  where training lands) -> ``length_blowup`` warns once per incident: logged and POSTed to a webhook on
+  127.0.0.1, through ``tandem train``.
 - Train reward climbs while the held-out score drops -> ``reward_hacking`` ``stop``: checkpoint, exit 3.
 """
 
@@ -20,6 +22,7 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 import tandem.orchestration.alerting as alerting_mod
+import tandem.orchestration.colocated as colocated_mod
 import tandem.orchestration.parts as parts_mod
 import tandem.train.update as update_mod
 from tandem.cli.main import app
@@ -32,11 +35,6 @@ from tandem.train.checkpoint import list_checkpoints
 
 HERE = Path(__file__)
 TASK = {"min_len": 2, "max_len": 3}  # the options tests/e2e/conftest.py trains warm_model on
-
-
-def pays_for_length(prompts, completions, **columns):
-    """Reward hacking bait: longer completions earn more, whatever they say."""
-    return [len(c) / 12.0 for c in completions]
 
 
 _CALLS = [0]
@@ -177,7 +175,21 @@ class _Hook(BaseHTTPRequestHandler):
         pass
 
 
-def test_reward_paying_for_length_warns_and_posts_webhook(warm_model, tmp_path):
+def test_length_blowup_warns_once_per_incident_and_posts_webhook(warm_model, tmp_path, monkeypatch):
+    """The response lengths the rule watches are injected (where a real run would get there by training on
+    a reward that pays for length): they double at step 5, fall back at 6 and double again at 7 and 8.
+    The warn rule fires on each rising edge, through the CLI, into alerts.jsonl and the webhook."""
+    series = [4.0, 4.0, 5.0, 7.0, 9.0, 5.0, 10.0, 12.0]  # base = mean of the first 2 = 4; fires above 8
+    real = colocated_mod.rollout_metrics
+
+    def injected(batch, gen_seconds):
+        metrics = real(batch, gen_seconds)
+        metrics["response/length_mean"] = series[injected.calls]
+        injected.calls += 1
+        return metrics
+
+    injected.calls = 0
+    monkeypatch.setattr(colocated_mod, "rollout_metrics", injected)
     _Hook.received = []
     server = HTTPServer(("127.0.0.1", 0), _Hook)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -190,25 +202,24 @@ def test_reward_paying_for_length_warns_and_posts_webhook(warm_model, tmp_path):
             warm_model,
             out,
             [rule],
-            reward={"task_reward": False, "functions": [{"path": f"{HERE}:pays_for_length"}]},
-            rollout={"n": 4, "max_new_tokens": 12},
-            trainer={"total_steps": 8, "lr": 1e-2, "lr_schedule": "constant"},
+            trainer={"total_steps": len(series)},
             monitor={"alert_webhook": f"http://127.0.0.1:{server.server_port}/alerts"},
         )
-        train(cfg, progress=False)
+        config = tmp_path / "cfg.yaml"
+        config.write_text(config_to_yaml(cfg))
+        res = CliRunner().invoke(app, ["train", str(config), "--no-progress"])
     finally:
         server.shutdown()
         server.server_close()
         thread.join()
-    rows = [r for r in read_metrics(out) if r["step"] >= 1]
-    lengths = [r["response/length_mean"] for r in rows]
-    base = sum(lengths[:2]) / 2
-    first_blowup = next(r["step"] for r in rows if r["response/length_mean"] > 2.0 * base)
+    assert res.exit_code == 0, res.output
+    assert [r["response/length_mean"] for r in read_metrics(out) if r["step"] >= 1] == series
     alerts = read_alerts(out)
-    assert alerts and alerts[0]["step"] == first_blowup and alerts[0]["rule"] == "length_blowup"
-    assert rows[-1]["reward/mean"] > rows[0]["reward/mean"]  # the hack pays
-    assert [p["step"] for p in _Hook.received] == [a["step"] for a in alerts]
+    assert [(a["step"], a["value"]) for a in alerts] == [(5, 9.0), (7, 10.0)]  # rising edges only
+    assert all(a["rule"] == "length_blowup" and a["effect"] == "logged" for a in alerts)
+    assert [p["step"] for p in _Hook.received] == [5, 7]
     assert _Hook.received[0]["run"] == "alerts" and _Hook.received[0]["action"] == "warn"
+    assert "grew > 2" in _Hook.received[0]["message"]
 
 
 def test_heldout_drop_while_train_reward_climbs_stops_with_checkpoint(warm_model, tmp_path, monkeypatch):
