@@ -44,10 +44,19 @@ def _head(ckpt):
     return safetensors.torch.load_file(str(ckpt / "critic" / "model.safetensors"))
 
 
+def always_one(prompts, completions, **columns):
+    """A constant reward: every return is ~1 (less the small KL penalty), a fixed target for the head."""
+    return [1.0] * len(completions)
+
+
 def test_shared_head_ppo_trains_and_checkpoints_a_plain_policy(tiny_model_dir, tmp_path):
+    # A constant reward gives the head a fixed target far from its near-zero start, so "the head fits the
+    # returns" does not depend on how noisy each step's digit-share returns happen to be (with those, the
+    # value loss of step 5 vs step 1 went either way between run seeds).
     cfg = _cfg(
         tiny_model_dir,
         tmp_path / "run",
+        reward={"task_reward": False, "functions": [{"path": f"{Path(__file__)}:always_one"}]},
         critic={"lr": 1e-2, "value_clip": None},
         trainer={"total_steps": 6, "ppo_epochs": 2, "mini_batch_size": 4},
     )
@@ -69,9 +78,11 @@ def test_shared_head_ppo_trains_and_checkpoints_a_plain_policy(tiny_model_dir, t
         assert all(key in r for r in rows), key
     assert "critic/grad_norm" not in rows[-1]  # no separate critic step after warm-up
     vf = [r["critic/vf_loss"] for r in rows]
-    ev = [r["critic/explained_var"] for r in rows]
-    assert sum(vf[-3:]) / 3 < vf[0], vf  # the head fits the returns within a few steps
-    assert sum(ev[-3:]) / 3 > ev[0], ev
+    values = [r["critic/values_mean"] for r in rows]
+    # the head fits the returns within a few steps (run seeds 0-3: the last 3 steps' mean value loss is
+    # 0.05-0.07 of the first step's; the mean value goes from -0.1..0.12 to 0.84-1.06)
+    assert sum(vf[-3:]) / 3 < vf[0] / 4, vf
+    assert abs(values[-1] - 1.0) < abs(values[0] - 1.0) / 2, values
 
 
 def test_shared_head_warmup_leaves_the_policy_unchanged(tiny_model_dir, tmp_path):
