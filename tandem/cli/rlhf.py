@@ -122,7 +122,8 @@ def dpo(config: ConfigPath, overrides: Overrides = None) -> None:
     before = _verifier_score(cfg, policy, tok) if cfg.eval_task else None
     saved_as = {"created_by": "tandem dpo", "source": cfg.model}
     settings = dpolib.DPOSettings(
-        beta=cfg.beta, loss_type=cfg.loss_type, label_smoothing=cfg.label_smoothing, lr=cfg.lr,
+        beta=cfg.beta, loss_type=cfg.loss_type, label_smoothing=cfg.label_smoothing,
+        length_normalize=cfg.length_normalize, lr=cfg.lr,
         batch_size=cfg.batch_size, epochs=cfg.epochs, max_steps=cfg.max_steps,
         warmup_steps=cfg.warmup_steps, sft_coef=cfg.sft_coef, seed=cfg.seed, shared_prefix=cfg.shared_prefix,
     )  # fmt: skip

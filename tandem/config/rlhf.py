@@ -11,8 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from tandem.algos import PREFERENCE_LOSSES
 from tandem.config.loader import apply_overrides, key_location, read_yaml
 from tandem.errors import ConfigError
 
@@ -63,6 +64,21 @@ class DPOConfig(_Flat):
         "sigmoid", description="Preference loss from the algorithm library (sigmoid, ipo, hinge, robust)."
     )
     label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="cDPO / robust label-flip rate ε.")
+    length_normalize: bool = Field(
+        False,
+        description="Divide each completion's log-ratio by its token count before the margin is taken "
+        "(TRL's ipo and sigmoid_norm); false uses summed log-ratios.",
+    )
+
+    @field_validator("loss_type")
+    @classmethod
+    def _known_loss(cls, value: str) -> str:
+        if value not in PREFERENCE_LOSSES:
+            raise ValueError(
+                f"unknown preference loss '{value}'; valid: {', '.join(PREFERENCE_LOSSES.names())}"
+            )
+        return value
+
     lr: float = Field(5e-4, gt=0, description="AdamW learning rate.")
     batch_size: int = Field(16, ge=1, description="Pairs per optimiser step.")
     epochs: int = Field(1, ge=1, description="Passes over the training pairs.")

@@ -39,6 +39,7 @@ class DPOSettings:
     beta: float = 0.1
     loss_type: str = "sigmoid"
     label_smoothing: float = 0.0
+    length_normalize: bool = False  # margin from per-token log-ratios (TRL's ipo / sigmoid_norm)
     lr: float = 5e-4
     batch_size: int = 16
     epochs: int = 1
@@ -214,9 +215,12 @@ def train_dpo(
         ref = ref_logps[idx]  # [b, 2]
         summed, lengths = _summed_logps(policy, tokenizer, batch, settings.shared_prefix)  # [2b], [2b]
         pc, pr = summed[: len(batch)], summed[len(batch) :]  # [b], [b]
+        b = len(batch)
+        norm = (lengths[:b], lengths[b:]) if settings.length_normalize else None
         losses, rc, rr = dpo_loss(
-            pc, pr, ref[:, 0], ref[:, 1], settings.beta, settings.loss_type, settings.label_smoothing
-        )
+            pc, pr, ref[:, 0], ref[:, 1], settings.beta, settings.loss_type, settings.label_smoothing,
+            lengths=norm,
+        )  # fmt: skip
         loss = losses.mean()
         nll = -(pc / lengths[: len(batch)].clamp_min(1)).mean()  # chosen per-token NLL
         if settings.sft_coef:

@@ -124,3 +124,29 @@ def test_online_dpo_moves_the_policy_towards_the_judge(model_tok):
     assert history[0]["label/kept"] > 0 and "rewards/accuracies" in history[0]
     after = digit_share()
     assert after > before + 0.05, (before, after)
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_length_normalize_passes_each_completions_token_count_to_the_loss(model_tok, monkeypatch, normalize):
+    """`length_normalize` (TRL's ipo / sigmoid_norm convention) hands the loss each completion's token
+    count; the default keeps summed log-ratios (no lengths)."""
+    model, tok = model_tok
+    seen = []
+    real = dpo.dpo_loss
+    monkeypatch.setattr(dpo, "dpo_loss", lambda *a, **k: seen.append(k.get("lengths")) or real(*a, **k))
+    settings = dpo.DPOSettings(loss_type="ipo", length_normalize=normalize, batch_size=4, max_steps=1)
+    dpo.train_dpo(model, tok, toy_pairs(4), torch.zeros(4, 2), settings)
+    assert len(seen) == 1
+    if not normalize:
+        assert seen[0] is None
+        return
+    chosen, rejected = seen[0]
+    assert chosen.shape == rejected.shape == (4,)
+    assert bool((chosen < rejected).all())  # "yes" is shorter than "no way" in every pair
+
+
+def test_unknown_dpo_loss_type_names_the_valid_ones(tmp_path):
+    from tandem.config.rlhf import DPOConfig
+
+    with pytest.raises(ValueError, match="valid: .*ipo"):
+        DPOConfig(model="m", out_dir=str(tmp_path / "o"), data={"train_file": "x.jsonl"}, loss_type="nope")
