@@ -78,8 +78,43 @@ class TrajectoryChannel(Protocol):
         """Messages waiting to be consumed (-1 when the backend cannot tell)."""
         ...
 
+    def recover(self) -> list[Delivery]:
+        """At a consumer's (re)start: what a restarted learner must consume first — messages an earlier
+        consumer took but never acknowledged (``redelivered``), then unread ones. ``[]`` when not
+        ``durable`` (nothing outlives the consumer)."""
+        ...
+
     def close(self) -> None:
         """Release this process's handles (idempotent)."""
+        ...
+
+
+@runtime_checkable
+class WeightChannel(Protocol):
+    """Versioned weights from the learner to the rollout workers: the learner ``publish``es after each
+    update, a worker ``fetch``es a private copy when a version newer than its own exists. Created in the
+    learner's process and passed to the workers (picklable). Implementations: shared memory on one machine
+    (:mod:`tandem.channels.weights`), the Ray object store (:mod:`tandem.channels.ray_weights`)."""
+
+    @property
+    def version(self) -> int:
+        """The newest published version (-1 before the first publish)."""
+        ...
+
+    def publish(self, state: dict[str, torch.Tensor], version: int) -> None:
+        """Make ``state`` (the policy's state dict) the newest weights, as ``version``."""
+        ...
+
+    def fetch(self, known_version: int) -> tuple[dict[str, torch.Tensor], int] | None:
+        """A private copy of the newest weights and their version, or None when not newer than known."""
+        ...
+
+    def close(self) -> None:
+        """Release this process's handle (a worker, at exit)."""
+        ...
+
+    def unlink(self) -> None:
+        """Free the channel (the creating process, at shutdown)."""
         ...
 
 

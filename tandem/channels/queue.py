@@ -53,6 +53,10 @@ class QueueChannel:
         except NotImplementedError:  # macOS
             return -1
 
+    def recover(self) -> list[Delivery]:
+        """Nothing to recover: the queue does not outlive its consumer."""
+        return []
+
     def close(self) -> None:
         """Detach this process from the queue without waiting for its feeder thread to flush to nobody."""
         self._queue.cancel_join_thread()

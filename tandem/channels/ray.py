@@ -117,6 +117,10 @@ class RayQueueChannel:
     def depth(self) -> int:
         return int(self._queue.qsize())
 
+    def recover(self) -> list[Delivery]:
+        """Nothing to recover: the queue does not outlive its consumer."""
+        return []
+
     def close(self) -> None:
         """Free the queue actor (creating process only; idempotent). Other processes hold just a handle."""
         if self._owner:

@@ -171,6 +171,14 @@ class RedisStreamChannel:
                 self._ready.append(self._delivery(entry_id, fields, redelivered=False))
         return self._ready.popleft() if self._ready else None
 
+    def recover(self) -> list[Delivery]:
+        """Every pending entry of the group, claimed for this consumer (re-deliveries), then every unread
+        one: what a restarted learner consumes before anything new."""
+        out = []
+        while (delivery := self.get(0.2)) is not None:
+            out.append(delivery)
+        return out
+
     def ack(self, delivery_ids: list[str]) -> None:
         if not delivery_ids:
             return

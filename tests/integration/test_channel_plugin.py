@@ -68,6 +68,9 @@ class FolderChannel:
     def ack(self, delivery_ids: list[str]) -> None:
         """Nothing to confirm: a taken file is gone."""
 
+    def recover(self) -> list[Delivery]:
+        return []  # not durable
+
     def depth(self) -> int:
         return len(list(self.folder.glob("*.msg")))
 

@@ -20,33 +20,39 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.context import BaseContext
-from typing import Any
 
 import torch
 
 from tandem.channels import ChannelSetting, TrajectoryChannel, open_channel
+from tandem.channels.base import WeightChannel
 from tandem.channels.weights import SharedMemoryWeights
 from tandem.config.schema import TandemConfig
 from tandem.orchestration.decoupled.coordination import Coordination
+from tandem.orchestration.decoupled.seams import Admission, WorkerSupervisor
 from tandem.orchestration.decoupled.supervisor import LocalSupervisor
 from tandem.orchestration.staleness import StalenessController
 
 
 @dataclass
 class Backend:
-    """Coordination, weight channel, trajectory channel and supervisor of one run, plus their cleanup."""
+    """Admission, weight channel, trajectory channel and supervisor of one run, plus their cleanup."""
 
-    coord: Any  # Coordination | RayCoordination
-    weights: Any  # SharedMemoryWeights | RayObjectStoreWeights
+    coord: Admission
+    weights: WeightChannel
     channel: TrajectoryChannel
-    supervisor: Any  # LocalSupervisor | RaySupervisor
+    supervisor: WorkerSupervisor
     cleanups: list[Callable[[], None]] = field(default_factory=list)  # run in reverse order
 
     def close(self) -> None:
         """Release everything (after ``supervisor.shutdown()``); each step runs even if one fails."""
-        with contextlib.ExitStack() as stack:
-            for fn in self.cleanups:
-                stack.callback(fn)
+        release(self.cleanups)
+
+
+def release(cleanups: list[Callable[[], None]]) -> None:
+    """Run ``cleanups`` in reverse order, each even if a later one failed (the first error is raised)."""
+    with contextlib.ExitStack() as stack:
+        for fn in cleanups:
+            stack.callback(fn)
 
 
 def open_trajectory_channel(cfg: TandemConfig, ctx: BaseContext | None) -> TrajectoryChannel:
@@ -85,7 +91,7 @@ def _open_ray(cfg: TandemConfig, controller: StalenessController, ctx: BaseConte
         channel = open_trajectory_channel(cfg, ctx)
         cleanups.append(channel.close)
     except BaseException:
-        Backend(None, None, None, None, cleanups).close()  # type: ignore[arg-type]
+        release(cleanups)
         raise
     # a local instance has all its resources from the start: do not wait long for what cannot come
     wait_s = 120.0 if cluster.joined or cluster.reused else 15.0

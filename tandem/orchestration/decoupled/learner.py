@@ -18,11 +18,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from tandem.channels.base import Delivery, TrajectoryChannel, TrajectoryMessage
-from tandem.channels.weights import SharedMemoryWeights
+from tandem.channels.base import Delivery, TrajectoryChannel, TrajectoryMessage, WeightChannel
 from tandem.errors import TandemError
-from tandem.orchestration.decoupled.coordination import Coordination
 from tandem.orchestration.decoupled.ledger import TicketLedger
+from tandem.orchestration.decoupled.seams import Admission
 from tandem.orchestration.rollout_step import ScoredBatch, rollout_metrics
 from tandem.orchestration.staleness import StalenessController
 from tandem.types import RolloutBatch
@@ -35,7 +34,7 @@ class LearnerStarvedError(TandemError):
 class ChannelWeights:
     """Weight publisher of a decoupled run: the policy's state dict goes on the weight channel."""
 
-    def __init__(self, weights: SharedMemoryWeights) -> None:
+    def __init__(self, weights: WeightChannel) -> None:
         self.weights = weights
 
     def publish(self, policy: torch.nn.Module, version: int) -> None:
@@ -51,7 +50,7 @@ class ChannelSource:
     def __init__(
         self,
         channel: TrajectoryChannel,
-        coord: Coordination,
+        coord: Admission,
         controller: StalenessController,
         *,
         ledger: TicketLedger,
@@ -90,8 +89,8 @@ class ChannelSource:
     def recover(self) -> list[int]:
         """At (re)start: buffer what a durable channel still holds for this consumer (pending re-deliveries
         first, then unread messages); returns the tickets now waiting to be consumed."""
-        while self.drain(timeout=0.2):
-            pass
+        for delivery in self.channel.recover():  # [] unless the channel is durable
+            self._take(delivery)
         return sorted(self.buffer)
 
     def _next(self) -> Delivery:

@@ -31,9 +31,8 @@ from typing import Any
 
 import torch
 
-from tandem.channels.base import TrajectoryChannel
+from tandem.channels.base import TrajectoryChannel, WeightChannel
 from tandem.channels.ray import import_ray
-from tandem.channels.ray_weights import RayObjectStoreWeights
 from tandem.config.schema import RoleResources, TandemConfig
 from tandem.errors import ConfigError, TandemError, first_line
 from tandem.orchestration.decoupled.coordination import MAX_SLOTS
@@ -101,7 +100,7 @@ class RaySupervisor:
         self,
         cfg: TandemConfig,
         channel: TrajectoryChannel,
-        weights: RayObjectStoreWeights,
+        weights: WeightChannel,
         coord: RayCoordination,
         placement_timeout_s: float = PLACEMENT_TIMEOUT_S,
     ) -> None:

@@ -26,17 +26,16 @@ from typing import Any
 import torch
 
 from tandem.channels import TrajectoryChannel, check_channel
-from tandem.channels.weights import SharedMemoryWeights
+from tandem.channels.base import WeightChannel
 from tandem.config.schema import TandemConfig
 from tandem.monitor import PhaseTimer
 from tandem.monitor.metrics import MetricsListener
 from tandem.orchestration.alerting import check_rollback_support
 from tandem.orchestration.decoupled.autoscale import Autoscaler
 from tandem.orchestration.decoupled.backends import open_backend
-from tandem.orchestration.decoupled.coordination import Coordination
 from tandem.orchestration.decoupled.learner import ChannelSource, ChannelWeights
 from tandem.orchestration.decoupled.ledger import TicketLedger
-from tandem.orchestration.decoupled.supervisor import LocalSupervisor
+from tandem.orchestration.decoupled.seams import Admission, WorkerSupervisor
 from tandem.orchestration.dp_learner import DataParallelLearner, ProcessLauncher, RankLauncher
 from tandem.orchestration.loop import KEY_METRICS, LoopSetup, run_loop
 from tandem.orchestration.parts import (
@@ -62,9 +61,9 @@ class DecoupledRun:
     cfg: TandemConfig
     parts: RunParts
     channel: TrajectoryChannel
-    weights: SharedMemoryWeights
-    coord: Coordination
-    supervisor: LocalSupervisor
+    weights: WeightChannel
+    coord: Admission
+    supervisor: WorkerSupervisor
     learner: Trainer
     dp: DataParallelLearner | None = None  # ranks 1..M-1 of a data-parallel learner
 
@@ -183,11 +182,11 @@ def _rank_launcher(cfg: TandemConfig, ctx: BaseContext) -> RankLauncher:
     return ProcessLauncher(ctx)
 
 
-def _admit_after_restart(source: ChannelSource, coord: Coordination) -> None:
+def _admit_after_restart(source: ChannelSource, coord: Admission) -> None:
     """Set the admission counters. Fresh run: 0/0. Restart: un-acknowledged messages of a durable channel
     are buffered first; tickets up to the newest one known exist already, and the buffered ones are the
     only ones still to consume, so capacity is ``η + 1 − buffered`` (see ``staleness``)."""
-    recovered = source.recover() if source.channel.durable else []
+    recovered = source.recover()
     known = source.ledger.consumed | set(recovered)
     issued = max(known) + 1 if known else 0
     coord.set_counters(issued=issued, consumed=issued - len(recovered))

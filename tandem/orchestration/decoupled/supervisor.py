@@ -13,10 +13,9 @@ import logging
 import queue as std_queue
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
-from typing import Any
+from multiprocessing.queues import Queue
 
-from tandem.channels.base import TrajectoryChannel
-from tandem.channels.weights import SharedMemoryWeights
+from tandem.channels.base import TrajectoryChannel, WeightChannel
 from tandem.config.schema import TandemConfig
 from tandem.errors import TandemError
 from tandem.orchestration.decoupled.coordination import MAX_SLOTS, Coordination
@@ -37,12 +36,12 @@ class LocalSupervisor:
         ctx: BaseContext,
         cfg: TandemConfig,
         channel: TrajectoryChannel,
-        weights: SharedMemoryWeights,
+        weights: WeightChannel,
         coord: Coordination,
     ) -> None:
         self.ctx, self.cfg = ctx, cfg
         self.channel, self.weights, self.coord = channel, weights, coord
-        self.errors: Any = ctx.Queue()
+        self.errors: Queue[str] = ctx.Queue()
         self.procs: dict[int, BaseProcess] = {}
         self.restarts: dict[int, int] = {}
         self.total_restarts = 0

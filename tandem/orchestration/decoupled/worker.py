@@ -20,12 +20,11 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from multiprocessing.queues import Queue
 
 import torch
 
-from tandem.channels.base import TrajectoryChannel, TrajectoryMessage
-from tandem.channels.weights import SharedMemoryWeights
+from tandem.channels.base import TrajectoryChannel, TrajectoryMessage, WeightChannel
 from tandem.config.schema import TandemConfig
 from tandem.errors import TandemError
 from tandem.models import load_tokenizer
@@ -36,14 +35,10 @@ from tandem.orchestration.build import (
     build_rollout_engine,
     enforce_prompt_lengths,
 )
-from tandem.orchestration.decoupled.coordination import Coordination
+from tandem.orchestration.decoupled.seams import Admission
 from tandem.orchestration.remote import local_models
 from tandem.orchestration.rollout_step import RolloutStep, TicketPrompts
 from tandem.rollout.base import RolloutEngine
-
-if TYPE_CHECKING:
-    from tandem.channels.ray_weights import RayObjectStoreWeights
-    from tandem.orchestration.decoupled.ray_coordination import RayCoordination
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +52,9 @@ class WorkerSpec:
     slot: int
     cfg: TandemConfig  # model folders may be URLs: the worker uses this machine's copies
     channel: TrajectoryChannel
-    weights: SharedMemoryWeights | RayObjectStoreWeights
-    coord: Coordination | RayCoordination
-    errors: Any = None  # multiprocessing queue of one-line error strings (embedded runtime only)
+    weights: WeightChannel
+    coord: Admission
+    errors: Queue[str] | None = None  # one-line error strings (embedded runtime only)
 
 
 class InFlightSync:
@@ -67,7 +62,7 @@ class InFlightSync:
 
     Counts the updates and the seconds spent loading them (reported as ``worker/inflight_*``)."""
 
-    def __init__(self, engine: RolloutEngine, weights: Any) -> None:
+    def __init__(self, engine: RolloutEngine, weights: WeightChannel) -> None:
         self.engine, self.weights = engine, weights
         self.updates, self.seconds = 0, 0.0
 
