@@ -60,7 +60,10 @@ def test_ppo_with_a_learned_reward_model_raises_refusals(tiny_model_dir, tmp_pat
             "rollout": {"n": 4, "max_new_tokens": 40},
             "algorithm": {"name": "ppo", "beta": 0.1},
             "critic": {"lr": 1e-3},
-            "trainer": {"total_steps": 40, "lr": 3e-4},
+            # 80 steps at lr 3e-4: the refusal share rose by 0.26-0.38 over ATEN_CPU_CAPABILITY default /
+            # avx2 / avx512 (each trains a different SFT and RM) and run seeds 0-2. At 40 steps it rose by
+            # only 0.03 with default kernels; at lr 1e-3 it went either way (+0.23, or collapse to 0).
+            "trainer": {"total_steps": 80, "lr": 3e-4},
             "monitor": {"eval_every": 0, "sample_every": 0, "tensorboard": False, "progress": False},
         }
     )
