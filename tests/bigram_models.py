@@ -48,7 +48,8 @@ def bigram_model(out_dir: str | Path, table: Table) -> Path:
         eos_token_id=tok.eos_token_id,
     )
     config.tie_word_embeddings = False
-    model = LlamaForCausalLM(config)
+    with torch.random.fork_rng(devices=[]):  # the unused weights' random init leaves the global RNG alone
+        model = LlamaForCausalLM(config)
     head = torch.full((vocab, vocab), -SURE)  # [next, current] logits
     head[tok.eos_token_id] = SURE  # default: end the sequence
     for char, nxt in table.items():
