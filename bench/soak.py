@@ -235,7 +235,14 @@ def report(args: argparse.Namespace, result: dict) -> dict:
         for (_, _, cls), n in load.counts.items():
             by_class[cls] += n
     table = Table(title=f"Soak: processes (fit after the first {args.warmup_fraction:.0%} of samples)")
-    for col in ("process", "duration", "samples", "RSS start/end/max MB", "RSS MB/h", "fds start/end/max"):
+    for col in (
+        "process",
+        "duration",
+        "samples",
+        "RSS start/end/max MB",
+        "RSS MB/h ± se",
+        "fds start/end/max",
+    ):
         table.add_column(col, justify="right")
     for col in ("fds/h", "crashes", "errors"):
         table.add_column(col, justify="right")
@@ -255,7 +262,7 @@ def report(args: argparse.Namespace, result: dict) -> dict:
             f"{s['duration_s'] / 60:.1f} min",
             str(s["samples"]),
             f"{s['rss_start_mb']:.0f} / {s['rss_end_mb']:.0f} / {s['rss_max_mb']:.0f}",
-            f"{s['rss_growth_mb_per_h']:+.1f}",
+            f"{s['rss_growth_mb_per_h']:+.1f} ± {s['rss_growth_stderr']:.1f}",
             f"{s['fd_start']} / {s['fd_end']} / {s['fd_max']}",
             f"{s['fd_growth_per_h']:+.1f}",
             str(s["crashes"]),

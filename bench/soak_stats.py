@@ -40,6 +40,24 @@ def fit_slope(xs: list[float], ys: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
 
 
+def slope_stderr(xs: list[float], ys: list[float]) -> float:
+    """Standard error of :func:`fit_slope`: sqrt(Σ residual² / (n − 2) / Σ (x − x̄)²); 0.0 below 3 points.
+
+    It treats the samples as independent, which memory readings a few seconds apart are not, so read it
+    as a lower bound on the uncertainty: a slope within about two of these of zero is noise.
+    """
+    n = len(xs)
+    if n < 3 or len(ys) != n:
+        return 0.0
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return 0.0
+    b = fit_slope(xs, ys)
+    ssr = sum((y - my - b * (x - mx)) ** 2 for x, y in zip(xs, ys, strict=True))
+    return (ssr / (n - 2) / sxx) ** 0.5
+
+
 def after_warmup(samples: list[Sample], warmup_fraction: float) -> list[Sample]:
     """The samples taken after the first ``warmup_fraction`` of the sampled time span.
 
@@ -70,6 +88,7 @@ def summarise(samples: list[Sample], warmup_fraction: float = 0.1) -> dict:
         "rss_end_mb": samples[-1].rss_mb,
         "rss_max_mb": max(s.rss_mb for s in samples),
         "rss_growth_mb_per_h": fit_slope(hours, [s.rss_mb for s in fit]),
+        "rss_growth_stderr": slope_stderr(hours, [s.rss_mb for s in fit]),
         "fd_start": samples[0].fds,
         "fd_end": samples[-1].fds,
         "fd_max": max(s.fds for s in samples),

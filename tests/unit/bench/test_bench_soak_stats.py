@@ -28,6 +28,19 @@ def test_fit_slope_recovers_a_line_and_matches_numpy_polyfit():
     assert soak_stats.fit_slope(xs, ys) == pytest.approx(np.polyfit(xs, ys, 1)[0])
 
 
+def test_slope_stderr_matches_the_textbook_formula_and_is_zero_on_an_exact_line():
+    import numpy as np
+
+    xs = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    assert soak_stats.slope_stderr(xs, [2 * x - 1 for x in xs]) == pytest.approx(0.0, abs=1e-12)
+    ys = [0.3, 1.9, 4.4, 5.8, 8.5, 9.7]
+    _, cov = np.polyfit(xs, ys, 1, cov="unscaled")
+    b, a = np.polyfit(xs, ys, 1)
+    ssr = sum((y - (a + b * x)) ** 2 for x, y in zip(xs, ys, strict=True))
+    assert soak_stats.slope_stderr(xs, ys) == pytest.approx((cov[0][0] * ssr / (len(xs) - 2)) ** 0.5)
+    assert soak_stats.slope_stderr(xs[:2], ys[:2]) == 0.0
+
+
 def test_fit_slope_degenerate_inputs():
     assert soak_stats.fit_slope([], []) == 0.0
     assert soak_stats.fit_slope([1.0], [5.0]) == 0.0
