@@ -124,14 +124,18 @@ def process_tree(pid: int) -> list[int]:
 
 
 def rss_mb(pid: int) -> float | None:
-    """Resident set size of one process in MiB (VmRSS), or None if it is gone."""
+    """Resident set size of one process in MiB (VmRSS), or None if it is gone or exiting.
+
+    A zombie (exited, not yet reaped) has no VmRSS line and an emptied fd table: a reading of it would
+    look like a 500 MB drop at the end of the series, so it counts as gone.
+    """
     try:
         for line in (PROC / str(pid) / "status").read_text().splitlines():
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     except OSError:
         return None
-    return 0.0  # a zombie has no VmRSS line
+    return None
 
 
 def fd_count(pid: int) -> int | None:

@@ -80,3 +80,19 @@ def test_sample_tree_counts_children_and_returns_none_once_gone():
         child.kill()
         child.wait()
     assert soak_stats.sample_tree(child.pid, 2.0) is None
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc (Linux)")
+def test_a_zombie_counts_as_gone():
+    import time
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while "State:\tZ" not in Path(f"/proc/{child.pid}/status").read_text():  # exited, not reaped
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    try:
+        assert soak_stats.rss_mb(child.pid) is None
+        assert soak_stats.sample_tree(child.pid, 1.0) is None
+    finally:
+        child.wait()
