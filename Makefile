@@ -26,8 +26,12 @@ $(VENV)/.core: pyproject.toml Makefile $(LOCK)
 	$(BIN)/pip install -q -c $(LOCK) -e .
 	touch $@
 
+# verl is the oracle tests/unit/algos/test_oracle_verl.py compares our estimators and losses with; it pins
+# an older transformers and pulls Ray, so only its source goes in (--no-deps: the test loads four files).
+VERL_VERSION ?= 0.9.1
 $(VENV)/.dev: $(VENV)/.core
 	$(BIN)/pip install -q -c $(LOCK) -e ".[dev]"
+	$(BIN)/pip install -q --no-deps "verl==$(VERL_VERSION)"
 	touch $@
 
 setup: $(VENV)/.core

@@ -4,8 +4,8 @@
 The checks live in ``bench/algos_oracle.py`` (which also prints them as a table); here each group of
 checks is one test, over three seeds. A check either agrees with the peer, or differs by a convention
 documented in ``docs/algorithms.md`` — then the peer must match the documented formula and Tandem must
-differ from it. The peers are not dependencies (verl installs with ``--no-deps``); without them these
-tests skip and say how to install them.
+differ from it. ``make test`` installs both (TRL with the dev extra, verl's source with ``--no-deps``: verl
+pins an older transformers); elsewhere, without them, these tests skip and say how to install them.
 """
 
 from __future__ import annotations
