@@ -25,3 +25,61 @@ def check_accounting(result: Any, steps: int, batch: int = 8) -> dict[str, Any]:
     tickets = [r["decoupled/ticket"] for r in step_rows(result.run_dir)]
     assert len(tickets) == len(set(tickets)) == steps, "a ticket was trained twice"
     return acc
+
+
+def inject_lr_spike_and_spy_rollback(monkeypatch: Any, k: int) -> list[tuple[Path, dict, dict]]:
+    """Make the k-th update run with LR × 1000 (once) and record every rollback as (checkpoint, the weights
+    saved in it, the policy's weights right after the restore). Returns the list the spy appends to."""
+    from safetensors.torch import load_file
+
+    import tandem.orchestration.alerting as alerting_mod
+    import tandem.orchestration.parts as parts_mod
+
+    orig_build = parts_mod.build_scheduler
+
+    def faulty_scheduler(opt, cfg, n):
+        sched = orig_build(opt, cfg, n)
+        base, fired = sched.lr_lambdas[0], [False]
+
+        def lam(i):
+            if i == k - 1 and not fired[0]:  # LambdaLR index k-1 sets the LR of the k-th update
+                fired[0] = True
+                return base(i) * 1000
+            return base(i)
+
+        sched.lr_lambdas[0] = lam
+        return sched
+
+    restored: list[tuple[Path, dict, dict]] = []
+    orig_rollback = alerting_mod.AlertController.rollback
+
+    def spy(self, parts, lr_scale=None):
+        ckpt = orig_rollback(self, parts, lr_scale)
+        saved = load_file(str(ckpt / "model" / "model.safetensors"))  # read now: later pruning deletes it
+        restored.append((ckpt, saved, {n: p.detach().clone() for n, p in parts.policy.state_dict().items()}))
+        return ckpt
+
+    monkeypatch.setattr(parts_mod, "build_scheduler", faulty_scheduler)
+    monkeypatch.setattr(alerting_mod.AlertController, "rollback", spy)
+    return restored
+
+
+def check_rollback(run_dir: Path, restored: list[tuple[Path, dict, dict]], k: int) -> list[dict[str, Any]]:
+    """The first alert rolled back to a checkpoint from before the faulty k-th update, the restored weights
+    are that checkpoint's exactly, and the replayed step ran at half its earlier LR. Returns the alerts."""
+    import pytest
+    import torch
+
+    from tandem.monitor.alerts import read_alerts
+
+    alerts = read_alerts(run_dir)
+    assert alerts and alerts[0]["action"] == "rollback" and k <= alerts[0]["step"] <= k + 2
+    assert alerts[0]["effect"] == "rolled back to the last good checkpoint"
+    ckpt, saved, weights = restored[0]
+    assert int(ckpt.name.split("-")[1]) < k  # the restored weights predate the faulty update
+    for name, value in saved.items():
+        torch.testing.assert_close(weights[name], value, rtol=0, atol=0)
+    replayed = int(ckpt.name.split("-")[1]) + 1
+    lrs = [r["actor/lr"] for r in read_metrics(run_dir) if r["step"] == replayed]
+    assert len(lrs) == 2 and lrs[1] == pytest.approx(0.5 * lrs[0])
+    return alerts

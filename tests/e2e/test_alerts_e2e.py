@@ -16,14 +16,12 @@ import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
-import pytest
 import torch
+from run_checks import check_rollback, inject_lr_spike_and_spy_rollback
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-import tandem.orchestration.alerting as alerting_mod
 import tandem.orchestration.colocated as colocated_mod
-import tandem.orchestration.parts as parts_mod
 import tandem.train.update as update_mod
 from tandem.cli.main import app
 from tandem.config import build_config, config_to_yaml
@@ -117,48 +115,12 @@ def test_skip_action_vetoes_optimizer_step(warm_model, tmp_path, monkeypatch):
 
 def test_lr_x1000_at_step_k_rolls_back_and_scales_lr(warm_model, tmp_path, monkeypatch):
     k = 4  # the update of step k runs with LR × 1000
-    orig_build = parts_mod.build_scheduler
-
-    def faulty_scheduler(opt, cfg, n):
-        sched = orig_build(opt, cfg, n)
-        base, fired = sched.lr_lambdas[0], [False]
-
-        def lam(i):
-            if i == k - 1 and not fired[0]:  # LambdaLR index k-1 sets the LR of the k-th update
-                fired[0] = True
-                return base(i) * 1000
-            return base(i)
-
-        sched.lr_lambdas[0] = lam
-        return sched
-
-    monkeypatch.setattr(parts_mod, "build_scheduler", faulty_scheduler)
-    restored = []
-    orig_rollback = alerting_mod.AlertController.rollback
-
-    def spy(self, parts, lr_scale=None):
-        ckpt = orig_rollback(self, parts, lr_scale)
-        saved = load_file(str(ckpt / "model" / "model.safetensors"))  # read now: later pruning deletes it
-        restored.append((ckpt, saved, {n: p.detach().clone() for n, p in parts.policy.state_dict().items()}))
-        return ckpt
-
-    monkeypatch.setattr(alerting_mod.AlertController, "rollback", spy)
+    restored = inject_lr_spike_and_spy_rollback(monkeypatch, k)
     rule = {"metric": "actor/kl", "kind": "above", "threshold": 1.0, "action": "rollback", "lr_scale": 0.5}
     out = tmp_path / "run"
     cfg = _cfg(warm_model, out, [rule], algorithm={"beta": 0.04}, trainer={"total_steps": 8, "lr": 1e-3})
     result = train(cfg, progress=False)
-    alerts = read_alerts(out)
-    assert alerts and alerts[0]["action"] == "rollback" and k <= alerts[0]["step"] <= k + 2
-    assert alerts[0]["effect"] == "rolled back to the last good checkpoint"
-    ckpt, saved, weights = restored[0]
-    assert int(ckpt.name.split("-")[1]) < k  # restored weights predate the faulty update
-    for name, value in saved.items():
-        torch.testing.assert_close(weights[name], value, rtol=0, atol=0)
-    # LR after the rollback is half the LR the same step had before it (steps are replayed).
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    replayed = int(ckpt.name.split("-")[1]) + 1
-    lrs = [r["actor/lr"] for r in rows if r["step"] == replayed]
-    assert len(lrs) == 2 and lrs[1] == pytest.approx(0.5 * lrs[0])
+    alerts = check_rollback(out, restored, k)  # LR after the rollback: half the replayed step's earlier LR
     assert result.steps == 8 and (out / "summary.json").exists()
     assert len(alerts) == 1  # healthy again after the rollback
 
