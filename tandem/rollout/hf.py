@@ -10,7 +10,6 @@ stop strings only on rows whose new token could complete one.
 from __future__ import annotations
 
 import contextlib
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -21,8 +20,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from tandem.errors import DataError, ModelError
 from tandem.models import load_causal_lm, load_tokenizer
 from tandem.models.forward import positions_from_mask
+from tandem.rollout.assemble import assemble_batch, completion_texts, repeats
 from tandem.rollout.base import ChunkCallback, EngineSpec, SamplingParams
 from tandem.rollout.llama_decode import LlamaStepper, supports_fast_decode
+from tandem.rollout.prompts import encode_prompts, left_pad
 from tandem.rollout.registry import parse_engine_options
 from tandem.rollout.rows import RowSampling, per_prompt
 from tandem.rollout.sampling import sample_next
@@ -89,6 +90,8 @@ class HFEngine:
     :class:`~tandem.rollout.stepper.HFStepper` otherwise; ``False`` forces the generic path; ``True``
     requires the fast path (ModelError if the model does not qualify).
     """
+
+    truncated_logprobs = False  # behaviour log-probs are untruncated (what the trainer recomputes)
 
     def __init__(
         self,
@@ -187,8 +190,8 @@ class HFEngine:
         prompt_ids, prompt_mask = self._encode(prompts)  # [N, P] each
         device = next(self.model.parameters()).device
         plan = self._plan(params, len(prompts), device)
-        prompt_ids = prompt_ids.repeat_interleave(_repeats(plan.counts), dim=0)  # [B, P], B = sum of n
-        prompt_mask = prompt_mask.repeat_interleave(_repeats(plan.counts), dim=0)
+        prompt_ids = prompt_ids.repeat_interleave(repeats(plan.counts), dim=0)  # [B, P], B = sum of n
+        prompt_mask = prompt_mask.repeat_interleave(repeats(plan.counts), dim=0)
         start_version = self._version
         chunk = (on_chunk, max(1, int(chunk_tokens))) if on_chunk is not None else None
         with torch.inference_mode(), _eval_mode(self.model):
@@ -233,25 +236,13 @@ class HFEngine:
 
     def _encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Tokenise and left-pad ``prompts``: ids ``[N, P]`` long, mask ``[N, P]`` bool."""
-        if not prompts:
-            raise DataError("no prompts to generate from", where="prompts")
-        encoded = self.tokenizer(list(prompts), add_special_tokens=self.add_special_tokens)["input_ids"]
-        for i, ids in enumerate(encoded):
-            if not ids:
-                raise DataError(f"prompt {i} is empty", where=f"prompts[{i}]")
-            if self.max_prompt_len is not None and len(ids) > self.max_prompt_len:
-                raise DataError(
-                    f"prompt {i} has {len(ids)} tokens, more than max_prompt_len={self.max_prompt_len}",
-                    where=f"prompts[{i}]",
-                    hint="shorten the prompt or raise data.max_prompt_len",
-                )
-        P = max(len(ids) for ids in encoded)
-        prompt_ids = torch.full((len(encoded), P), self.tokenizer.pad_token_id, dtype=torch.long)
-        prompt_mask = torch.zeros((len(encoded), P), dtype=torch.bool)
-        for i, ids in enumerate(encoded):
-            prompt_ids[i, P - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-            prompt_mask[i, P - len(ids) :] = True
-        return prompt_ids, prompt_mask
+        encoded = encode_prompts(
+            self.tokenizer,
+            prompts,
+            add_special_tokens=self.add_special_tokens,
+            max_prompt_len=self.max_prompt_len,
+        )
+        return left_pad(encoded, self.tokenizer.pad_token_id)
 
     def _stop_strings(self, stop: list[str]) -> StopStrings | None:
         """The (cached) stop-string checker for ``stop``, or None when there are no stop strings."""
@@ -330,45 +321,23 @@ class HFEngine:
         version: int,
     ) -> RolloutBatch:
         """Assemble the RolloutBatch: decode completions, cut stop strings, label rows."""
-        counts, B = plan.counts, prompt_ids.shape[0]
         # Copies made outside inference mode are ordinary tensors, usable in autograd by the trainer.
-        tokens, lengths = out.tokens.to("cpu", copy=True), out.lengths.to("cpu", copy=True)
-        R = tokens.shape[1]
-        response_mask = torch.arange(R).unsqueeze(0) < lengths.unsqueeze(1)  # [B, R]
-        rows = [row[:length].tolist() for row, length in zip(tokens, lengths.tolist(), strict=True)]
-        texts = self.tokenizer.batch_decode(rows, skip_special_tokens=True)
-        if plan.cut is not None:
-            texts = [text if s is None else s.cut(text)[0] for text, s in zip(texts, plan.cut, strict=True)]
-        elif plan.stops:
-            texts = [plan.stops[0][0].cut(text)[0] for text in texts]
-        groups = (
-            torch.arange(len(prompts), dtype=torch.long).repeat_interleave(_repeats(counts)) + group_offset
-        )
-        gids = [group_offset + i for i in range(len(prompts))]
-        tag = uuid.uuid4().hex[:8]
-        return RolloutBatch(
+        rows = [row[:length].tolist() for row, length in zip(out.tokens, out.lengths.tolist(), strict=True)]
+        cut = plan.cut if plan.cut is not None else [plan.stops[0][0] if plan.stops else None] * len(rows)
+        return assemble_batch(
+            prompts=prompts,
+            counts=plan.counts,
             prompt_ids=prompt_ids,
             prompt_mask=prompt_mask,
-            response_ids=tokens,
-            response_mask=response_mask,
-            behavior_logprobs=out.logprobs.to("cpu", copy=True),
-            group_ids=groups,
-            policy_version=torch.full((B,), version, dtype=torch.long),
-            prompts=[p for p, n in zip(prompts, counts, strict=True) for _ in range(n)],
-            completions=texts,
-            finish_reasons=["stop" if s else "length" for s in out.stopped.tolist()],
-            sample_ids=[
-                f"{tag}-{version}-{g}-{k}" for g, n in zip(gids, counts, strict=True) for k in range(n)
-            ],
-            extras=[
-                dict(e) for e, n in zip(extras or [{}] * len(prompts), counts, strict=True) for _ in range(n)
-            ],
+            tokens=out.tokens,
+            logprobs=out.logprobs,
+            lengths=out.lengths,
+            stopped=out.stopped.tolist(),
+            texts=completion_texts(self.tokenizer, rows, cut),
+            group_offset=group_offset,
+            extras=extras,
+            version=version,
         )
-
-
-def _repeats(counts: list[int]) -> int | torch.Tensor:
-    """``repeat_interleave`` argument for ``counts`` rows per prompt (an int when they are all equal)."""
-    return counts[0] if len(set(counts)) == 1 else torch.tensor(counts)
 
 
 def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:

