@@ -28,6 +28,7 @@ from tandem.algos.core import (
 from tandem.algos.corrections import CORRECTIONS, correction_weights
 from tandem.algos.dapo import filter_groups, overlong_penalty
 from tandem.algos.kl import KL_ESTIMATORS, AdaptiveKL, FixedKL, kl_penalty
+from tandem.algos.mismatch import logprob_mismatch
 from tandem.algos.policy import policy_loss
 from tandem.algos.policy_losses import (
     POLICY_LOSSES,
@@ -72,6 +73,7 @@ __all__ = [
     "group_stats",
     "kl_penalty",
     "last_token_mask",
+    "logprob_mismatch",
     "masked_mean",
     "masked_sum",
     "masked_var",

@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from tandem.errors import ConfigError, TandemError
 from tandem.train.experience import ExperienceSettings
+from tandem.train.update import metric_reduction
 from tandem.types import ROLLOUT_TENSORS, Experience, RolloutBatch
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,8 @@ class DataParallel:
 
     # -- collectives --------------------------------------------------------------------------------------
     def reduce(self, params: list[torch.nn.Parameter], metrics: dict[str, float]) -> dict[str, float]:
-        """Sum gradients and share-weighted metric sums over ranks (in place for the gradients)."""
+        """Sum gradients and share-weighted metric sums over ranks (in place for the gradients); ``*_max`` /
+        ``*_min`` metrics take the extreme over ranks."""
         for p in params:
             if p.grad is None:  # a parameter this rank's rows did not reach still joins the sum
                 p.grad = torch.zeros_like(p)
@@ -139,13 +141,24 @@ class DataParallel:
         return self._reduce_metrics(metrics)
 
     def _reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Share-weighted sums add up over ranks; ``*_max`` / ``*_min`` metrics take the extreme
+        (:func:`~tandem.train.update.metric_reduction`; a min is the max of negated values)."""
         keys = sorted(metrics)
         key_hash = float(zlib.crc32("\n".join(keys).encode()) % 2**20)  # exact in float64 sums
-        vec = torch.tensor([*(metrics[k] for k in keys), key_hash], dtype=torch.float64, device=self.device)
+        sign = {"sum": 0.0, "max": 1.0, "min": -1.0}
+        signs = [sign[metric_reduction(k)] for k in keys]
+        summed = [metrics[k] if not g else 0.0 for k, g in zip(keys, signs, strict=True)]
+        vec = torch.tensor([*summed, key_hash], dtype=torch.float64, device=self.device)
         dist.all_reduce(vec)
         if vec[-1].item() != key_hash * self.world_size:
             raise RuntimeError("data-parallel ranks reported different update metrics (desynchronised)")
-        return dict(zip(keys, vec[:-1].tolist(), strict=True))
+        out = dict(zip(keys, vec[:-1].tolist(), strict=True))
+        extreme = [(k, g) for k, g in zip(keys, signs, strict=True) if g]
+        if extreme:
+            ext = torch.tensor([g * metrics[k] for k, g in extreme], dtype=torch.float64, device=self.device)
+            dist.all_reduce(ext, op=dist.ReduceOp.MAX)
+            out.update({k: g * v for (k, g), v in zip(extreme, ext.tolist(), strict=True)})
+        return out
 
     def agree(self, veto: bool) -> bool:
         """Rank 0's decision (alert action ``skip``) for every rank, so all skip or all step."""

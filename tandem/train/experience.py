@@ -10,7 +10,13 @@ from dataclasses import dataclass
 
 import torch
 
-from tandem.algos import ADVANTAGE_ESTIMATORS, compute_advantages, explained_variance, kl_penalty
+from tandem.algos import (
+    ADVANTAGE_ESTIMATORS,
+    compute_advantages,
+    explained_variance,
+    kl_penalty,
+    logprob_mismatch,
+)
 from tandem.config.schema import AlgorithmConfig
 from tandem.models.forward import response_logprobs
 from tandem.train.update import autocast_context
@@ -119,7 +125,12 @@ def make_experience(
     ``critic`` gives the old values when the estimator needs them; ``beta`` overrides ``s.beta`` (an
     adaptive KL controller's current coefficient). ``logprobs_fn`` replaces :func:`scoring_logprobs`
     (a data-parallel learner shards these passes over its ranks); ``values_fn`` likewise replaces
-    :func:`critic_values`."""
+    :func:`critic_values`.
+
+    With recomputed old log-probs the metrics include the train–inference mismatch
+    ``rollout/logprob_diff_mean``, ``rollout/logprob_diff_max``, ``rollout/ratio_outside_frac``
+    (:func:`~tandem.algos.logprob_mismatch` of old vs behaviour log-probs); without them the update
+    measures it on its first forward instead, so either way it costs no extra forward."""
     mask = rollout.response_mask
     beta = s.beta if beta is None else beta
     score = logprobs_fn or scoring_logprobs
@@ -129,6 +140,9 @@ def make_experience(
         raise ValueError(f"advantage '{s.advantage}' needs critic values: pass critic=...")
     values = (values_fn or critic_values)(critic, rollout, s) if s.needs_values else None  # [B, R]
     metrics: dict[str, float] = {}
+    if old is not None:
+        mismatch = logprob_mismatch(old, rollout.behavior_logprobs, mask)
+        metrics.update({f"rollout/{k}": v for k, v in mismatch.items()})
     token_rewards = None
     if ref is not None:
         current = old if old is not None else rollout.behavior_logprobs

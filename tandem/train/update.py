@@ -1,6 +1,11 @@
 """The learner's policy update: ``ppo_epochs`` × mini-batches, each one optimiser step accumulated over
 micro-batches. The loss comes from the algorithm library by name; this module never branches on it.
 
+Metric aggregation: metrics are share-weighted means over micro-batches (summed over data-parallel ranks)
+and plain means over optimiser steps, except names ending in ``_max`` / ``_min`` (``actor/ratio_max``,
+``rollout/logprob_diff_max``, ...), which keep the extreme everywhere: a mean of per-micro-batch maxima
+would depend on the micro-batch size and hide one bad micro-batch (:func:`metric_reduction`).
+
 Micro-batch scaling: every micro loss is the micro-batch's share of the mini-batch loss, so accumulated
 gradients equal one backward over the whole mini-batch: the aggregation divides by the mini-batch's
 token and sequence counts (``global_tokens`` / ``global_seqs``), whatever the mode. Data parallelism
@@ -19,7 +24,7 @@ from typing import Any, Protocol
 
 import torch
 
-from tandem.algos import POLICY_LOSSES, aggregate, policy_loss, value_loss
+from tandem.algos import POLICY_LOSSES, aggregate, logprob_mismatch, policy_loss, value_loss
 from tandem.config.schema import AlgorithmConfig, TrainerConfig
 from tandem.models.forward import response_logprobs
 from tandem.models.value import SharedValueHead, ValueCapture
@@ -106,7 +111,8 @@ class GradientSync(Protocol):
         ...
 
     def reduce(self, params: list[torch.nn.Parameter], metrics: dict[str, float]) -> dict[str, float]:
-        """Sum gradients (in place) and the share-weighted metric sums over processes."""
+        """Sum gradients (in place) and the share-weighted metric sums over processes (``*_max`` /
+        ``*_min`` metrics: the extreme, see :func:`metric_reduction`)."""
         ...
 
     def agree(self, veto: bool) -> bool:
@@ -143,7 +149,7 @@ def policy_update(
     B = exp.batch_size
     mini = settings.mini_batch_size or B
     micro = settings.micro_batch_size or mini
-    sums: dict[str, float] = defaultdict(float)
+    sums: dict[str, float] = {}
     counts: dict[str, int] = defaultdict(int)
     for _ in range(settings.ppo_epochs):
         order = group_shuffle(exp.rollout.group_ids, generator) if mini < B else torch.arange(B)
@@ -156,9 +162,9 @@ def policy_update(
             if on_optimizer_step is not None:
                 on_optimizer_step()
             for k, v in metrics.items():
-                sums[k] += v
+                accumulate_metric(sums, k, v, 1.0)
                 counts[k] += 1
-    out = {k: sums[k] / counts[k] for k in sums}
+    out = {k: v if metric_reduction(k) != "sum" else v / counts[k] for k, v in sums.items()}
     out["actor/lr"] = optimizer.param_groups[0]["lr"]
     return out
 
@@ -184,6 +190,30 @@ def advance_schedule(scheduler: torch.optim.lr_scheduler.LRScheduler, *, skipped
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_FIRST_STEP_SKIPPED, category=UserWarning)
         scheduler.step()
+
+
+def metric_reduction(key: str) -> str:
+    """How a metric combines over micro-batches, ranks and optimiser steps: ``"max"`` for names ending in
+    ``_max``, ``"min"`` for ``_min``, otherwise ``"sum"`` (of share-weighted values, i.e. a mean)."""
+    if key.endswith("_max"):
+        return "max"
+    if key.endswith("_min"):
+        return "min"
+    return "sum"
+
+
+def accumulate_metric(acc: dict[str, float], key: str, value: float, weight: float) -> None:
+    """Fold ``value`` into ``acc[key]``: the running extreme for ``*_max`` / ``*_min`` keys, else
+    ``acc[key] + weight * value``."""
+    how = metric_reduction(key)
+    if key not in acc:
+        acc[key] = value if how != "sum" else weight * value
+    elif how == "max":
+        acc[key] = max(acc[key], value)
+    elif how == "min":
+        acc[key] = min(acc[key], value)
+    else:
+        acc[key] += weight * value
 
 
 def group_shuffle(group_ids: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -219,7 +249,7 @@ def _optimizer_step(
         share = len(micro_idx) / n
         metrics = _micro_backward(model, m, mini_tokens, mini_seqs, share, s, value)
         for k, v in metrics.items():
-            sums[k] += v * share
+            accumulate_metric(sums, k, v, share)
     params = [p for p in model.parameters() if p.requires_grad]
     if value is not None:
         params += [p for p in value.head.parameters() if p.requires_grad]
@@ -309,7 +339,22 @@ def _micro_backward(
     out["actor/pg_loss"] = float(metrics["pg_loss"]) / share
     out["actor/loss"] = float(loss.detach()) / share
     out["actor/entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
+    if m.old_logprobs is None:  # this forward is the policy before the update: the engine's yardstick
+        out.update(_mismatch_shares(logprobs.detach(), r.behavior_logprobs, mask, mini_tokens, share))
     out.update(vf)
+    return out
+
+
+def _mismatch_shares(
+    logprobs: torch.Tensor, behavior: torch.Tensor, mask: torch.Tensor, mini_tokens: int, share: float
+) -> dict[str, float]:
+    """``rollout/*`` mismatch metrics of one micro-batch, scaled so that their share-weighted sum over the
+    micro-batches (and ranks) is the token mean over the mini-batch, like ``critic/vf_clipfrac``; the
+    ``_max`` entry is kept as is (aggregated as a max). All tensors ``[b, R]``."""
+    tokens = int(mask.sum())
+    out = {}
+    for k, v in logprob_mismatch(logprobs, behavior, mask).items():
+        out[f"rollout/{k}"] = v if metric_reduction(k) == "max" else v * tokens / mini_tokens / share
     return out
 
 
