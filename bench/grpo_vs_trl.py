@@ -297,7 +297,7 @@ def print_table(summary: dict[str, dict[str, Any]], args: argparse.Namespace) ->
     console.print(table)
     for name, m in summary.items():
         if m["phases"]:
-            parts = ", ".join(f"{k} {v:.3f}" for k, v in m["phases"].items() if k not in ("step", "sync"))
+            parts = ", ".join(f"{k} {v:.3f}" for k, v in m["phases"].items() if k not in ("step", "weight_sync"))
             console.print(f"{name} phases (median wall s): {parts}")
 
 

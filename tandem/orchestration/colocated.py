@@ -75,13 +75,15 @@ class LocalRollouts:
 
 class EngineWeights:
     """Weight publisher of a colocated run: the engine gets the policy's state dict (an engine sharing the
-    trained module copies nothing) and the new version."""
+    trained module copies nothing; one with its own copy, vLLM, reports the bytes it loaded in
+    ``last_sync``) and the new version."""
 
     def __init__(self, engine: RolloutEngine) -> None:
         self.engine = engine
 
-    def publish(self, policy: torch.nn.Module, version: int) -> None:
+    def publish(self, policy: torch.nn.Module, version: int) -> float:
         self.engine.update_weights(policy.state_dict(), version)
+        return float(getattr(self.engine, "last_sync", {}).get("bytes", 0.0))
 
 
 class ColocatedTrainer(Trainer):

@@ -67,7 +67,9 @@ class BatchSource(Protocol):
 class WeightPublisher(Protocol):
     """Makes the learner's weights the ones rollouts are generated with, under a version number."""
 
-    def publish(self, policy: torch.nn.Module, version: int) -> None: ...
+    def publish(self, policy: torch.nn.Module, version: int) -> float:
+        """Returns the bytes of weights copied (0 when the rollout side shares the module)."""
+        ...
 
 
 class Trainer:
@@ -98,9 +100,10 @@ class Trainer:
         """The version of the weights the learner holds (see the module docstring)."""
         return self.step + self.version_offset
 
-    def publish(self) -> None:
-        """Announce the learner's current weights (at start, after a restore, after each update)."""
-        self.publisher.publish(self.learn.policy, self.version)
+    def publish(self) -> float:
+        """Announce the learner's current weights (at start, after a restore, after each update); returns
+        the bytes copied."""
+        return float(self.publisher.publish(self.learn.policy, self.version) or 0.0)
 
     def train_step(self) -> dict[str, float]:
         """One full step; returns its metrics."""
@@ -113,8 +116,8 @@ class Trainer:
             self.learn.pre_step = None if hook is None else (lambda m: hook({**known, **m}))
             metrics.update(self.learn(scored.batch, scored.scores))
         self.step += 1
-        with self.timer.phase("sync"):
-            self.publish()
+        with self.timer.phase("weight_sync"):
+            metrics["perf/weight_sync_bytes"] = self.publish()
         metrics.update(self.source.settle(scored, self.version))
         self.last = (scored.batch, scored.scores)
         metrics.update(self.timer.metrics())

@@ -37,8 +37,10 @@ class ChannelWeights:
     def __init__(self, weights: WeightChannel) -> None:
         self.weights = weights
 
-    def publish(self, policy: torch.nn.Module, version: int) -> None:
-        self.weights.publish(policy.state_dict(), version)
+    def publish(self, policy: torch.nn.Module, version: int) -> float:
+        state = policy.state_dict()
+        self.weights.publish(state, version)
+        return float(sum(t.numel() * t.element_size() for t in state.values()))
 
 
 class ChannelSource:
@@ -183,7 +185,7 @@ def worker_metrics(meta: dict[str, float], batch: RolloutBatch, scores: torch.Te
     for k, v in meta.items():
         if k.startswith("worker/timing/"):
             out[k.removeprefix("worker/")] = v
-    out["worker/sync_s"] = meta.get("worker/timing/sync", 0.0)
+    out["worker/sync_s"] = meta.get("worker/timing/weight_sync", 0.0)
     out["reward/mean"] = meta.get("reward/mean", float(scores.mean()) if scores.numel() else 0.0)
     out["reward/std"] = meta.get("reward/std", float(scores.std()) if scores.numel() > 1 else 0.0)
     out.update(rollout_metrics(batch, meta.get("worker/timing/generate", 0.0)))

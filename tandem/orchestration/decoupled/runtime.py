@@ -111,11 +111,18 @@ def train_decoupled(
             timeout_s=cfg.architecture.learner_timeout_s,
         )
         generator = torch.Generator().manual_seed(cfg.run.seed)
+
+        def evaluate() -> dict[str, float]:
+            # The learner's engine only evaluates: one that shares the policy module (hf) copies nothing,
+            # one with its own copy (vllm) loads the current weights first.
+            parts.engine.update_weights(parts.policy.state_dict(), trainer.version)
+            return evaluate_heldout(parts)
+
         trainer = Trainer(
             learner_step(cfg, parts, timer=PhaseTimer(), generator=generator),
             source,
             ChannelWeights(backend.weights),
-            evaluate=lambda: evaluate_heldout(parts),
+            evaluate=evaluate,
             group_size=cfg.rollout.n,
         )
         if extra is not None:  # policy, critic, optimisers, ledger, β, critic warm-up count; publishes

@@ -119,7 +119,7 @@ def run_worker(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
             if ticket is None:
                 return
             timer.reset()
-            with timer.phase("sync"):
+            with timer.phase("weight_sync"):
                 fetched = spec.weights.fetch(engine.version)
                 if fetched is not None:
                     engine.update_weights(*fetched)
