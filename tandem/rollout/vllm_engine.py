@@ -30,12 +30,15 @@ samples with the trainer's current weights.
 from __future__ import annotations
 
 import gc
+import logging
 import os
+import random
 import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -67,6 +70,9 @@ except (ImportError, OSError, RuntimeError) as err:  # e.g. torchvision built fo
     ) from None
 
 _SEED_MOD = 2**31 - 1
+# Every in-place reload warns "RotaryEmbedding: Failed to load weights": the rotary cos/sin cache is not
+# in any checkpoint (it is computed from the config), so vLLM keeps the one it has, which is right.
+logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
 
 
 class VLLMOptions(BaseModel):
@@ -199,6 +205,9 @@ class VLLMEngine:
         if not self.cuda:
             _check_cpu_head_size(self.path)
         threads = torch.get_num_threads()
+        # vLLM seeds the global RNGs of the process it runs in; a trainer sharing the process keeps its own.
+        rng = (random.getstate(), np.random.get_state(), torch.random.get_rng_state())
+        cuda_rng = torch.cuda.get_rng_state_all() if self.cuda else None
         try:
             return vllm.LLM(**kwargs)
         except (ValueError, RuntimeError, OSError) as err:
@@ -206,6 +215,11 @@ class VLLMEngine:
             raise ModelError(f"vLLM could not load {self.path}: {first}", where="rollout.backend") from None
         finally:
             torch.set_num_threads(threads)
+            random.setstate(rng[0])
+            np.random.set_state(rng[1])
+            torch.random.set_rng_state(rng[2])
+            if cuda_rng is not None:
+                torch.cuda.set_rng_state_all(cuda_rng)
 
     @property
     def version(self) -> int:
