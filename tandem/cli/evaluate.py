@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from tandem.cli.app import app, err, out, parse_options, user_errors
+from tandem.cli.engines import EngineName, EngineOptions, check_engine, engine_options
 from tandem.cli.progress import count_progress
 from tandem.errors import ConfigError
 
@@ -62,6 +63,8 @@ def eval_cmd(
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Write the metrics to this JSON file.")
     ] = None,
+    engine: EngineName = None,
+    engine_option: EngineOptions = None,
 ) -> None:
     """Held-out accuracy (greedy and sampled), pass@k, mean reward, lengths, KL to a reference and, for
     tasks with refusals (safety), refusal precision/recall/F1.
@@ -70,6 +73,8 @@ def eval_cmd(
     """
     from tandem.evaluate.runner import run_eval
 
+    if engine is not None:
+        check_engine(engine)
     with count_progress("eval", err) as on_progress:
         result = run_eval(
             target,
@@ -83,9 +88,14 @@ def eval_cmd(
             temperature=temperature,
             max_new_tokens=max_new_tokens,
             seed=seed,
+            engine=engine,
+            engine_options=engine_options(engine_option),
             on_progress=on_progress,
         )
-    out.print(f"evaluated [bold]{escape(result['model'])}[/] on {escape(result['data'])}")
+    out.print(
+        f"evaluated [bold]{escape(result['model'])}[/] on {escape(result['data'])} "
+        f"(engine {escape(result['engine'])})"
+    )
     out.print(metrics_table("evaluation", {"value": result["metrics"]}))
     write_json(json_out, result)
     if json_out is not None:
@@ -118,6 +128,8 @@ def abtest_cmd(
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Write the decision to this JSON file.")
     ] = None,
+    engine: EngineName = None,
+    engine_option: EngineOptions = None,
 ) -> None:
     """Paired A/B test of two models on the same prompts; exit 0 = promote B, 1 = keep A.
 
@@ -129,6 +141,8 @@ def abtest_cmd(
         raise ConfigError(
             "--alpha must be in (0, 1) and --min-win-rate in [0, 1]", where="--alpha/--min-win-rate"
         )
+    if engine is not None:
+        check_engine(engine)
     settings = ABSettings(
         temperature=temperature,
         max_new_tokens=max_new_tokens,
@@ -147,6 +161,8 @@ def abtest_cmd(
             eval_file=eval_file,
             reward=reward,
             size=size,
+            engine=engine,
+            engine_options=engine_options(engine_option),
             on_progress=on_progress,
         )
     print_decision(result)

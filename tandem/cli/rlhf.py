@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from tandem.cli.app import Overrides, app, user_errors
+from tandem.cli.engines import EngineName, EngineOptions, check_engine, engine_options
 
 out = Console()
 ConfigPath = Annotated[Path, typer.Argument(help="YAML config, e.g. configs/rm.yaml.")]
@@ -111,6 +112,8 @@ def dpo(config: ConfigPath, overrides: Overrides = None) -> None:
     from tandem.train import dpo as dpolib
 
     cfg = load_command_config(DPOConfig, config, overrides)
+    if cfg.online_rounds or cfg.eval_task:
+        check_engine(cfg.engine, "engine")
     _check_out(cfg.out_dir, "model", cfg.model, cfg.ref_model)
     with local_input(cfg.model) as model_dir:
         tok = load_tokenizer(model_dir)
@@ -193,7 +196,13 @@ def _online(cfg: Any, policy: Any, tok: Any, train: list, settings: Any) -> None
     for p in train:
         if isinstance(p.prompt, str):
             seen.setdefault(p.prompt, {"prompt": p.prompt, **p.extra})
-    online = dpolib.OnlineDPOSettings(rounds=cfg.online_rounds, max_new_tokens=cfg.online_max_new_tokens)
+    online = dpolib.OnlineDPOSettings(
+        rounds=cfg.online_rounds,
+        max_new_tokens=cfg.online_max_new_tokens,
+        engine=cfg.engine,
+        engine_options=cfg.engine_options,
+        model_path=_local_model(cfg.model),
+    )
     table = Table(title="online DPO")
     for col in ("round", "kept", "ties", "disagree", "rewards/accuracies"):
         table.add_column(col, justify="right")
@@ -216,18 +225,38 @@ def step_rounds(total: int) -> Any:
     return step_progress("online dpo", total, key="rewards/accuracies")
 
 
+def _local_model(model: str) -> str | None:
+    """The policy's folder for an engine that loads its own copy (None for a remote URL: its local copy
+    is gone by the time the engine is built)."""
+    from tandem.data.storage import is_remote
+
+    return None if is_remote(model) else str(model).removeprefix("file://")
+
+
 def _verifier_score(cfg: Any, policy: Any, tok: Any) -> float:
-    """Greedy held-out verifier accuracy of ``policy`` on ``cfg.eval_task``."""
+    """Greedy held-out verifier accuracy of ``policy`` (as it is now) on ``cfg.eval_task``, sampled by
+    ``cfg.engine``: an engine with its own copy of the starting folder receives the current weights."""
     from tandem.evaluate.heldout import evaluate_prompts
     from tandem.rewards import RewardFunction, RewardSet, get_task
-    from tandem.rollout import DEFAULT_ENGINE, EngineSpec, SamplingParams, build_engine
+    from tandem.rollout import EngineSpec, SamplingParams, build_engine
 
     task = get_task(cfg.eval_task)
     rows = task.make_rows("test", cfg.eval_size, cfg.seed)
     rewards = RewardSet([RewardFunction(name=task.name, fn=task.reward)], on_error="raise")
-    engine = build_engine(DEFAULT_ENGINE, EngineSpec(model=policy, tokenizer=tok, add_special_tokens=False))
-    metrics = evaluate_prompts(engine, rows, rewards, SamplingParams(max_new_tokens=32, temperature=0.0))
-    return metrics["eval/accuracy"]
+    spec = EngineSpec(
+        model=policy,
+        tokenizer=tok,
+        path=_local_model(cfg.model),
+        add_special_tokens=False,
+        options=cfg.engine_options,
+    )
+    engine = build_engine(cfg.engine, spec)
+    try:
+        engine.update_weights(policy.state_dict(), 1)  # the shared module: no copy
+        greedy = SamplingParams(max_new_tokens=32, temperature=0.0)
+        return evaluate_prompts(engine, rows, rewards, greedy)["eval/accuracy"]
+    finally:
+        engine.close()
 
 
 def _print_dpo(start: dict, end: dict, before: float | None, after: float | None) -> None:
@@ -278,21 +307,31 @@ def _with_policy_samples(cfg: Any, rows: list) -> list:
     need = [i for i, (_, r) in enumerate(rows) if "response_a" not in r and "completions" not in r]
     if not need or not cfg.policy:
         return rows
-    from tandem.rollout import DEFAULT_ENGINE, EngineSpec, SamplingParams, build_engine
+    from tandem.rollout import EngineSpec, SamplingParams, build_engine
 
-    engine = build_engine(DEFAULT_ENGINE, EngineSpec(path=str(cfg.policy), add_special_tokens=False))
+    spec = EngineSpec(path=str(cfg.policy), add_special_tokens=False, options=cfg.engine_options)
+    engine = build_engine(cfg.engine, spec)
     params = SamplingParams(
         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, n=2, seed=cfg.seed
     )
-    batch = engine.generate([rows[i][1]["prompt"] for i in need], params)
+    try:
+        batch = engine.generate([rows[i][1]["prompt"] for i in need], params)
+    finally:
+        engine.close()
     for k, i in enumerate(need):
         rows[i] = (rows[i][0], {**rows[i][1], "completions": batch.completions[2 * k : 2 * k + 2]})
     return rows
 
 
 @user_errors
-def label(config: ConfigPath, overrides: Overrides = None) -> None:
-    """RLAIF: judge response pairs in both orders, keep agreeing verdicts; resumable.
+def label(
+    config: ConfigPath,
+    overrides: Overrides = None,
+    engine: EngineName = None,
+    engine_option: EngineOptions = None,
+) -> None:
+    """RLAIF: judge response pairs in both orders, keep agreeing verdicts; resumable. Rows without
+    responses get two samples from 'policy', drawn by --engine (the config's 'engine', default hf).
 
     Example: tandem label configs/rlaif_dpo.yaml judge=rule rule=task:safety noise=0.2
     """
@@ -303,6 +342,12 @@ def label(config: ConfigPath, overrides: Overrides = None) -> None:
     from tandem.train.labeling import label_rows
 
     cfg = load_command_config(LabelConfig, config, overrides)
+    if engine is not None:
+        cfg.engine = engine
+    if engine_option:
+        cfg.engine_options = {**cfg.engine_options, **engine_options(engine_option)}
+    if cfg.policy:
+        check_engine(cfg.engine, "--engine" if engine is not None else "engine")
     with local_input(cfg.input_file) as local:
         rows = list(iter_raw_rows(local))
     bad = [r for _, r in rows if isinstance(r, InvalidRow)]

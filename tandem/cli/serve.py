@@ -10,6 +10,13 @@ import typer
 from rich.markup import escape
 
 from tandem.cli.app import app, data_app, out, user_errors
+from tandem.cli.engines import (
+    DEFAULT_ENGINE_NAME,
+    EngineOptions,
+    ServeEngineName,
+    check_engine,
+    engine_options,
+)
 from tandem.errors import ConfigError
 
 
@@ -77,17 +84,38 @@ def serve(
     ssl_certfile: Annotated[str | None, typer.Option(help="TLS certificate (PEM).")] = None,
     ssl_keyfile: Annotated[str | None, typer.Option(help="TLS private key (PEM).")] = None,
     threads: Annotated[int, typer.Option(help="torch threads for generation.")] = 0,
-    workers: Annotated[int, typer.Option(help="Replicas: uvicorn worker processes behind one port.")] = 1,
+    workers: Annotated[
+        int,
+        typer.Option(help="uvicorn worker processes behind one port (each with its own engine replicas)."),
+    ] = 1,
     read_timeout: Annotated[
         float, typer.Option(help="Seconds a request's head, then its body, may take to arrive.")
     ] = 30.0,
     max_connections: Annotated[
         int, typer.Option(help="Open connections (or running requests) beyond which requests get 503.")
     ] = 1024,
+    engine: ServeEngineName = DEFAULT_ENGINE_NAME,
+    engine_option: EngineOptions = None,
+    min_replicas: Annotated[int, typer.Option(help="Engine replicas per arm, kept at least.")] = 1,
+    max_replicas: Annotated[
+        int, typer.Option(help="Engine replicas per arm, at most (above --min-replicas: autoscaling).")
+    ] = 1,
+    scale_up_queue: Annotated[
+        int | None,
+        typer.Option(
+            help="Add a replica when more rows than this wait per replica (default: --max-batch-size).",
+            show_default=False,
+        ),
+    ] = None,
+    scale_down_idle_s: Annotated[
+        float, typer.Option(help="Release a replica idle this many seconds (down to --min-replicas).")
+    ] = 60.0,
 ) -> None:
     """Serve a model with the OpenAI API (completions, chat, streaming), /predict, /metrics and A/B arms.
 
     Example: tandem serve runs/grpo --port 8000   then   curl -X POST localhost:8000/predict -d '{"text": "1+2="}'
+
+    Autoscaling: tandem serve runs/grpo --engine vllm --min-replicas 1 --max-replicas 4 --scale-down-idle-s 120
     """
     from tandem.serve import require_serve_deps
 
@@ -112,6 +140,12 @@ def serve(
         feedback_db=feedback_db,
         read_timeout_s=read_timeout,
         max_connections=max_connections,
+        engine=check_engine(engine),
+        engine_options=engine_options(engine_option),
+        min_replicas=min_replicas,
+        max_replicas=max_replicas,
+        scale_up_queue=scale_up_queue,
+        scale_down_idle_s=scale_down_idle_s,
     )
     check_bind(host, bool(keys))
     check_tls(ssl_certfile, ssl_keyfile)
@@ -134,8 +168,10 @@ def serve(
         return
     state = build_state(_arms(model, arm), settings, name=name, split=_split(split))
     scheme = "https" if ssl_certfile else "http"
+    replicas = f"{min_replicas}" if max_replicas == min_replicas else f"{min_replicas}..{max_replicas}"
     out.print(
-        f"serving [bold]{escape(state.name)}[/] arms={dict(state.router.split)} on {scheme}://{host}:{port}"
+        f"serving [bold]{escape(state.name)}[/] arms={dict(state.router.split)} engine={escape(engine)} "
+        f"replicas={replicas} on {scheme}://{host}:{port}"
     )
     run_server(state, host, port, ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile)
 

@@ -9,7 +9,7 @@ a preference file and share nothing with the RL loop but the model folder. Same 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -107,6 +107,16 @@ class DPOConfig(_Flat):
         description="Built-in task whose held-out verifier score is reported before/after (e.g. safety).",
     )
     eval_size: int = Field(200, ge=1, description="Held-out prompts for eval_task.")
+    engine: str = Field(
+        "hf",
+        min_length=1,
+        description="Rollout engine that samples the online rounds and the eval_task score: a name in the "
+        "engine table (tandem.rollout.registry.ENGINES, e.g. hf, vllm); it is handed the policy module and "
+        "its folder, and receives the trained weights after each update.",
+    )
+    engine_options: dict[str, Any] = Field(
+        default_factory=dict, description="Settings of the chosen engine, validated by it."
+    )
 
 
 class LabelConfig(_Flat):
@@ -142,6 +152,15 @@ class LabelConfig(_Flat):
     max_new_tokens: int = Field(32, ge=1, description="policy sampling: max new tokens.")
     temperature: float = Field(1.0, gt=0, description="policy sampling: temperature.")
     seed: int = Field(0, ge=0, description="Seed for noise injection and policy sampling.")
+    engine: str = Field(
+        "hf",
+        min_length=1,
+        description="Rollout engine that samples from 'policy': a name in the engine table "
+        "(tandem.rollout.registry.ENGINES, e.g. hf, vllm); also `tandem label --engine`.",
+    )
+    engine_options: dict[str, Any] = Field(
+        default_factory=dict, description="Settings of the chosen engine, validated by it."
+    )
 
 
 C = TypeVar("C", bound=BaseModel)

@@ -7,13 +7,14 @@ answer per prompt; ``temperature=0`` compares greedy answers.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tandem.evaluate.heldout import ProgressFn
 from tandem.evaluate.judges import Judge, build_judge, check_judge_spec
-from tandem.evaluate.runner import load_target, target_engine
+from tandem.evaluate.runner import engine_choice, target_engine
 from tandem.evaluate.stats import decide
 from tandem.evaluate.targets import EvalData, eval_data, resolve_target
 from tandem.rollout.base import RolloutEngine, SamplingParams
@@ -106,11 +107,14 @@ def run_abtest(
     eval_file: str | None = None,
     reward: str | None = None,
     size: int | None = None,
+    engine: str | None = None,
+    engine_options: Mapping[str, Any] | None = None,
     on_progress: ProgressFn | None = None,
 ) -> dict[str, Any]:
     """Load A and B (run, checkpoint or model folders), build the prompts and judge, compare them.
 
-    The prompts come from the options, else from A's run config, else B's.
+    The prompts come from the options, else from A's run config, else B's. Each model is sampled by
+    ``engine`` if given, else by its own run's engine (:func:`tandem.evaluate.runner.engine_choice`).
     """
     check_judge_spec(judge_spec)
     ta, tb = resolve_target(path_a), resolve_target(path_b)
@@ -125,9 +129,11 @@ def run_abtest(
         require_rewards=judge_spec == "verifier",
     )
     judge = build_judge(judge_spec, data.rewards)
-    engines = []
-    for t in (ta, tb):
-        model, tok = load_target(t)
-        engines.append(target_engine(t, model, tok, data.max_prompt_len))
-    result = compare_models(engines[0], engines[1], data, judge, settings, on_progress=on_progress)
-    return {"a": str(ta.model_dir), "b": str(tb.model_dir), "data": data.source, **result}
+    engines = [target_engine(t, data.max_prompt_len, engine=engine, options=engine_options) for t in (ta, tb)]
+    try:
+        result = compare_models(engines[0], engines[1], data, judge, settings, on_progress=on_progress)
+    finally:
+        for sampler in engines:
+            sampler.close()
+    names = [engine_choice(t, engine, engine_options)[0] for t in (ta, tb)]
+    return {"a": str(ta.model_dir), "b": str(tb.model_dir), "data": data.source, "engines": names, **result}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,20 +25,41 @@ def load_target(target: Target) -> tuple[torch.nn.Module, Any]:
     return model, load_tokenizer(target.model_dir)
 
 
-def target_engine(
-    target: Target, model: torch.nn.Module, tokenizer: Any, max_prompt_len: int | None
-) -> RolloutEngine:
-    """The rollout engine to evaluate ``target`` with: its run's ``rollout.backend`` (and options) when it
-    belongs to a run, else the default engine; it samples with ``model`` (already loaded)."""
+def engine_choice(
+    target: Target, engine: str | None = None, options: Mapping[str, Any] | None = None
+) -> tuple[str, dict[str, Any]]:
+    """The engine name and options to evaluate ``target`` with: ``engine`` (``--engine``) if given, else
+    its run's ``rollout.backend``, else the default engine. The run's ``rollout.engine_options`` apply
+    when its engine is the one chosen; ``options`` (``--engine-option``) are laid over them."""
     rollout = target.config.rollout if target.config is not None else None
+    name = engine or (rollout.backend if rollout is not None else DEFAULT_ENGINE)
+    base = dict(rollout.engine_options) if rollout is not None and rollout.backend == name else {}
+    return name, {**base, **dict(options or {})}
+
+
+def target_engine(
+    target: Target,
+    max_prompt_len: int | None,
+    *,
+    engine: str | None = None,
+    options: Mapping[str, Any] | None = None,
+    model: torch.nn.Module | None = None,
+    tokenizer: Any = None,
+) -> RolloutEngine:
+    """The rollout engine to evaluate ``target`` with (:func:`engine_choice`), built through the
+    registry from the target's model folder (``path``, dtype from its run config). ``model``: the target's
+    module when the caller already loaded it (for the KL), shared by an engine that can; an engine that
+    cannot, or that gets none, loads the folder itself."""
+    name, opts = engine_choice(target, engine, options)
     spec = EngineSpec(
         model=model,
         tokenizer=tokenizer,
         path=str(target.model_dir),
+        dtype=target.config.model.dtype if target.config is not None else None,
         max_prompt_len=max_prompt_len,
-        options=rollout.engine_options if rollout is not None else {},
+        options=opts,
     )
-    return build_engine(rollout.backend if rollout is not None else DEFAULT_ENGINE, spec)
+    return build_engine(name, spec)
 
 
 def load_reference(path: str | Path, policy: torch.nn.Module) -> torch.nn.Module:
@@ -68,9 +90,13 @@ def run_eval(
     max_new_tokens: int | None = None,
     seed: int | None = None,
     pass_k: tuple[int, ...] = (1, 4, 8),
+    engine: str | None = None,
+    engine_options: Mapping[str, Any] | None = None,
     on_progress: ProgressFn | None = None,
 ) -> dict[str, Any]:
-    """Evaluate the run / checkpoint / model at ``path``; see :func:`tandem.evaluate.suite.evaluate_suite`."""
+    """Evaluate the run / checkpoint / model at ``path``; see :func:`tandem.evaluate.suite.evaluate_suite`.
+    ``engine``/``engine_options``: see :func:`engine_choice`. The model is loaded in this process only
+    for the KL (``ref``); otherwise the engine loads it."""
     target = resolve_target(path)
     data = eval_data(
         target.config,
@@ -81,7 +107,7 @@ def run_eval(
         size=size,
         seed=seed,
     )
-    policy, tokenizer = load_target(target)
+    policy, tokenizer = load_target(target) if ref is not None else (None, None)
     settings = EvalSettings(
         max_new_tokens=max_new_tokens or data.max_new_tokens,
         stop=data.stop,
@@ -90,23 +116,35 @@ def run_eval(
         pass_k=pass_k,
         seed=seed if seed is not None else 0,
     )
-    engine = target_engine(target, policy, tokenizer, data.max_prompt_len)
-    ref_model = load_reference(ref, policy) if ref is not None else None
-    metrics = evaluate_suite(
-        engine,
-        data.rows,
-        data.rewards,
-        settings,
-        policy=policy,
-        ref_model=ref_model,
-        refusals=refusal_capability(data.task),
-        on_progress=on_progress,
+    name, _ = engine_choice(target, engine, engine_options)
+    sampler = target_engine(
+        target,
+        data.max_prompt_len,
+        engine=engine,
+        options=engine_options,
+        model=policy,
+        tokenizer=tokenizer,
     )
+    ref_model = load_reference(ref, policy) if ref is not None else None
+    try:
+        metrics = evaluate_suite(
+            sampler,
+            data.rows,
+            data.rewards,
+            settings,
+            policy=policy,
+            ref_model=ref_model,
+            refusals=refusal_capability(data.task),
+            on_progress=on_progress,
+        )
+    finally:
+        sampler.close()
     return {
         "model": str(target.model_dir),
         "run": str(target.run_dir) if target.run_dir else None,
         "reference": str(ref) if ref is not None else None,
         "data": data.source,
+        "engine": name,
         "settings": {**settings.__dict__, "pass_k": list(settings.pass_k)},
         "metrics": metrics,
     }

@@ -93,13 +93,19 @@ def _field(data: dict, key: str, kind: type, required: bool = True):
 
 def _arms(state: ServerState) -> dict:
     """What this replica (pid) serves, the shared state's version it shows, and loads it still waits
-    for (``pending``: being loaded, or failed here)."""
+    for (``pending``: being loaded, or failed here); per arm, its engine replicas and scaling events."""
     body = {
         "split": state.router.split,
         "version": state.applied,
         "replica": os.getpid(),
+        "engine": state.settings.engine,
         "arms": {
-            n: {"path": str(a.model.folder), "version": a.model.version, "format": a.model.format}
+            n: {
+                "path": str(a.model.folder),
+                "version": a.model.version,
+                "format": a.model.format,
+                "engine_replicas": a.batcher.pool.status(),
+            }
             for n, a in state.router.arms.items()
         },
     }

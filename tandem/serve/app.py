@@ -119,4 +119,5 @@ def metrics_text(state: ServerState) -> PlainTextResponse:
     for arm in state.router.arms.values():
         state.metrics.set("queue_depth", arm.batcher.depth, "Rows waiting to be batched.", arm=arm.name)
         state.metrics.set("cache_entries", len(arm.cache), "Cached greedy responses.", arm=arm.name)
+        arm.batcher.pool.publish()
     return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")

@@ -37,7 +37,8 @@ class RowRequest:
 
     ``top_logprobs``: how many likeliest alternatives to report per token (the sampled token's log-prob
     is always kept); ``prompt_logprobs``: also score the prompt tokens (``echo`` with ``logprobs``);
-    ``logit_bias``: token id -> value added to its logit; penalties as in the OpenAI API."""
+    ``logit_bias``: token id -> value added to its logit; penalties as in the OpenAI API.
+    ``prompt_text``: the prompt as text (None for a token-id prompt), for engines that take text."""
 
     prompt_ids: list[int]
     params: SamplingParams
@@ -47,6 +48,7 @@ class RowRequest:
     logit_bias: dict[int, float] = field(default_factory=dict)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    prompt_text: str | None = None
 
 
 @dataclass
@@ -81,13 +83,15 @@ StreamEvent = TokenLogprob | PromptScores
 TokenCallback = Callable[[int, StreamEvent], None]  # (row index, prompt scores or the new token)
 
 
-def make_stepper(model: PreTrainedModel, batch_size: int, max_len: int) -> DecodeStepper:
+def make_stepper(
+    model: PreTrainedModel, batch_size: int, max_len: int, fast_decode: bool | None = None
+) -> DecodeStepper:
     """The model's own stepper if it has one (ONNX exports), the fast Llama stepper where it is exact
-    for ``model``, else the generic HF one."""
+    for ``model`` (unless ``fast_decode`` is False: the hf engine's option), else the generic HF one."""
     own = getattr(model, "make_stepper", None)
     if own is not None:
         return own(batch_size, max_len)
-    if supports_fast_decode(model, max_len):
+    if fast_decode is not False and supports_fast_decode(model, max_len):
         return LlamaStepper(model, batch_size, max_len)
     return HFStepper(model)
 
@@ -231,9 +235,11 @@ def decode_rows(
     tokenizer: PreTrainedTokenizerBase,
     rows: list[RowRequest],
     on_token: TokenCallback | None = None,
+    fast_decode: bool | None = None,
 ) -> list[RowResult]:
     """Generate every row of ``rows`` in one batch; ``on_token(row, event)`` is called with the row's
     :class:`PromptScores` first (rows that asked for them), then one :class:`TokenLogprob` per new token.
+    ``fast_decode`` False forces the generic stepper (:func:`make_stepper`).
 
     A row ends at EOS, at one of its stop strings, at its own ``max_new_tokens``, or when its
     ``cancelled()`` turns true (a client that disconnected: the row is dropped and gets no more tokens).
@@ -260,7 +266,7 @@ def decode_rows(
         for row, entries in enumerate(scored):
             if entries is not None and on_token is not None:
                 on_token(row, PromptScores(entries))
-        stepper = make_stepper(model, B, P + T)
+        stepper = make_stepper(model, B, P + T, fast_decode)
         logits = stepper.prefill(
             prompt_ids.to(device), attn[:, :P], positions_from_mask(prompt_mask).to(device)
         )  # [B, V]

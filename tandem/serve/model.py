@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from tandem.errors import ModelError, first_line
 from tandem.models import load_causal_lm, load_tokenizer
@@ -57,10 +57,16 @@ def _version(folder: Path) -> str:
     return digest.hexdigest()[:12]
 
 
-def _load_weights(folder: Path) -> tuple[PreTrainedModel, str]:
-    """The model of ``folder`` and its format (``hf`` or ``int8``)."""
+def _format(folder: Path) -> str:
+    """``hf`` for a model folder, else the export format its manifest names (``int8``, ``onnx``)."""
     manifest = folder / EXPORT_MANIFEST
-    fmt = json.loads(manifest.read_text())["format"] if manifest.is_file() else "hf"
+    return json.loads(manifest.read_text())["format"] if manifest.is_file() else "hf"
+
+
+def _load_weights(folder: Path) -> tuple[PreTrainedModel, str]:
+    """The model of ``folder`` and its format (``hf``, ``int8`` or ``onnx``)."""
+    manifest = folder / EXPORT_MANIFEST
+    fmt = _format(folder)
     if fmt == "hf":
         return load_causal_lm(folder), "hf"
     if fmt == "int8":
@@ -78,30 +84,60 @@ def _load_weights(folder: Path) -> tuple[PreTrainedModel, str]:
     )
 
 
+def _config_only(folder: Path, engine: str) -> PretrainedConfig:
+    """The config of an HF folder whose weights an engine loads itself; ModelError for an export (only the
+    in-process engine runs int8/ONNX modules) or an unreadable config."""
+    fmt = _format(folder)
+    if fmt != "hf":
+        raise ModelError(
+            f"the '{fmt}' export can only be served by the in-process engine, not '{engine}'",
+            where=str(folder),
+            hint="serve it with --engine hf, or serve the hf export",
+        )
+    try:
+        return AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise ModelError(f"cannot read the model config: {first_line(err)}", where=str(folder)) from None
+
+
 @dataclass
 class ServedModel:
-    """A loaded model and tokenizer plus what the API needs to know about them."""
+    """A model folder's tokenizer and config plus what the API needs to know about them, and the loaded
+    module when generation runs in this process (``model`` None: the engine loads ``folder`` itself)."""
 
     name: str
     folder: Path
-    model: PreTrainedModel
+    model: PreTrainedModel | None
     tokenizer: PreTrainedTokenizerBase
     version: str
     format: str
     context_length: int
+    config: PretrainedConfig | None = None
 
     @classmethod
-    def load(cls, path: str | Path, name: str | None = None) -> ServedModel:
-        """Load ``path`` (model, export or run folder) for serving."""
+    def load(cls, path: str | Path, name: str | None = None, *, engine: str | None = None) -> ServedModel:
+        """Load ``path`` (model, export or run folder) for serving. ``engine`` None: with its weights, for
+        an in-process engine; else only the tokenizer and config, for ``engine``, which loads the weights
+        itself from :attr:`folder`."""
         folder = resolve_model_dir(path)
-        model, fmt = _load_weights(folder)
-        model.eval()
+        if engine is None:
+            model, fmt = _load_weights(folder)
+            model.eval()
+            config = getattr(model, "config", None)
+        else:
+            model, fmt, config = None, "hf", _config_only(folder, engine)
         tokenizer = load_tokenizer(folder)
-        ctx = int(getattr(model.config, "max_position_embeddings", 0) or 2048)
+        ctx = int(getattr(config, "max_position_embeddings", 0) or 2048)
         served = name or Path(path).resolve().name
-        loaded = cls(served, folder, model, tokenizer, _version(folder), fmt, ctx)
+        loaded = cls(served, folder, model, tokenizer, _version(folder), fmt, ctx, config)
         loaded.check_chat_template()
         return loaded
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids a request may name: those both the tokenizer and the model's embedding know."""
+        size = len(self.tokenizer)
+        return min(size, int(getattr(self.config, "vocab_size", size) or size))
 
     @property
     def label(self) -> str:
@@ -158,7 +194,9 @@ class ServedModel:
             return
 
     def run(self, rows: list[RowRequest], on_token: TokenCallback) -> list[RowResult]:
-        """Generate ``rows`` as one batch (called on the batcher's generation thread)."""
+        """Generate ``rows`` as one batch with the in-process module (on a generation thread)."""
+        if self.model is None:
+            raise ModelError("this model's weights are held by its engine, not loaded here")
         return decode_rows(self.model, self.tokenizer, rows, on_token)
 
     def token_text(self, token: int) -> str:

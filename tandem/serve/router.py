@@ -17,33 +17,47 @@ from tandem.serve.admin_state import Table
 from tandem.serve.batcher import DynamicBatcher
 from tandem.serve.cache import LRUCache
 from tandem.serve.decode import RowResult
+from tandem.serve.engines import EngineRows, load_served, replica_factory
 from tandem.serve.model import ServedModel
+from tandem.serve.replicas import ReplicaPool
 
 
 @dataclass
 class Arm:
-    """One served model version with its batcher and response cache."""
+    """One served model version with its batcher (and the batcher's engine replicas) and response cache.
+    ``through_engine``: the engine name when rows go through ``engine.generate`` (some OpenAI fields are
+    then refused, :func:`tandem.serve.engines.check_request`); None when they run in process."""
 
     name: str
     model: ServedModel
     batcher: DynamicBatcher
     cache: LRUCache[RowResult]
+    through_engine: str | None = None
 
 
 def build_arm(state, name: str, path: str | Path) -> Arm:
-    """Load ``path`` and wrap it in arm ``name`` with its own batcher and cache (batcher not started);
-    ``state`` is the server's (its settings, metrics and served name)."""
-    model = ServedModel.load(path, name=state.name)
+    """Load ``path`` and wrap it in arm ``name`` with its own batcher, ``--min-replicas`` engine replicas
+    built through the registry (``--engine``), and a cache (batcher not started); ``state`` is the
+    server's (its settings, metrics and served name)."""
     s = state.settings
+    model = load_served(str(path), state.name, s.engine)
+    pool = ReplicaPool(
+        replica_factory(model, s.engine, s.engine_options),
+        s.scale_policy(),
+        arm=name,
+        metrics=state.metrics,
+        clock=state.clock,
+    )
     batcher = DynamicBatcher(
-        model.run,
         max_batch_size=s.max_batch_size,
         max_wait_ms=s.max_wait_ms,
         max_queue=s.max_queue,
         metrics=state.metrics,
         arm=name,
+        pool=pool,
     )
-    return Arm(name, model, batcher, LRUCache(s.cache_size))
+    generic = isinstance(pool.replicas[0].runner, EngineRows)
+    return Arm(name, model, batcher, LRUCache(s.cache_size), s.engine if generic else None)
 
 
 def _unit(user: str) -> float:

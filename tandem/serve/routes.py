@@ -26,6 +26,7 @@ from tandem.serve.app import check_user_key, metrics_text, parse_json_object
 from tandem.serve.batcher import QueueFullError
 from tandem.serve.cache import cache_key
 from tandem.serve.decode import RowRequest, RowResult
+from tandem.serve.engines import check_request
 from tandem.serve.feedback import check_pair, check_rating
 from tandem.serve.model import ServedModel
 from tandem.serve.protocol import ApiError, ChatRequest, CompletionRequest, GenerationRequest, PredictRequest
@@ -92,8 +93,7 @@ def _pick_arm(state: ServerState, req: GenerationRequest, request: Request) -> A
 
 def vocab_size(model: ServedModel) -> int:
     """Token ids a request may name: those both the tokenizer and the model's embedding know."""
-    size = len(model.tokenizer)
-    return min(size, int(getattr(model.model.config, "vocab_size", size) or size))
+    return model.vocab_size
 
 
 def _prompt_ids(model: ServedModel, prompt: str | list[int], i: int, vocab: int) -> list[int]:
@@ -161,6 +161,14 @@ def plan_request(
     if len(prompts) > s.max_prompts:
         raise ApiError(400, f"{len(prompts)} prompts exceed the limit {s.max_prompts}", param="prompt")
     arm = arm or _pick_arm(state, req, request)
+    check_request(
+        arm.through_engine,
+        token_prompts=any(not isinstance(p, str) for p in prompts),
+        top_logprobs=options.top_logprobs or 0,
+        prompt_logprobs=options.echo and options.top_logprobs is not None,
+        logit_bias=bool(options.logit_bias),
+        penalties=bool(options.presence_penalty or options.frequency_penalty),
+    )
     vocab = vocab_size(arm.model)
     _check_bias(options.logit_bias, vocab)
     ids = [_prompt_ids(arm.model, prompt, i, vocab) for i, prompt in enumerate(prompts)]
@@ -195,6 +203,7 @@ def _row(plan: Plan, prompt: int, sample: int) -> RowRequest:
         logit_bias=o.logit_bias,
         presence_penalty=o.presence_penalty,
         frequency_penalty=o.frequency_penalty,
+        prompt_text=None if plan.token_prompts and plan.token_prompts[prompt] else plan.texts[prompt],
     )
 
 

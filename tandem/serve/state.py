@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from tandem.errors import ConfigError
+from tandem.rollout.registry import DEFAULT_ENGINE
 from tandem.serve.metrics import Metrics
+from tandem.serve.replicas import ScalePolicy
 from tandem.serve.router import Router
 
 
@@ -35,6 +38,12 @@ class ServeSettings:
     keep_alive_s: int = 5  # an idle keep-alive connection is closed after this
     max_connections: int = 1024  # open connections (or running requests) beyond which requests get 503
     state_dir: str | None = None  # replicas: folder of the shared admin state (set by run_replicas)
+    engine: str = DEFAULT_ENGINE  # rollout engine every arm replica is built with (registry name)
+    engine_options: dict[str, Any] = field(default_factory=dict)  # EngineSpec.options of those engines
+    min_replicas: int = 1  # engine replicas per arm, kept at least
+    max_replicas: int = 1  # engine replicas per arm, at most (more than min: autoscaling)
+    scale_up_queue: int | None = None  # rows waiting per replica that add one (None: max_batch_size)
+    scale_down_idle_s: float = 60.0  # a replica idle this long is released (down to min_replicas)
 
     def __post_init__(self) -> None:
         for key in self.api_keys:
@@ -45,6 +54,26 @@ class ServeSettings:
             raise ConfigError(f"must be > 0, got {self.read_timeout_s}", where="--read-timeout")
         if self.max_connections < 1:
             raise ConfigError(f"must be >= 1, got {self.max_connections}", where="--max-connections")
+        if self.min_replicas < 1:
+            raise ConfigError(f"must be >= 1, got {self.min_replicas}", where="--min-replicas")
+        if self.max_replicas < self.min_replicas:
+            raise ConfigError(
+                f"must be >= --min-replicas ({self.min_replicas}), got {self.max_replicas}",
+                where="--max-replicas",
+            )
+        if self.scale_up_queue is not None and self.scale_up_queue < 1:
+            raise ConfigError(f"must be >= 1, got {self.scale_up_queue}", where="--scale-up-queue")
+        if not self.scale_down_idle_s > 0:
+            raise ConfigError(f"must be > 0, got {self.scale_down_idle_s}", where="--scale-down-idle-s")
+
+    def scale_policy(self) -> ScalePolicy:
+        """The replica bounds and thresholds of every arm."""
+        return ScalePolicy(
+            min_replicas=self.min_replicas,
+            max_replicas=self.max_replicas,
+            scale_up_queue=self.scale_up_queue or self.max_batch_size,
+            scale_down_idle_s=self.scale_down_idle_s,
+        )
 
 
 def check_key(key: str, where: str) -> None:
@@ -77,3 +106,4 @@ class ServerState:
         self.loaded: dict = {}
         self.loading: set[str] = set()  # load ids being loaded in the background
         self.failed: dict[str, str] = {}  # load id -> why this replica could not load it
+        self.clock = time.monotonic  # what engine-replica scaling measures idle time with (tests: a fake)

@@ -19,8 +19,8 @@ import hashlib
 import json
 import math
 import random
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -254,6 +254,9 @@ class OnlineDPOSettings:
     max_new_tokens: int = 32
     temperature: float = 1.0
     both_orders: bool = True  # keep a sampled pair only if the judge agrees with itself in both orders
+    engine: str | None = None  # rollout engine that samples the rounds (None: the registry's default)
+    engine_options: Mapping[str, Any] = field(default_factory=dict)  # EngineSpec.options
+    model_path: str | None = None  # the policy's folder, for an engine that loads its own copy
 
 
 def online_dpo(
@@ -269,13 +272,23 @@ def online_dpo(
     """Iterative (online) DPO: each round samples two responses per prompt from the current policy,
     labels them with ``judge`` (a rule/verifier, a reward model wrapped as a rule, an LLM judge), and
     trains DPO on the kept pairs with the round's starting policy as the reference — whose log-probs are
-    computed once per round from the policy itself, so no second model is ever loaded."""
+    computed once per round from the policy itself, so no second model is ever loaded.
+
+    The sampling engine is ``online.engine`` built through the registry: the in-process engine samples
+    with ``policy`` itself; one that keeps its own copy loads ``online.model_path`` and receives the
+    policy's weights before every round (``update_weights``)."""
     from tandem.rollout import DEFAULT_ENGINE, EngineSpec, SamplingParams, build_engine
     from tandem.train.labeling import judge_row
 
     history: list[dict[str, float]] = []
-    spec = EngineSpec(model=policy, tokenizer=tokenizer, add_special_tokens=False)
-    engine = build_engine(DEFAULT_ENGINE, spec)
+    spec = EngineSpec(
+        model=policy,
+        tokenizer=tokenizer,
+        path=online.model_path,
+        add_special_tokens=False,
+        options=dict(online.engine_options),
+    )
+    engine = build_engine(online.engine or DEFAULT_ENGINE, spec)
     for rnd in range(1, online.rounds + 1):
         engine.update_weights(policy.state_dict(), rnd)  # last round's update (shared module: no copy)
         params = SamplingParams(
