@@ -14,11 +14,13 @@ class RolloutConfig(Section):
         "hf",
         min_length=1,
         description="Generation engine: a name in the engine table (tandem.rollout.registry.ENGINES; "
-        "built in: hf). An unknown name is an error listing the valid ones.",
+        "built in: hf, vllm). An unknown name is an error listing the valid ones; see docs/engines.md.",
     )
     engine_options: dict[str, Any] = Field(
         default_factory=dict,
-        description="Settings of the chosen engine, validated by it (hf: fast_decode, null = auto, true or false).",
+        description="Settings of the chosen engine, validated by it. hf: fast_decode (null = auto, true or "
+        "false). vllm: max_model_len, kv_cache_gb, gpu_memory_utilization, enforce_eager, "
+        "enable_prefix_caching, sleep_during_update, tensor_parallel_size, seed (docs/engines.md).",
     )
     n: int = Field(8, ge=1, description="Samples per prompt (the group size).")
     max_new_tokens: int = Field(32, ge=1, description="Maximum generated tokens per sample.")
