@@ -215,3 +215,8 @@ def check_config(cfg: CheckedConfig) -> None:
         )
     if mini % micro:
         raise CrossFieldError("trainer.micro_batch_size", f"{micro} does not divide the mini-batch of {mini}")
+    if cfg.trainer.micro_batch_tokens is not None and cfg.trainer.micro_batch_size is not None:
+        raise CrossFieldError(
+            "trainer.micro_batch_tokens",
+            "set trainer.micro_batch_tokens or trainer.micro_batch_size, not both",
+        )

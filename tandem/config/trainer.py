@@ -46,6 +46,20 @@ class TrainerConfig(Section):
     micro_batch_size: int | None = Field(
         None, ge=1, description="Samples per forward/backward (gradient accumulation)."
     )
+    micro_batch_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Token budget per forward/backward instead of a row count: rows are grouped so their "
+        "real tokens (prompt + response) fit the budget and run packed, without padding (position ids "
+        "restart per sequence; attention stays within each sequence). Same gradients; a length-skewed "
+        "batch costs what its tokens cost. A longer row runs alone. Excludes micro_batch_size.",
+    )
+    gradient_checkpointing: bool = Field(
+        False,
+        description="Recompute each decoder layer's activations in the backward instead of keeping them "
+        "(Hugging Face gradient checkpointing, non-reentrant): less activation memory for about one more "
+        "forward of compute. Same gradients. Turns off shared_prefix (its KV cache is not checkpointed).",
+    )
     max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping norm (null = off).")
     shared_prefix: bool = Field(
         True,

@@ -17,6 +17,7 @@ from transformers import PreTrainedModel
 
 from tandem.algos import entropy_from_logits, selective_log_softmax
 from tandem.errors import ModelError
+from tandem.models.packing import pack_rows, row_lengths, token_budget_chunks
 
 
 def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
@@ -59,6 +60,8 @@ def response_logprobs(
     micro_batch_size: int | None = None,
     with_entropy: bool = False,
     group_size: int | None = None,
+    packed: bool = False,
+    micro_batch_tokens: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of every response token under ``softmax(logits / temperature)``: ``[B, R]`` float32, zero
     where ``response_mask`` is False; plus the entropy of that distribution per token if ``with_entropy``.
@@ -73,16 +76,30 @@ def response_logprobs(
     once per group and its KV cache shared by the group's responses (:func:`_shared_prefix_logprobs`) —
     the same maths, with the prompt's forward and backward done once instead of ``n`` times. Used only
     when every chunk holds whole groups of identical prompts; otherwise the plain path runs.
+
+    ``packed``: rows run packed without padding (:func:`_packed_logprobs`), same values to float error.
+    ``micro_batch_tokens`` (implies ``packed``, replaces ``micro_batch_size``): chunks of rows whose real
+    tokens fit the budget (:func:`tandem.models.packing.token_budget_chunks`).
     """
     if temperature <= 0:
         raise ModelError(f"temperature must be > 0 to score tokens, got {temperature}", where="temperature")
+    if micro_batch_tokens is not None:
+        return _token_budget_logprobs(
+            model, prompt_ids, prompt_mask, response_ids, response_mask, temperature, with_entropy,
+            micro_batch_tokens,
+        )  # fmt: skip
     B = prompt_ids.shape[0]
     step = micro_batch_size or B
     logprobs, entropies = [], []
-    shared = group_size is not None and _can_share_prefix(model, prompt_ids, prompt_mask, group_size, step)
+    shared = (
+        not packed
+        and group_size is not None
+        and _can_share_prefix(model, prompt_ids, prompt_mask, group_size, step)
+    )
+    run = _shared_prefix_logprobs if shared else _packed_logprobs if packed else _chunk_logprobs
     for start in range(0, B, max(step, 1)):
         rows = slice(start, start + step)
-        lp, ent = (_shared_prefix_logprobs if shared else _chunk_logprobs)(
+        lp, ent = run(
             model,
             prompt_ids[rows],
             prompt_mask[rows],
@@ -191,3 +208,59 @@ def _shared_prefix_logprobs(
     logprobs = selective_log_softmax(logits, response_ids) * mask  # [b, R]
     entropy = entropy_from_logits(logits) * mask if with_entropy else None  # [b, R]
     return logprobs, entropy
+
+
+def _packed_logprobs(
+    model: PreTrainedModel,
+    prompt_ids: torch.Tensor,  # [b, P]
+    prompt_mask: torch.Tensor,  # [b, P]
+    response_ids: torch.Tensor,  # [b, R]
+    response_mask: torch.Tensor,  # [b, R]
+    temperature: float,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`_chunk_logprobs` on packed rows (:func:`tandem.models.packing.pack_rows`): no 2D attention
+    mask, position ids restarting per sequence, so the model keeps attention within each sequence. The LM
+    head runs only on the columns that predict a response token (``logits_to_keep`` as an index tensor)."""
+    b, R = response_ids.shape
+    layout = pack_rows(prompt_ids, prompt_mask, response_ids, response_mask)
+    kwargs = {"input_ids": layout.input_ids, "position_ids": layout.position_ids, "attention_mask": None}
+    with cpu_bf16_attention_context(model, prompt_ids.device):
+        if accepts_logits_to_keep(model):
+            logits = model(**kwargs, use_cache=False, logits_to_keep=layout.keep).logits  # [nb, K, V]
+            picked = logits[layout.src_bin, layout.src_col]  # [N, V]
+        else:
+            logits = model(**kwargs, use_cache=False).logits  # [nb, C, V]
+            picked = logits[layout.src_bin, layout.keep[layout.src_col]]  # [N, V]
+    picked = picked.float() / temperature
+    index = (layout.dst_row, layout.dst_t)
+    zeros = torch.zeros(b, R, dtype=torch.float32, device=response_ids.device)
+    logprobs = zeros.index_put(index, selective_log_softmax(picked, layout.tokens))  # [b, R]
+    entropy = zeros.index_put(index, entropy_from_logits(picked)) if with_entropy else None  # [b, R]
+    return logprobs, entropy
+
+
+def _token_budget_logprobs(
+    model: PreTrainedModel,
+    prompt_ids: torch.Tensor,  # [B, P]
+    prompt_mask: torch.Tensor,  # [B, P]
+    response_ids: torch.Tensor,  # [B, R]
+    response_mask: torch.Tensor,  # [B, R]
+    temperature: float,
+    with_entropy: bool,
+    budget: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`_packed_logprobs` over chunks of rows whose real tokens fit ``budget``, put back in row
+    order. ``[B, R]`` log-probs (and entropy)."""
+    out_lp = torch.zeros(response_ids.shape, dtype=torch.float32, device=response_ids.device)
+    out_ent = torch.zeros_like(out_lp) if with_entropy else None
+    for rows in token_budget_chunks(row_lengths(prompt_mask, response_mask).cpu(), budget):
+        rows = rows.to(prompt_ids.device)
+        lp, ent = _packed_logprobs(
+            model, prompt_ids[rows], prompt_mask[rows], response_ids[rows], response_mask[rows],
+            temperature, with_entropy,
+        )  # fmt: skip
+        out_lp = out_lp.index_copy(0, rows, lp)
+        if out_ent is not None and ent is not None:
+            out_ent = out_ent.index_copy(0, rows, ent)
+    return out_lp, out_ent

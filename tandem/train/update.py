@@ -26,7 +26,9 @@ import torch
 
 from tandem.algos import POLICY_LOSSES, aggregate, logprob_mismatch, policy_loss, value_loss
 from tandem.config.schema import AlgorithmConfig, TrainerConfig
+from tandem.errors import ModelError
 from tandem.models.forward import response_logprobs
+from tandem.models.packing import row_lengths, token_budget_chunks
 from tandem.models.value import SharedValueHead, ValueCapture
 from tandem.types import Experience
 
@@ -52,6 +54,11 @@ class UpdateSettings:
     correction_low: float | None
     correction_high: float
     group_size: int | None = None  # rows come in groups of n sharing a prompt: score the prompt once
+    micro_batch_tokens: int | None = (
+        None  # token-budget micro-batches, run packed (replaces micro_batch_size)
+    )
+    whole_groups: bool = False  # the loss needs every row of a group in one micro-batch
+    gradient_checkpointing: bool = False
 
     @classmethod
     def from_config(
@@ -82,7 +89,11 @@ class UpdateSettings:
             correction=algo.correction,
             correction_low=algo.correction_low,
             correction_high=algo.correction_high,
-            group_size=group_size,
+            # the shared-prefix KV cache is dropped by checkpointed layers, and packing replaces it
+            group_size=None if trainer.gradient_checkpointing or trainer.micro_batch_tokens else group_size,
+            micro_batch_tokens=trainer.micro_batch_tokens,
+            whole_groups=POLICY_LOSSES.get(algo.policy_loss).needs_whole_groups,
+            gradient_checkpointing=trainer.gradient_checkpointing,
         )
 
     @property
@@ -146,6 +157,8 @@ def policy_update(
     ``sync``: data-parallel ranks; ``exp`` is then the global batch on every rank, and the gradients are
     reduced over ranks before clipping (the result equals one process training on ``exp``)."""
     model.train()
+    if settings.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
     B = exp.batch_size
     mini = settings.mini_batch_size or B
     micro = settings.micro_batch_size or mini
@@ -167,6 +180,32 @@ def policy_update(
     out = {k: v if metric_reduction(k) != "sum" else v / counts[k] for k, v in sums.items()}
     out["actor/lr"] = optimizer.param_groups[0]["lr"]
     return out
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """Hugging Face gradient checkpointing on ``model``, non-reentrant (works with frozen embeddings, as
+    under LoRA, and with autocast); a no-op if already on. It acts in training mode only, so the no-grad
+    scoring passes (eval mode) run as before."""
+    if getattr(model, "is_gradient_checkpointing", False):
+        return
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ModelError(
+            f"{type(model).__name__} does not support gradient checkpointing",
+            where="trainer.gradient_checkpointing",
+        )
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def micro_batches(mb: Experience, rows: torch.Tensor, micro: int, s: UpdateSettings) -> list[torch.Tensor]:
+    """This process's ``rows`` of the mini-batch split into micro-batches: ``micro`` rows each, or, with
+    ``micro_batch_tokens``, groups of rows whose real tokens fit the budget (whole groups when the loss
+    needs them). Any partition gives the same accumulated gradient. ``rows`` ``[b]`` -> list of ``[b_i]``."""
+    if s.micro_batch_tokens is None:
+        return list(rows.split(micro))
+    r = mb.rollout
+    lengths = row_lengths(r.prompt_mask[rows], r.response_mask[rows]).cpu()  # [b]
+    groups = r.group_ids[rows].cpu() if s.whole_groups else None
+    return [rows[c.to(rows.device)] for c in token_budget_chunks(lengths, s.micro_batch_tokens, groups)]
 
 
 _FIRST_STEP_SKIPPED = r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`"
@@ -244,7 +283,7 @@ def _optimizer_step(
     mini_seqs = max(1, int(mb.rollout.response_mask.any(dim=1).sum()))
     sums: dict[str, float] = defaultdict(float)
     rows = torch.arange(n) if sync is None else sync.local_rows(mb)
-    for micro_idx in rows.split(micro):
+    for micro_idx in micro_batches(mb, rows, micro, s):
         m = mb.select(micro_idx) if len(micro_idx) < n else mb
         share = len(micro_idx) / n
         metrics = _micro_backward(model, m, mini_tokens, mini_seqs, share, s, value)
@@ -297,6 +336,8 @@ def _micro_backward(
             temperature=s.temperature,
             with_entropy=True,
             group_size=s.group_size,
+            # a shared value head reads the padded hidden states, so its forward stays padded
+            packed=s.micro_batch_tokens is not None and value is None,
         )
     logprobs = logprobs.float()
     old = m.old_logprobs if m.old_logprobs is not None else logprobs.detach()
