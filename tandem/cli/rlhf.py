@@ -70,6 +70,7 @@ def rm(config: ConfigPath, overrides: Overrides = None) -> None:
     from tandem.cli.progress import step_progress
     from tandem.config.rlhf import RMConfig, load_command_config
     from tandem.data.storage import local_input
+    from tandem.models.encoder import is_encoder
     from tandem.train import rm as rmlib
 
     cfg = load_command_config(RMConfig, config, overrides)
@@ -77,7 +78,8 @@ def rm(config: ConfigPath, overrides: Overrides = None) -> None:
     with local_input(cfg.model) as model_dir:
         model, tok = rmlib.load_reward_model(model_dir, init_head=True)
     train, val = _pairs(cfg.data, tok, cfg.seed)
-    out.print(f"reward model: {len(train)} train / {len(val)} held-out pairs")
+    kind = "encoder" if is_encoder(model) else "causal LM"
+    out.print(f"reward model ({kind}): {len(train)} train / {len(val)} held-out pairs")
     settings = rmlib.RMSettings(
         epochs=cfg.epochs, lr=cfg.lr, batch_size=cfg.batch_size, use_margin=cfg.use_margin,
         center_coef=cfg.center_coef, seed=cfg.seed,

@@ -36,7 +36,9 @@ class PreferenceDataConfig(_Flat):
 
 
 class RMConfig(_Flat):
-    model: str = Field(description="Starting HF folder (causal LM or sequence classifier).")
+    model: str = Field(
+        description="Starting HF folder: a causal LM, an encoder (BERT, RoBERTa) or a sequence classifier."
+    )
     out_dir: str = Field(
         description="Where the reward model (HF folder) is saved: a new or empty folder, or an earlier "
         "`tandem rm` output (replaced atomically); never an unrelated folder or the starting model."

@@ -79,6 +79,8 @@ class RewardModelJudge:
     def __init__(self, path: str, *, batch_size: int = 32) -> None:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+        from tandem.models.encoder import reward_model_kind
+
         p = _require_local_model(path)
         self.model = AutoModelForSequenceClassification.from_pretrained(
             p, use_safetensors=True, local_files_only=True
@@ -87,6 +89,7 @@ class RewardModelJudge:
             raise ModelError(
                 f"a reward model has one output, this one has {self.model.config.num_labels}", where=str(p)
             )
+        self.encoder = reward_model_kind(self.model.config, where=str(p)) == "encoder"
         self.model.eval()
         self.tokenizer = AutoTokenizer.from_pretrained(p, local_files_only=True)
         if self.tokenizer.pad_token is None:
@@ -97,9 +100,16 @@ class RewardModelJudge:
 
     @torch.no_grad()
     def score(self, prompts: list[str], answers: list[str]) -> torch.Tensor:
-        """Reward of every (prompt, answer) pair: ``[N]`` float32."""
+        """Reward of every (prompt, answer) pair: ``[N]`` float32. An encoder RM (BERT, RoBERTa) scores
+        the pair as ``tandem rm`` trained it: ``tokenizer(prompt, answer)``, right padded."""
+        from tandem.models.encoder import encoder_scores
+
         out = []
         for i in range(0, len(prompts), self.batch_size):
+            if self.encoder:
+                ps, answers_i = prompts[i : i + self.batch_size], answers[i : i + self.batch_size]
+                out.append(encoder_scores(self.model, self.tokenizer, ps, answers_i))
+                continue
             texts = [
                 p + a
                 for p, a in zip(

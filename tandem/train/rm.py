@@ -1,9 +1,13 @@
 """Reward model: a sequence scorer trained on preference pairs with the Bradley–Terry loss.
 
-The model is a Hugging Face sequence-classification model with one label (for a causal-LM folder,
-``AutoModelForSequenceClassification`` keeps the backbone and adds a fresh scalar ``score`` head). A
+The model is a Hugging Face sequence-classification model with one label, of one of two kinds read
+from its config (:func:`tandem.models.encoder.reward_model_kind`). A causal LM
+(``AutoModelForSequenceClassification`` keeps the backbone and adds a fresh scalar ``score`` head): a
 sequence is ``prompt + completion + EOS``, left padded, so the score is read at the last column — the
-last real token of every row, whatever the pad token is. Training minimises
+last real token of every row, whatever the pad token is. An encoder classifier (BERT, RoBERTa): the
+pair ``(prompt, completion)`` encoded by its own tokenizer, right padded, scored by the classifier's
+logit (:mod:`tandem.models.encoder`). Either way the policy's text is re-tokenised with the RM's
+tokenizer, so the two need not share a vocabulary. Training minimises
 :func:`tandem.algos.reward_model_loss` (optional per-pair ``margin`` and centring); after every epoch the
 held-out pairwise accuracy (share of pairs with ``r(chosen) > r(rejected)``) is measured. The result is
 an ordinary HF folder plus ``tandem_reward.json`` with the mean/std of training rewards, which RL uses
@@ -51,17 +55,22 @@ class RMSettings:
 def load_reward_model(path: str | Path, *, init_head: bool = False) -> tuple[torch.nn.Module, Any]:
     """A one-label sequence-classification model and its tokenizer from a local HF folder.
 
-    ``init_head=True`` allows a causal-LM folder (a fresh scalar head is created); otherwise the folder
-    must already be a reward model (its config has one label), so a wrong path is an error, not a
-    randomly initialised scorer.
+    ``init_head=True`` allows a causal-LM or base-encoder folder (a fresh scalar head is created);
+    otherwise the folder must already be a reward model (its config has one label), so a wrong path is an
+    error, not a randomly initialised scorer. A folder that is neither kind is refused in one line.
     """
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
+    from tandem.models.encoder import load_encoder_tokenizer, reward_model_kind
     from tandem.models.loading import check_model_folder, load_tokenizer
 
     folder = Path(path)
     check_model_folder(folder)
-    config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    try:
+        config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError, KeyError) as err:
+        raise ModelError(f"cannot read config.json: {str(err).splitlines()[0]}", where=str(folder)) from err
+    kind = reward_model_kind(config, where=str(folder))
     archs = config.architectures or []
     if not init_head and not any(a.endswith("ForSequenceClassification") for a in archs):
         raise ModelError(
@@ -69,7 +78,7 @@ def load_reward_model(path: str | Path, *, init_head: bool = False) -> tuple[tor
             where=str(folder),
             hint="train one with `tandem rm`",
         )
-    tokenizer = load_tokenizer(folder)
+    tokenizer = load_encoder_tokenizer(folder) if kind == "encoder" else load_tokenizer(folder)
     config.num_labels = 1
     if config.pad_token_id is None:
         config.pad_token_id = tokenizer.pad_token_id
@@ -79,7 +88,7 @@ def load_reward_model(path: str | Path, *, init_head: bool = False) -> tuple[tor
         )
     except (OSError, ValueError, KeyError) as err:
         raise ModelError(f"cannot load reward model: {str(err).splitlines()[0]}", where=str(folder)) from err
-    if not hasattr(model, "score"):
+    if kind == "causal" and not hasattr(model, "score"):
         raise ModelError(f"{type(model).__name__} has no 'score' head", where=str(folder))
     return model, tokenizer
 
@@ -109,6 +118,17 @@ def score_sequences(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tenso
     return model.score(hidden).squeeze(-1).float()  # [B]
 
 
+def score_pairs(
+    model: torch.nn.Module, tokenizer: Any, prompts: Sequence[str], completions: Sequence[str]
+) -> torch.Tensor:
+    """Scalar reward per (prompt, completion) text pair ``[B]``, encoded the way the model's kind needs."""
+    from tandem.models.encoder import encoder_scores, is_encoder
+
+    if is_encoder(model):
+        return encoder_scores(model, tokenizer, prompts, completions)
+    return score_sequences(model, *encode_sequences(tokenizer, prompts, completions))
+
+
 def score_texts(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -123,7 +143,7 @@ def score_texts(
         for i in range(0, len(prompts), batch_size):
             ps = [prompt_text(tokenizer, p) for p in prompts[i : i + batch_size]]
             cs = [completion_text(c) for c in completions[i : i + batch_size]]
-            scores.extend(score_sequences(model, *encode_sequences(tokenizer, ps, cs)).tolist())
+            scores.extend(score_pairs(model, tokenizer, ps, cs).tolist())
     return scores
 
 
@@ -133,7 +153,7 @@ def _pair_rewards(
     """Rewards of chosen and rejected ``([B], [B])`` in one forward of ``2B`` rows."""
     prompts = [prompt_text(tokenizer, p.prompt) for p in pairs]
     comps = [completion_text(p.chosen) for p in pairs] + [completion_text(p.rejected) for p in pairs]
-    r = score_sequences(model, *encode_sequences(tokenizer, prompts + prompts, comps))  # [2B]
+    r = score_pairs(model, tokenizer, prompts + prompts, comps)  # [2B]
     return r[: len(pairs)], r[len(pairs) :]
 
 
