@@ -85,6 +85,7 @@ class LearnerStep:
             autocast_bf16=cfg.model.autocast_bf16,
             micro_batch_size=cfg.trainer.micro_batch_size,
             group_size=cfg.rollout.n if cfg.trainer.shared_prefix else None,
+            micro_batch_tokens=cfg.trainer.micro_batch_tokens,
         )
         kl = cfg.algorithm.kl
         kl_ctl = (

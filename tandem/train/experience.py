@@ -37,6 +37,7 @@ class ExperienceSettings:
     micro_batch_size: int | None
     needs_values: bool = False  # the estimator needs critic values (registry metadata, not a name)
     group_size: int | None = None  # rows come in groups of n sharing a prompt: score the prompt once
+    micro_batch_tokens: int | None = None  # score packed chunks of this many real tokens (not rows)
 
     @classmethod
     def from_config(
@@ -47,6 +48,7 @@ class ExperienceSettings:
         autocast_bf16: bool,
         micro_batch_size: int | None,
         group_size: int | None = None,
+        micro_batch_tokens: int | None = None,
     ) -> ExperienceSettings:
         return cls(
             advantage=algo.advantage,
@@ -61,6 +63,7 @@ class ExperienceSettings:
             micro_batch_size=micro_batch_size,
             needs_values=ADVANTAGE_ESTIMATORS.get(algo.advantage).needs_critic,
             group_size=group_size,
+            micro_batch_tokens=micro_batch_tokens,
         )
 
 
@@ -80,6 +83,7 @@ def scoring_logprobs(model: torch.nn.Module, r: RolloutBatch, s: ExperienceSetti
                 temperature=s.temperature,
                 micro_batch_size=s.micro_batch_size,
                 group_size=s.group_size,
+                micro_batch_tokens=s.micro_batch_tokens,
             )
     finally:
         model.train(was_training)

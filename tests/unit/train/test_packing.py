@@ -202,3 +202,19 @@ def test_micro_batch_tokens_excludes_micro_batch_size(tmp_path):
     assert load_config(path, ["trainer.micro_batch_tokens=512"]).trainer.micro_batch_tokens == 512
     with pytest.raises(ConfigError, match="trainer.micro_batch_tokens"):
         load_config(path, ["trainer.micro_batch_tokens=512", "trainer.micro_batch_size=4"])
+
+
+def test_scoring_passes_follow_the_token_budget(tiny_model_dir):
+    """Old/ref log-prob scoring with ``micro_batch_tokens`` runs packed chunks and gives the same values."""
+    from tandem.train.experience import ExperienceSettings, scoring_logprobs
+
+    model = load_causal_lm(tiny_model_dir)
+    r = _experience().rollout
+    algo = AlgorithmConfig(name="grpo")
+    plain = ExperienceSettings.from_config(algo, temperature=1.0, autocast_bf16=False, micro_batch_size=None)
+    budget = ExperienceSettings.from_config(
+        algo, temperature=1.0, autocast_bf16=False, micro_batch_size=None, micro_batch_tokens=16
+    )
+    torch.testing.assert_close(
+        scoring_logprobs(model, r, budget), scoring_logprobs(model, r, plain), atol=1e-5, rtol=0
+    )
