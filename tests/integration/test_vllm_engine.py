@@ -9,6 +9,7 @@ learning is measured by ``bench/vllm_learning.py``.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -163,3 +164,22 @@ def test_training_with_vllm_keeps_the_engine_on_the_trainers_weights(tmp_path, m
         assert r["rollout/logprob_diff_max"] < 1e-3 and r["rollout/ratio_outside_frac"] == 0.0, r
         assert r["perf/weight_sync_bytes"] > 0 and r["timing/weight_sync"] >= 0
     assert "eval/accuracy" in result.eval_after
+
+
+def test_tandem_eval_gives_the_same_greedy_accuracy_with_either_engine(tmp_path):
+    """The issue's check: ``tandem eval MODEL --engine vllm`` and ``--engine hf`` agree on the same weights."""
+    from typer.testing import CliRunner
+
+    from tandem.cli.main import app
+
+    model = ROOT / "checkpoints" / "quickstart-warmstart"
+    metrics = {}
+    for engine in ("hf", "vllm"):
+        out = tmp_path / f"{engine}.json"
+        args = ["eval", str(model), "--task", "arith", "--task-option", "digits=2", "--task-option", "ops=+"]
+        args += ["--size", "40", "--samples", "0", "--max-new-tokens", "6", "--json", str(out)]
+        result = CliRunner().invoke(app, [*args, "--engine", engine])
+        assert result.exit_code == 0, result.output
+        metrics[engine] = json.loads(out.read_text())["metrics"]
+    greedy = [k for k in metrics["hf"] if k.startswith("eval/") and "accuracy" in k]
+    assert greedy and all(metrics["vllm"][k] == metrics["hf"][k] for k in greedy), metrics
