@@ -45,22 +45,47 @@ def init_model(
     out_dir: Annotated[Path, typer.Argument(help="Folder to create (an ordinary HF model folder).")],
     hidden_size: Annotated[int, typer.Option(help="Hidden size.")] = 128,
     num_layers: Annotated[int, typer.Option(help="Transformer layers.")] = 4,
-    num_heads: Annotated[int, typer.Option(help="Attention heads.")] = 4,
+    num_heads: Annotated[
+        int, typer.Option(help="Attention heads (keep hidden/heads >= 32 for vLLM on CPU).")
+    ] = 4,
+    num_kv_heads: Annotated[
+        int | None, typer.Option(help="Key/value heads (grouped-query attention); default: --num-heads.")
+    ] = None,
+    intermediate_size: Annotated[
+        int | None, typer.Option(help="MLP width; default: 4 x --hidden-size.", show_default=False)
+    ] = None,
+    arch: Annotated[str, typer.Option(help="Architecture: llama or qwen2.")] = "llama",
+    tokenizer: Annotated[
+        str,
+        typer.Option(help="char (one token per character) or bpe (byte-level BPE with a ChatML template)."),
+    ] = "char",
+    vocab_size: Annotated[int, typer.Option(help="BPE vocabulary size (--tokenizer bpe only).")] = 512,
     seed: Annotated[int, typer.Option(help="Initialisation seed.")] = 0,
 ) -> None:
-    """Build a tiny Llama-architecture model with a character-level tokenizer.
+    """Build a small model: a Llama with a character tokenizer (default), or a Llama/Qwen2 with a
+    byte-level BPE tokenizer trained on the built-in tasks' text and a ChatML chat template.
 
     OUT may be new, empty or an earlier Tandem model folder (replaced atomically); any other folder is
-    refused. Example: tandem init-model models/tiny --hidden-size 128 --num-layers 4
+    refused. Examples: tandem init-model models/tiny --hidden-size 128 --num-layers 4;
+    tandem init-model models/qwen --arch qwen2 --tokenizer bpe --hidden-size 512 --num-layers 8 --num-heads 8
     """
     from tandem.data.outputs import check_output_dir
-    from tandem.models import init_tiny_model
+    from tandem.models import init_model as build_model
 
     check_output_dir(out_dir, "model", where="OUT")
-    path = init_tiny_model(
-        out_dir, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads, seed=seed
+    path = build_model(
+        out_dir,
+        arch=arch,
+        tokenizer=tokenizer,
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        intermediate_size=intermediate_size,
+        seed=seed,
     )
-    out.print(f"tiny model written to [bold]{escape(str(path))}[/]")
+    out.print(f"{escape(arch)}/{escape(tokenizer)} model written to [bold]{escape(str(path))}[/]")
 
 
 @app.command()

@@ -1,4 +1,6 @@
-"""Tiny Llama-architecture models with a character tokenizer, for tests, demos and benchmarks.
+"""Small models built from scratch, for tests, demos and benchmarks: a tiny Llama with a character
+tokenizer (:func:`init_tiny_model`, the default), or a Llama- or Qwen2-architecture model with a byte-level
+BPE tokenizer and a ChatML chat template (:func:`init_model`), from ~1M to ~100M parameters.
 
 The result is an ordinary Hugging Face folder (``config.json``, ``model.safetensors``, tokenizer files)
 that ``AutoModelForCausalLM`` / ``AutoTokenizer`` load offline, so every code path that handles real
@@ -11,11 +13,23 @@ import os
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PretrainedConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+)
 
 from tandem.errors import ModelError
+from tandem.models.bpe import DEFAULT_VOCAB_SIZE, IM_END, build_bpe_tokenizer
 from tandem.models.loading import save_pretrained_atomic
 from tandem.models.tokenizer import build_char_tokenizer
+
+ARCHITECTURES = {"llama": LlamaConfig, "qwen2": Qwen2Config}
+TOKENIZERS = ("char", "bpe")
+_BPE_STYLE = {"llama": "llama3", "qwen2": "qwen2"}  # each family splits digits its own way
 
 
 def tiny_llama_config(
@@ -91,3 +105,112 @@ def init_tiny_model(
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = tokenizer.bos_token_id
     return save_pretrained_atomic(model, tokenizer, out_dir, created_by=created_by)
+
+
+def small_model_config(
+    arch: str,
+    vocab_size: int,
+    *,
+    hidden_size: int = 128,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    num_kv_heads: int | None = None,
+    intermediate_size: int | None = None,
+    max_position_embeddings: int = 256,
+    pad_token_id: int = 0,
+    bos_token_id: int = 1,
+    eos_token_id: int = 2,
+) -> PretrainedConfig:
+    """A small config of architecture ``arch`` (``llama`` or ``qwen2``): tied embeddings, MLP width
+    ``4 * hidden_size`` unless given, ``num_kv_heads`` (grouped-query attention) defaulting to
+    ``num_heads``. Qwen2 differs from Llama by biases on the q/k/v projections; sliding window is off.
+    """
+    _check_choice("architecture", arch, tuple(ARCHITECTURES), "--arch")
+    kv_heads = num_kv_heads or num_heads
+    if hidden_size % num_heads != 0:
+        raise ModelError(
+            f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}",
+            hint="pick num_heads that divides hidden_size",
+        )
+    if num_heads % kv_heads != 0:
+        raise ModelError(
+            f"num_heads {num_heads} is not a multiple of num_kv_heads {kv_heads}",
+            hint="pick num_kv_heads that divides num_heads",
+        )
+    return ARCHITECTURES[arch](
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size or 4 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        pad_token_id=pad_token_id,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+    )
+
+
+def init_model(
+    out_dir: str | os.PathLike,
+    *,
+    arch: str = "llama",
+    tokenizer: str = "char",
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    hidden_size: int = 128,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    num_kv_heads: int | None = None,
+    intermediate_size: int | None = None,
+    max_position_embeddings: int = 256,
+    seed: int = 0,
+    created_by: str = "tandem init-model",
+) -> Path:
+    """Build a randomly initialised ``arch`` model with a ``tokenizer`` (``char`` or byte-level ``bpe`` of
+    ``vocab_size`` entries, see :mod:`tandem.models.bpe`) and save it like :func:`init_tiny_model`.
+
+    ``llama`` + ``char`` with default heads *is* :func:`init_tiny_model` (bit-identical weights and
+    files). With ``bpe`` the generation config stops on ``<|endoftext|>`` and ``<|im_end|>``, so plain
+    completions and chat answers both end. Keep ``hidden_size / num_heads >= 32`` for vLLM's CPU kernels.
+    Returns ``out_dir``.
+    """
+    _check_choice("architecture", arch, tuple(ARCHITECTURES), "--arch")
+    _check_choice("tokenizer", tokenizer, TOKENIZERS, "--tokenizer")
+    if arch == "qwen2" and tokenizer == "char":
+        raise ModelError(
+            "a qwen2 model needs --tokenizer bpe",
+            where="--arch",
+            hint="transformers loads every qwen2 folder with Qwen2Tokenizer, which rebuilds a byte-level BPE "
+            "pipeline and drops a character vocabulary's spaces; use --arch llama for a char model",
+        )
+    sizes = {"hidden_size": hidden_size, "num_layers": num_layers, "num_heads": num_heads}
+    sizes |= {"intermediate_size": intermediate_size, "max_position_embeddings": max_position_embeddings}
+    if arch == "llama" and tokenizer == "char" and num_kv_heads in (None, num_heads):
+        return init_tiny_model(out_dir, seed=seed, created_by=created_by, **sizes)
+    if tokenizer == "char":
+        tok = build_char_tokenizer()
+    else:
+        tok = build_bpe_tokenizer(vocab_size, style=_BPE_STYLE[arch])
+    config = small_model_config(arch, len(tok), num_kv_heads=num_kv_heads, **_special_ids(tok), **sizes)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config)
+    stops = [tok.eos_token_id] + ([tok.convert_tokens_to_ids(IM_END)] if tokenizer == "bpe" else [])
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config.bos_token_id = tok.bos_token_id
+    model.generation_config.eos_token_id = stops if len(stops) > 1 else stops[0]
+    return save_pretrained_atomic(model, tok, out_dir, created_by=created_by)
+
+
+def _special_ids(tok: PreTrainedTokenizerFast) -> dict[str, int]:
+    return {
+        "pad_token_id": tok.pad_token_id,
+        "bos_token_id": tok.bos_token_id,
+        "eos_token_id": tok.eos_token_id,
+    }
+
+
+def _check_choice(what: str, value: str, valid: tuple[str, ...], where: str) -> None:
+    if value not in valid:
+        raise ModelError(f"unknown {what} '{value}'", where=where, hint=f"use one of {', '.join(valid)}")
