@@ -23,10 +23,31 @@ class WarmStartConfig(Section):
     )
 
 
+class LoraConfig(Section):
+    r: int = Field(
+        0,
+        ge=0,
+        description="LoRA rank; 0 trains every weight (full fine-tuning), > 0 trains PEFT adapters only.",
+    )
+    alpha: float = Field(16.0, gt=0, description="LoRA scale numerator: the update is B@A * alpha / r.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter's input while training.")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear",
+        description="Module names that get adapters (e.g. [q_proj, v_proj]); all-linear: every linear "
+        "layer but the LM head.",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.r > 0
+
+
 class ModelConfig(Section):
     path: str = Field(..., description="Local Hugging Face causal-LM folder (safetensors weights).")
     ref_path: str | None = Field(
-        None, description="Reference model folder; defaults to model.path. Loaded only if algorithm.beta > 0."
+        None,
+        description="Reference model folder; defaults to model.path (with model.lora: the policy's base "
+        "with its adapter disabled, no second copy). Loaded only if algorithm.beta > 0.",
     )
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Parameter dtype of the policy.")
     autocast_bf16: bool = Field(
@@ -39,4 +60,10 @@ class ModelConfig(Section):
         None,
         description="If set and model.path does not exist, build it by `tandem sft` with these options "
         "(task, steps, lr, base) and cache it there.",
+    )
+    lora: LoraConfig = Field(
+        default_factory=LoraConfig,
+        description="LoRA adapters (PEFT, `pip install tandem-rl[lora]`): the policy trains only the adapters, "
+        "the reference is the base with the adapter disabled (no second copy), checkpoints hold the adapter, "
+        "engines and exports get merged weights.",
     )

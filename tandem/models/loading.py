@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from tandem.data.outputs import check_output_dir, write_model_marker
 from tandem.errors import ModelError, first_line
+from tandem.models.lora import is_adapter_folder, load_adapter_merged
 from tandem.utils.io import atomic_dir
 
 logger = logging.getLogger(__name__)
@@ -91,11 +92,14 @@ def load_causal_lm(
     """Load a causal LM from a local Hugging Face folder, offline and from safetensors only.
 
     ``dtype`` is ``"float32"``, ``"bfloat16"`` or ``"float16"``. The model comes back in eval mode, as
-    ``from_pretrained`` leaves it; the trainer switches it to train mode itself.
+    ``from_pretrained`` leaves it; the trainer switches it to train mode itself. A LoRA adapter folder (a
+    LoRA run's checkpoint) loads as its base with the adapter merged in: a plain model.
     """
     folder = Path(path)
     if dtype not in DTYPES:
         raise ModelError(f"unknown dtype '{dtype}'", where="model.dtype", hint=f"use one of {sorted(DTYPES)}")
+    if is_adapter_folder(folder):
+        return load_adapter_merged(folder, lambda base: load_causal_lm(base, dtype=dtype, device=device))
     check_model_folder(folder)
     try:
         model = AutoModelForCausalLM.from_pretrained(

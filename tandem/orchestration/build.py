@@ -18,6 +18,7 @@ from tandem.config.schema import DataConfig, ModelConfig, RewardConfig, TandemCo
 from tandem.data import PromptDataset, check_prompt_lengths, load_prompt_dataset, rows_from_task
 from tandem.errors import DataError
 from tandem.models import init_tiny_model, load_causal_lm, load_tokenizer
+from tandem.models.lora import AdapterDisabled, apply_lora, is_lora
 from tandem.models.value import build_shared_value_head, build_value_model
 from tandem.rewards import RewardFunction, RewardSet, format_regex, get_task, load_callable
 from tandem.rewards.tasks.base import Task
@@ -51,9 +52,15 @@ def ensure_model(cfg: ModelConfig, *, seed: int = 0) -> Path:
 
 
 def build_policy(cfg: ModelConfig, *, seed: int = 0) -> tuple[torch.nn.Module, Any]:
-    """Policy model (trainable) and its tokenizer."""
+    """Policy model (trainable) and its tokenizer. With ``model.lora.r > 0`` the model is wrapped with a
+    fresh PEFT LoRA adapter: only the adapter's parameters are trainable (so only they reach the optimiser)."""
     path = ensure_model(cfg, seed=seed)
     model = load_causal_lm(path, dtype=cfg.dtype)
+    if cfg.lora.enabled:
+        lo = cfg.lora
+        model = apply_lora(
+            model, r=lo.r, alpha=lo.alpha, dropout=lo.dropout, target_modules=lo.target_modules
+        )
     return model, load_tokenizer(path)
 
 
@@ -75,10 +82,15 @@ def build_rollout_engine(
     return build_engine(cfg.rollout.backend, spec)
 
 
-def build_reference(cfg: ModelConfig, beta: float) -> torch.nn.Module | None:
-    """Frozen reference model, or None when β = 0 (no KL, nothing loaded)."""
+def build_reference(
+    cfg: ModelConfig, beta: float, *, policy: torch.nn.Module | None = None
+) -> torch.nn.Module | None:
+    """Frozen reference model, or None when β = 0 (no KL, nothing loaded). For a LoRA ``policy`` without
+    ``model.ref_path``, the policy's own base with the adapter disabled (no second copy in memory)."""
     if beta <= 0:
         return None
+    if policy is not None and is_lora(policy) and cfg.ref_path is None:
+        return AdapterDisabled(policy)
     ref = load_causal_lm(cfg.ref_path or cfg.path, dtype=cfg.dtype)
     ref.eval()
     ref.requires_grad_(False)

@@ -23,6 +23,7 @@ from tandem.orchestration.loop import KEY_METRICS, LoopSetup, run_loop
 from tandem.orchestration.parts import (
     RunParts,
     build_parts,
+    engine_state_dict,
     evaluate_heldout,
     learner_step,
     load_run_checkpoint,
@@ -82,7 +83,7 @@ class EngineWeights:
         self.engine = engine
 
     def publish(self, policy: torch.nn.Module, version: int) -> float:
-        self.engine.update_weights(policy.state_dict(), version)
+        self.engine.update_weights(engine_state_dict(self.engine, policy), version)
         return float(getattr(self.engine, "last_sync", {}).get("bytes", 0.0))
 
 

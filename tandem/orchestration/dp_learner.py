@@ -38,9 +38,8 @@ import torch.distributed as dist
 from tandem.algos import POLICY_LOSSES
 from tandem.config.schema import TandemConfig
 from tandem.errors import TandemError
-from tandem.models import load_causal_lm
 from tandem.monitor import PhaseTimer
-from tandem.orchestration.build import build_critic, build_reference
+from tandem.orchestration.build import build_critic, build_policy, build_reference
 from tandem.orchestration.learner import LearnerStep
 from tandem.orchestration.parts import optimizer_steps
 from tandem.orchestration.remote import local_models
@@ -272,8 +271,8 @@ def _exit_with_parent() -> None:
 def _serve(spec: RankSpec) -> None:
     cfg = local_models(spec.cfg)  # URLs: this machine's copies (a rank actor may be on another node)
     world = cfg.architecture.learner.world_size
-    policy = load_causal_lm(cfg.model.path, dtype=cfg.model.dtype)
-    ref = build_reference(cfg.model, cfg.algorithm.beta)
+    policy, _ = build_policy(cfg.model, seed=cfg.run.seed)  # with model.lora, its adapter (as rank 0's)
+    ref = build_reference(cfg.model, cfg.algorithm.beta, policy=policy)
     optimizer = build_optimizer(policy, cfg.trainer)
     # As build_parts: the critic (a shared head joins the policy optimiser) before the scheduler.
     critic, critic_optimizer = build_critic(cfg, seed=cfg.run.seed, policy=policy, optimizer=optimizer)

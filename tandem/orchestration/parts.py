@@ -16,6 +16,7 @@ import torch
 
 from tandem.config.schema import TandemConfig
 from tandem.evaluate import evaluate_prompts
+from tandem.models.lora import publishable_state_dict
 from tandem.monitor import PhaseTimer
 from tandem.orchestration.build import (
     DataParts,
@@ -55,6 +56,15 @@ class RunParts:
     critic_optimizer: torch.optim.Optimizer | None = None
 
 
+def engine_state_dict(engine: RolloutEngine, policy: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What ``engine.update_weights`` gets: the policy's own state dict when the engine samples with the
+    policy module itself (the HF engine: nothing to copy, a LoRA policy generates as it is), else the
+    weights under the base model's names, merged when the policy has a LoRA adapter."""
+    if getattr(engine, "model", None) is policy:
+        return policy.state_dict()
+    return publishable_state_dict(policy)
+
+
 def optimizer_steps(cfg: TandemConfig) -> int:
     """Optimiser steps of the whole run: the learning-rate schedule's horizon (every learner rank uses it)."""
     samples = cfg.samples_per_step
@@ -77,7 +87,7 @@ def build_parts(cfg: TandemConfig) -> RunParts:
         cfg=cfg,
         policy=policy,
         tokenizer=tokenizer,
-        ref_model=build_reference(cfg.model, cfg.algorithm.beta),
+        ref_model=build_reference(cfg.model, cfg.algorithm.beta, policy=policy),
         engine=build_rollout_engine(cfg, model=policy, tokenizer=tokenizer),
         data=data,
         rewards=rewards,

@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tandem.errors import ConfigError, DataError, ModelError
 from tandem.models import load_tokenizer
+from tandem.models.lora import publishable_state_dict
 from tandem.rollout.assemble import assemble_batch, completion_texts
 from tandem.rollout.base import ChunkCallback, EngineSpec, SamplingParams
 from tandem.rollout.prompts import encode_prompts, left_pad
@@ -158,7 +159,7 @@ class VLLMEngine:
         self.llm = self._start(dtype)
         self._eos_ids = _eos_ids(self.llm, tokenizer)
         if source is not None:
-            self._load(source.state_dict())
+            self._load(publishable_state_dict(source))  # a LoRA policy: merged, under the base's names
 
     @classmethod
     def from_spec(cls, spec: EngineSpec) -> VLLMEngine:
@@ -233,7 +234,9 @@ class VLLMEngine:
         if self.llm is None:
             raise ModelError("the rollout engine was closed", hint="build a new one")
         weights = (
-            state_dict if state_dict is not None else (self.source.state_dict() if self.source else None)
+            state_dict
+            if state_dict is not None
+            else (publishable_state_dict(self.source) if self.source else None)
         )
         if weights is not None:
             self._load(weights)

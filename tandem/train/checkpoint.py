@@ -2,7 +2,8 @@
 
 Layout of ``<ckpt_root>/step-<step:08d>/``::
 
-    model/          Hugging Face folder (save_pretrained, safetensors) plus the tokenizer
+    model/          Hugging Face folder (save_pretrained, safetensors) plus the tokenizer; for a LoRA policy
+                    the adapter only (PEFT's adapter_model.safetensors + adapter_config.json naming the base)
     optimizer.pt    optimizer.state_dict()            (torch.save of tensors/numbers only)
     scheduler.pt    lr scheduler state_dict, if any
     rng.pt          tandem.utils.seed.rng_state()
@@ -34,6 +35,7 @@ import safetensors.torch
 import torch
 
 from tandem.errors import ModelError
+from tandem.models.lora import is_lora, load_adapter_weights
 from tandem.utils.io import atomic_dir
 from tandem.utils.jsonable import to_jsonable
 from tandem.utils.seed import rng_state, set_rng_state
@@ -234,6 +236,9 @@ def load_model_weights(model_dir: str | Path, model: torch.nn.Module) -> None:
     loaded: dict[str, torch.Tensor] = {}
     for file in files:
         loaded.update(safetensors.torch.load_file(str(file), device="cpu"))
+    if is_lora(model):  # a LoRA checkpoint holds the adapter; the base weights are model.path's
+        load_adapter_weights(model, loaded, where=str(model_dir))
+        return
     own = model.state_dict(keep_vars=True)
     by_storage = {_storage_key(tensor): key for key, tensor in own.items() if key in loaded}
     for key, tensor in own.items():

@@ -20,6 +20,7 @@ import torch
 
 from tandem.channels.base import Delivery, TrajectoryChannel, TrajectoryMessage, WeightChannel
 from tandem.errors import TandemError
+from tandem.models.lora import publishable_state_dict
 from tandem.orchestration.decoupled.ledger import TicketLedger
 from tandem.orchestration.decoupled.seams import Admission
 from tandem.orchestration.rollout_step import ScoredBatch, rollout_metrics
@@ -32,13 +33,14 @@ class LearnerStarvedError(TandemError):
 
 
 class ChannelWeights:
-    """Weight publisher of a decoupled run: the policy's state dict goes on the weight channel."""
+    """Weight publisher of a decoupled run: the policy's state dict goes on the weight channel (merged,
+    under the base model's names, for a LoRA policy: workers hold plain models)."""
 
     def __init__(self, weights: WeightChannel) -> None:
         self.weights = weights
 
     def publish(self, policy: torch.nn.Module, version: int) -> float:
-        state = policy.state_dict()
+        state = publishable_state_dict(policy)
         self.weights.publish(state, version)
         return float(sum(t.numel() * t.element_size() for t in state.values()))
 

@@ -28,6 +28,7 @@ import torch
 from tandem.channels import TrajectoryChannel, check_channel
 from tandem.channels.base import WeightChannel
 from tandem.config.schema import TandemConfig
+from tandem.models.lora import publishable_state_dict
 from tandem.monitor import PhaseTimer
 from tandem.monitor.metrics import MetricsListener
 from tandem.orchestration.alerting import check_rollback_support
@@ -41,6 +42,7 @@ from tandem.orchestration.loop import KEY_METRICS, LoopSetup, run_loop
 from tandem.orchestration.parts import (
     RunParts,
     build_parts,
+    engine_state_dict,
     evaluate_heldout,
     learner_step,
     load_run_checkpoint,
@@ -98,7 +100,7 @@ def train_decoupled(
     extra = load_run_checkpoint(latest, parts)["extra_state"] if latest is not None else None
     ctx = mp.get_context("spawn")
     controller = StalenessController(cfg.architecture.staleness, cfg.samples_per_step)
-    backend = open_backend(cfg, controller, parts.policy.state_dict(), ctx)  # by runtime
+    backend = open_backend(cfg, controller, publishable_state_dict(parts.policy), ctx)  # by runtime
     supervisor = backend.supervisor
     dp: DataParallelLearner | None = None
     try:
@@ -115,7 +117,7 @@ def train_decoupled(
         def evaluate() -> dict[str, float]:
             # The learner's engine only evaluates: one that shares the policy module (hf) copies nothing,
             # one with its own copy (vllm) loads the current weights first.
-            parts.engine.update_weights(parts.policy.state_dict(), trainer.version)
+            parts.engine.update_weights(engine_state_dict(parts.engine, parts.policy), trainer.version)
             return evaluate_heldout(parts)
 
         trainer = Trainer(

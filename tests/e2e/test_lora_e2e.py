@@ -1,0 +1,111 @@
+"""LoRA runs end to end: GRPO trains the adapter only (colocated and decoupled), resume is exact, the run's
+checkpoint is an adapter folder, and ``tandem export`` writes the merged model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("peft")
+
+from run_checks import step_rows  # noqa: E402
+
+from tandem.config import build_config  # noqa: E402
+from tandem.config.model import ModelConfig  # noqa: E402
+from tandem.export.api import export_model  # noqa: E402
+from tandem.models import load_causal_lm  # noqa: E402
+from tandem.orchestration.build import build_policy  # noqa: E402
+from tandem.orchestration.runner import train  # noqa: E402
+from tandem.train.checkpoint import latest_checkpoint, load_checkpoint  # noqa: E402
+
+LORA = {"r": 8, "alpha": 16.0}
+HERE = Path(__file__).parent
+# A reward that varies within a group (digit share), so every step has a gradient and the adapter moves.
+DIGITS = {"task_reward": False, "functions": [{"path": f"{HERE / 'digits_reward.py'}:digit_share"}]}
+
+
+def _cfg(tiny_model_dir, out, **sections):
+    data = {
+        "run": {"output_dir": str(out), "seed": 3},
+        "model": {"path": str(tiny_model_dir), "lora": LORA},
+        "data": {"task": "arith", "prompts_per_step": 2, "eval_size": 4, "train_size": 64},
+        "reward": DIGITS,
+        "rollout": {"n": 4, "max_new_tokens": 4},
+        "algorithm": {"name": "grpo", "beta": 0.05},  # a KL term: the adapter-disabled reference runs
+        "trainer": {"total_steps": 3, "lr": 1e-2},
+        "monitor": {"eval_every": 0, "sample_every": 0, "tensorboard": False, "progress": False},
+    }
+    for key, value in sections.items():
+        data.setdefault(key, {}).update(value)
+    return build_config(data)
+
+
+def _policy_from(run_dir, tiny_model_dir):
+    """The run's last policy, rebuilt as the trainer holds it: base + adapter (PEFT), adapter restored."""
+    policy, _ = build_policy(ModelConfig(path=str(tiny_model_dir), lora=LORA))
+    load_checkpoint(latest_checkpoint(run_dir / "checkpoints"), model=policy, restore_rng=False)
+    return policy.eval()
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+def test_grpo_with_lora_trains_the_adapter_only_and_export_merges(tiny_model_dir, tmp_path):
+    base_before = {k: v.clone() for k, v in load_causal_lm(tiny_model_dir).state_dict().items()}
+    result = train(_cfg(tiny_model_dir, tmp_path / "run"), progress=False)
+    rows = step_rows(result.run_dir)
+    assert len(rows) == 3
+    for r in rows:  # the engine samples with the policy the trainer scores: sync and reference work
+        assert r["rollout/logprob_diff_max"] < 1e-4 and "actor/kl_ref" in r, r
+    assert rows[-1]["actor/kl_ref"] > 0  # the adapter moved the policy away from the base reference
+    ckpt = latest_checkpoint(result.run_dir / "checkpoints") / "model"
+    assert (ckpt / "adapter_model.safetensors").is_file() and not (ckpt / "config.json").exists()
+    base_after = load_causal_lm(tiny_model_dir).state_dict()  # the base folder is never written
+    assert all(torch.equal(base_after[k], v) for k, v in base_before.items())
+
+    report = export_model(result.run_dir, tmp_path / "export", "hf")
+    exported = load_causal_lm(tmp_path / "export")
+    assert exported.state_dict().keys() == base_before.keys()
+    assert json.loads((tmp_path / "export" / "tandem_export.json").read_text())["format"] == "hf"
+    ids = torch.randint(3, 30, (2, 9), generator=torch.Generator().manual_seed(0))
+    policy = _policy_from(result.run_dir, tiny_model_dir)
+    torch.testing.assert_close(_logits(exported, ids), _logits(policy, ids), rtol=0, atol=1e-5)
+    assert (_logits(exported, ids) - _logits(load_causal_lm(tiny_model_dir), ids)).abs().max() > 1e-4
+    assert report.size_before < report.size_after  # an adapter in, a whole model out
+
+
+def test_lora_resume_is_exact(tiny_model_dir, tmp_path, crash_at_step):
+    common = {"trainer": {"total_steps": 4, "lr": 1e-2}, "checkpoint": {"every": 2, "keep_last": 5}}
+    full = train(_cfg(tiny_model_dir, tmp_path / "full", **common), progress=False)
+    crash_at_step(_cfg(tiny_model_dir, tmp_path / "part", **common), 2)
+    resumed = train(_cfg(tiny_model_dir, tmp_path / "part", **common), resume=True, progress=False)
+    assert resumed.steps == 4
+    a = _policy_from(full.run_dir, tiny_model_dir).state_dict()
+    b = _policy_from(resumed.run_dir, tiny_model_dir).state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    def losses(run):
+        return [(r["step"], r.get("reward/mean"), r.get("actor/pg_loss")) for r in step_rows(run.run_dir)]
+
+    assert losses(resumed) == losses(full)
+
+
+def test_decoupled_lora_workers_sample_the_merged_weights(tiny_model_dir, tmp_path):
+    """Rollout workers hold plain models and receive merged weights; with staleness 0 their behaviour
+    log-probs are the learner's (a worker left on the base, or given PEFT names, would fail or drift)."""
+    cfg = _cfg(
+        tiny_model_dir,
+        tmp_path / "dec",
+        architecture={"mode": "decoupled", "staleness": 0, "num_workers": 1},
+        checkpoint={"save_final": False},
+    )
+    result = train(cfg, progress=False)
+    rows = step_rows(result.run_dir)
+    assert len(rows) == 3
+    for r in rows:
+        assert r["rollout/logprob_diff_max"] < 1e-4 and r["perf/weight_sync_bytes"] > 0, r
