@@ -2,7 +2,9 @@
 
 This layer cannot load models (no transformers in L1), so the scorer is injected: any
 ``scorer(prompts, completions) -> list[float]`` — :func:`tandem.train.rm.score_texts` bound to a loaded
-model in practice (see ``tandem.orchestration.build.build_rewards``). What lives here is what RL needs
+model in practice (see ``tandem.orchestration.build.build_rewards``): a causal-LM head or an encoder
+classifier (BERT, RoBERTa), either re-tokenising the policy's text with its own tokenizer, which is why
+the scorer takes text and never the policy's token ids. What lives here is what RL needs
 around it: batching, and normalisation so the reward model's arbitrary scale does not fight the weights
 of function rewards in the sum.
 

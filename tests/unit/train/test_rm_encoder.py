@@ -155,3 +155,14 @@ def test_a_folder_of_neither_kind_is_refused_in_one_line(tmp_path):
         ) as err:
             rm.load_reward_model(tmp_path / name, init_head=True)
         assert "\n" not in str(err.value) and name in str(err.value)
+
+
+def test_a_pair_longer_than_the_positions_is_truncated_not_an_error(encoder_dir):
+    from tandem.models.encoder import encode_pairs
+
+    model, tok = rm.load_reward_model(encoder_dir, init_head=True)
+    long_prompt, long_answer = " ".join(WORDS * 20), " ".join(WORDS * 5) + " good"
+    enc = encode_pairs(model, tok, [long_prompt, "q"], [long_answer, "a"])
+    assert enc["input_ids"].shape[1] == 128  # build_tiny_encoder's max_length
+    assert tok.convert_ids_to_tokens(enc["input_ids"][0])[-2:] == ["good", tok.sep_token]  # prompt cut first
+    assert all(torch.isfinite(torch.tensor(rm.score_texts(model, tok, [long_prompt], [long_answer]))))
