@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tandem.data.chat import render_prompts
 from tandem.evaluate.heldout import ProgressFn
 from tandem.evaluate.judges import Judge, build_judge, check_judge_spec
 from tandem.evaluate.runner import engine_choice, target_engine
@@ -48,7 +49,10 @@ def answers(
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
         extras = [{k: v for k, v in r.items() if k != "prompt"} for r in chunk]
-        out.extend(engine.generate([r["prompt"] for r in chunk], params, extras=extras).completions)
+        texts = render_prompts(
+            getattr(engine, "tokenizer", None), [r["prompt"] for r in chunk], where="A/B prompts"
+        )
+        out.extend(engine.generate(texts, params, extras=extras).completions)
         if on_chunk is not None:
             on_chunk(start + len(chunk), len(rows))
     return out

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from tandem.data.chat import is_conversational, render_prompts, reward_inputs
 from tandem.rewards import RewardSet
 from tandem.rollout.base import RolloutEngine, SamplingParams
 from tandem.types import RolloutBatch
@@ -46,9 +47,14 @@ def generate_scored(
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
         extras = [{k: v for k, v in r.items() if k != "prompt"} for r in chunk]
-        batch = engine.generate([r["prompt"] for r in chunk], params, extras=extras)
+        prompts = [r["prompt"] for r in chunk]
+        texts = render_prompts(getattr(engine, "tokenizer", None), prompts, where="evaluation prompts")
+        batch = engine.generate(texts, params, extras=extras)
         batches.append(batch)
-        scores.append(rewards(batch.prompts, batch.completions, batch.columns()).scores.float())
+        inputs = (batch.prompts, batch.completions)
+        if any(is_conversational(p) for p in prompts):  # rewards see messages, as in TRL
+            inputs = reward_inputs([prompts[int(g)] for g in batch.group_ids], batch.completions)
+        scores.append(rewards(*inputs, batch.columns()).scores.float())
         lengths.append(batch.response_lengths.float())
         truncated.append(torch.tensor([f == "length" for f in batch.finish_reasons], dtype=torch.bool))
         if on_progress is not None:

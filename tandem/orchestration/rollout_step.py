@@ -24,6 +24,7 @@ import torch
 
 from tandem.config.schema import TandemConfig
 from tandem.data import PromptDataset, PromptSampler
+from tandem.data.chat import is_conversational, render_prompts, reward_inputs
 from tandem.monitor import PhaseTimer
 from tandem.orchestration.scoring import OverlongShaping, collect_dynamic, score_rollout
 from tandem.rewards import RewardSet
@@ -156,17 +157,24 @@ class RolloutStep:
         """Generate and score round ``round_`` of step ``step`` (round 0: the step's own prompts)."""
         rows = self.prompts.rows(step, round_)
         extras = [{k: v for k, v in row.items() if k != "prompt"} for row in rows]
+        prompts = [row["prompt"] for row in rows]
+        offset = self.prompts.group_offset(step, round_, len(rows))
         with self.timer.phase("generate"):
+            texts = render_prompts(getattr(self.engine, "tokenizer", None), prompts, where="data.train_file")
             batch = self.engine.generate(
-                [row["prompt"] for row in rows],
+                texts,
                 sampling_params(self.cfg, step, round_),
-                group_offset=self.prompts.group_offset(step, round_, len(rows)),
+                group_offset=offset,
                 extras=extras,
                 on_chunk=on_chunk,
                 chunk_tokens=self.cfg.architecture.weight_sync_chunk,
             )
+        inputs = None
+        if any(is_conversational(p) for p in prompts):  # rewards see messages, as in TRL
+            per_sample = [prompts[int(g) - offset] for g in batch.group_ids]
+            inputs = reward_inputs(per_sample, batch.completions)
         with self.timer.phase("reward"):
-            scores, metrics = score_rollout(batch, self.rewards, self.overlong)
+            scores, metrics = score_rollout(batch, self.rewards, self.overlong, inputs=inputs)
         return batch, scores, metrics
 
     def __call__(self, step: int, on_chunk: ChunkCallback | None = None) -> ScoredBatch:

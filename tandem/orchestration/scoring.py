@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -21,10 +22,18 @@ class OverlongShaping:
 
 
 def score_rollout(
-    rollout: RolloutBatch, rewards: RewardSet, overlong: OverlongShaping | None = None
+    rollout: RolloutBatch,
+    rewards: RewardSet,
+    overlong: OverlongShaping | None = None,
+    *,
+    inputs: tuple[list[Any], list[Any]] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Sequence scores ``[B]`` and reward metrics (``reward/<fn>/mean``, ``reward/overlong_mean``, ...)."""
-    result = rewards(rollout.prompts, rollout.completions, rollout.columns())
+    """Sequence scores ``[B]`` and reward metrics (``reward/<fn>/mean``, ``reward/overlong_mean``, ...).
+
+    ``inputs``: the ``(prompts, completions)`` the reward functions see instead of the batch's texts, one
+    per sample (conversational data: messages, see :func:`tandem.data.chat.reward_inputs`)."""
+    prompts, completions = inputs if inputs is not None else (rollout.prompts, rollout.completions)
+    result = rewards(prompts, completions, rollout.columns())
     scores = result.scores.float()
     metrics = dict(result.metrics)
     if overlong is not None:

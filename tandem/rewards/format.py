@@ -6,6 +6,7 @@ import re
 from typing import Any
 
 from tandem.errors import ConfigError
+from tandem.rewards.text import completion_text
 
 
 class RegexFormatReward:
@@ -22,7 +23,8 @@ class RegexFormatReward:
         self.strip = strip
 
     def __call__(self, prompts: list[str], completions: list[str], **columns: Any) -> list[float | None]:
-        return [float(self.regex.fullmatch(c.strip() if self.strip else c) is not None) for c in completions]
+        texts = [completion_text(c) for c in completions]  # conversational completions too
+        return [float(self.regex.fullmatch(t.strip() if self.strip else t) is not None) for t in texts]
 
     def __repr__(self) -> str:
         return f"format_regex({self.regex.pattern!r})"

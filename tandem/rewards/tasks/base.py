@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from tandem.errors import ConfigError, RewardError
+from tandem.rewards.text import completion_text
 
 SPLITS = ("train", "test")
 
@@ -52,9 +53,10 @@ def split_of(prompt: str) -> str:
     return SPLITS[int.from_bytes(digest, "big") & 1]
 
 
-def first_line(completion: str) -> str:
-    """The model's answer: the text before the first newline, whitespace stripped."""
-    return completion.split("\n", 1)[0].strip()
+def first_line(completion: Any) -> str:
+    """The model's answer: the text before the first newline, whitespace stripped (of the assistant
+    message's content for a conversational completion)."""
+    return completion_text(completion).split("\n", 1)[0].strip()
 
 
 def require_column(task: str, columns: dict[str, Any], name: str, size: int) -> Sequence[Any]:
