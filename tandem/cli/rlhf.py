@@ -111,6 +111,7 @@ def dpo(config: ConfigPath, overrides: Overrides = None) -> None:
     from tandem.config.rlhf import DPOConfig, load_command_config
     from tandem.data.storage import local_input
     from tandem.models import load_causal_lm, load_tokenizer, save_pretrained_atomic
+    from tandem.models.lora import merged_model
     from tandem.train import dpo as dpolib
 
     cfg = load_command_config(DPOConfig, config, overrides)
@@ -124,6 +125,13 @@ def dpo(config: ConfigPath, overrides: Overrides = None) -> None:
         if not cfg.online_rounds:  # online rounds use each round's policy as reference
             ref_train, ref_val = _reference(cfg, str(model_dir), tok, train, val)
         policy = load_causal_lm(model_dir)
+    if cfg.lora.enabled:
+        from tandem.models.lora import apply_lora
+
+        lo = cfg.lora
+        policy = apply_lora(
+            policy, r=lo.r, alpha=lo.alpha, dropout=lo.dropout, target_modules=lo.target_modules
+        )
     before = _verifier_score(cfg, policy, tok) if cfg.eval_task else None
     saved_as = {"created_by": "tandem dpo", "source": cfg.model}
     settings = dpolib.DPOSettings(
@@ -137,7 +145,9 @@ def dpo(config: ConfigPath, overrides: Overrides = None) -> None:
         after = _verifier_score(cfg, policy, tok) if cfg.eval_task else None
         if before is not None and after is not None:
             out.print(f"verifier accuracy {100 * before:.1f}% -> {100 * after:.1f}%")
-        _save_to(cfg.out_dir, "model", lambda d: save_pretrained_atomic(policy, tok, d, **saved_as))
+        _save_to(
+            cfg.out_dir, "model", lambda d: save_pretrained_atomic(merged_model(policy), tok, d, **saved_as)
+        )
         out.print(f"policy saved to [bold]{escape(cfg.out_dir)}[/]")
         return
     start = dpolib.implicit_reward_metrics(policy, tok, val, ref_val, cfg.beta)
@@ -146,7 +156,7 @@ def dpo(config: ConfigPath, overrides: Overrides = None) -> None:
     end = dpolib.implicit_reward_metrics(policy, tok, val, ref_val, cfg.beta)
     after = _verifier_score(cfg, policy, tok) if cfg.eval_task else None
     _print_dpo(start, end, before, after)
-    _save_to(cfg.out_dir, "model", lambda d: save_pretrained_atomic(policy, tok, d, **saved_as))
+    _save_to(cfg.out_dir, "model", lambda d: save_pretrained_atomic(merged_model(policy), tok, d, **saved_as))
     out.print(f"policy saved to [bold]{escape(cfg.out_dir)}[/]")
 
 
@@ -239,6 +249,7 @@ def _verifier_score(cfg: Any, policy: Any, tok: Any) -> float:
     """Greedy held-out verifier accuracy of ``policy`` (as it is now) on ``cfg.eval_task``, sampled by
     ``cfg.engine``: an engine with its own copy of the starting folder receives the current weights."""
     from tandem.evaluate.heldout import evaluate_prompts
+    from tandem.models.lora import engine_state_dict
     from tandem.rewards import RewardFunction, RewardSet, get_task
     from tandem.rollout import EngineSpec, SamplingParams, build_engine
 
@@ -254,7 +265,7 @@ def _verifier_score(cfg: Any, policy: Any, tok: Any) -> float:
     )
     engine = build_engine(cfg.engine, spec)
     try:
-        engine.update_weights(policy.state_dict(), 1)  # the shared module: no copy
+        engine.update_weights(engine_state_dict(engine, policy), 1)  # the shared module: no copy
         greedy = SamplingParams(max_new_tokens=32, temperature=0.0)
         return evaluate_prompts(engine, rows, rewards, greedy)["eval/accuracy"]
     finally:

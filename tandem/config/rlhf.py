@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from tandem.algos import PREFERENCE_LOSSES
 from tandem.config.loader import apply_overrides, key_location, read_yaml
+from tandem.config.model import LoraConfig
 from tandem.errors import ConfigError
 
 
@@ -61,6 +62,10 @@ class DPOConfig(_Flat):
         "log-probs are cached beside it."
     )
     data: PreferenceDataConfig = Field(description="Preference data.")
+    lora: LoraConfig = Field(
+        default_factory=LoraConfig,
+        description="LoRA adapters (PEFT): only the adapters train; the saved policy has them merged in.",
+    )
     beta: float = Field(0.1, gt=0, description="DPO temperature β.")
     loss_type: str = Field(
         "sigmoid", description="Preference loss from the algorithm library (sigmoid, ipo, hinge, robust)."

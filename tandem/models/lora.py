@@ -190,12 +190,22 @@ def publishable_state_dict(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+def engine_state_dict(engine: Any, policy: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What ``engine.update_weights`` gets: the policy's own state dict when the engine samples with the
+    policy module itself (the HF engine: nothing to copy, a LoRA policy generates as it is), else the
+    weights under the base model's names, merged when the policy has a LoRA adapter."""
+    if getattr(engine, "model", None) is policy:
+        return policy.state_dict()
+    return publishable_state_dict(policy)
+
+
 def merged_model(policy: torch.nn.Module) -> torch.nn.Module:
     """A plain model with the merged weights (a new module; ``policy`` unchanged). Without LoRA, ``policy``."""
     if not is_lora(policy):
         return policy
     base = policy.get_base_model()
-    plain = type(base)(base.config).to(dtype=next(base.parameters()).dtype)
+    with torch.random.fork_rng(devices=[]):  # its random init is overwritten: leave the run's RNG alone
+        plain = type(base)(base.config).to(dtype=next(base.parameters()).dtype)
     plain.load_state_dict(publishable_state_dict(policy), strict=True)
     plain.name_or_path = base.name_or_path
     return plain.eval()

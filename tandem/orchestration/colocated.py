@@ -18,12 +18,12 @@ from typing import Any, ClassVar
 import torch
 
 from tandem.config.schema import TandemConfig
+from tandem.models.lora import engine_state_dict
 from tandem.monitor import PhaseTimer
 from tandem.orchestration.loop import KEY_METRICS, LoopSetup, run_loop
 from tandem.orchestration.parts import (
     RunParts,
     build_parts,
-    engine_state_dict,
     evaluate_heldout,
     learner_step,
     load_run_checkpoint,

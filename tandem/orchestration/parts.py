@@ -16,7 +16,6 @@ import torch
 
 from tandem.config.schema import TandemConfig
 from tandem.evaluate import evaluate_prompts
-from tandem.models.lora import publishable_state_dict
 from tandem.monitor import PhaseTimer
 from tandem.orchestration.build import (
     DataParts,
@@ -54,15 +53,6 @@ class RunParts:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     critic: torch.nn.Module | None = None  # value model, for estimators that need values
     critic_optimizer: torch.optim.Optimizer | None = None
-
-
-def engine_state_dict(engine: RolloutEngine, policy: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """What ``engine.update_weights`` gets: the policy's own state dict when the engine samples with the
-    policy module itself (the HF engine: nothing to copy, a LoRA policy generates as it is), else the
-    weights under the base model's names, merged when the policy has a LoRA adapter."""
-    if getattr(engine, "model", None) is policy:
-        return policy.state_dict()
-    return publishable_state_dict(policy)
 
 
 def optimizer_steps(cfg: TandemConfig) -> int:

@@ -30,6 +30,7 @@ from tandem.algos import dpo_loss
 from tandem.data.preference import PreferencePair
 from tandem.errors import DataError
 from tandem.models.forward import response_logprobs
+from tandem.models.lora import engine_state_dict
 from tandem.train.preference_batch import encode_preference_batch
 from tandem.utils.seed import seed_everything
 
@@ -198,7 +199,8 @@ def train_dpo(
         )
     seed_everything(settings.seed)
     rng = random.Random(settings.seed)
-    opt = torch.optim.AdamW(policy.parameters(), lr=settings.lr)
+    # trainable parameters only: with LoRA the frozen base gets no optimiser state
+    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=settings.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / max(1, settings.warmup_steps))
     )
@@ -290,7 +292,8 @@ def online_dpo(
     )
     engine = build_engine(online.engine or DEFAULT_ENGINE, spec)
     for rnd in range(1, online.rounds + 1):
-        engine.update_weights(policy.state_dict(), rnd)  # last round's update (shared module: no copy)
+        # last round's update (shared module: no copy; an engine with its own copy: merged LoRA weights)
+        engine.update_weights(engine_state_dict(engine, policy), rnd)
         params = SamplingParams(
             max_new_tokens=online.max_new_tokens,
             temperature=online.temperature,

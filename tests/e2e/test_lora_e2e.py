@@ -109,3 +109,34 @@ def test_decoupled_lora_workers_sample_the_merged_weights(tiny_model_dir, tmp_pa
     assert len(rows) == 3
     for r in rows:
         assert r["rollout/logprob_diff_max"] < 1e-4 and r["perf/weight_sync_bytes"] > 0, r
+
+
+def test_dpo_with_lora_trains_adapters_and_saves_the_merged_policy(tiny_model_dir, tmp_path):
+    """``tandem dpo ... lora.r=4``: offline and online; the saved folder is a plain model (merged), the
+    layers LoRA does not touch (embeddings, norms) are the base's bit for bit, adapted ones moved (offline)."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from tandem.cli.main import app
+
+    runner = CliRunner()
+    prefs = tmp_path / "prefs"
+    made = runner.invoke(app, ["data", "make-safety", "--out-dir", str(prefs), "--train-size", "24"])
+    assert made.exit_code == 0, made.output
+    base = load_causal_lm(tiny_model_dir).state_dict()
+    for name, extra in (("offline", {"max_steps": 3}), ("online", {"online_rounds": 1})):
+        out = tmp_path / name
+        cfg = tmp_path / f"{name}.yaml"
+        data = {"model": str(tiny_model_dir), "out_dir": str(out), "batch_size": 8, "lr": 0.05}
+        data |= {"data": {"train_file": str(prefs / "train.jsonl"), "val_fraction": 0.25}, **extra}
+        data |= {"online_judge": "task:safety", "online_max_new_tokens": 4, "lora": {"r": 4}}
+        cfg.write_text(yaml.safe_dump(data))
+        result = runner.invoke(app, ["dpo", str(cfg)])
+        assert result.exit_code == 0, result.output
+        assert (out / "config.json").is_file() and not (out / "adapter_config.json").exists()
+        trained = load_causal_lm(out).state_dict()
+        assert trained.keys() == base.keys()
+        untouched = [k for k in base if "proj" not in k]
+        assert untouched and all(torch.equal(trained[k], base[k]) for k in untouched)
+        if name == "offline":  # (an online round on a random model may keep no pair to train on)
+            assert any(not torch.equal(trained[k], base[k]) for k in base if "proj" in k)

@@ -28,7 +28,7 @@ import torch
 from tandem.channels import TrajectoryChannel, check_channel
 from tandem.channels.base import WeightChannel
 from tandem.config.schema import TandemConfig
-from tandem.models.lora import publishable_state_dict
+from tandem.models.lora import engine_state_dict, publishable_state_dict
 from tandem.monitor import PhaseTimer
 from tandem.monitor.metrics import MetricsListener
 from tandem.orchestration.alerting import check_rollback_support
@@ -42,7 +42,6 @@ from tandem.orchestration.loop import KEY_METRICS, LoopSetup, run_loop
 from tandem.orchestration.parts import (
     RunParts,
     build_parts,
-    engine_state_dict,
     evaluate_heldout,
     learner_step,
     load_run_checkpoint,

@@ -16,12 +16,12 @@ from tandem.models.lora import (  # noqa: E402
     AdapterDisabled,
     adapter_state_dict,
     apply_lora,
+    engine_state_dict,
     is_lora,
     merged_model,
     publishable_state_dict,
 )
 from tandem.orchestration.build import build_policy, build_reference  # noqa: E402
-from tandem.orchestration.parts import engine_state_dict  # noqa: E402
 from tandem.rollout import EngineSpec, SamplingParams, build_engine  # noqa: E402
 from tandem.train.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from tandem.train.optim import build_optimizer  # noqa: E402
