@@ -170,8 +170,15 @@ def _check_data_parallel(cfg: CheckedConfig) -> None:
     """``architecture.learner.world_size > 1``: decoupled, and every rank gets a share of each mini-batch
     (whole groups when the loss needs them, else samples; a critic's update splits the same way)."""
     ws, key = cfg.architecture.learner.world_size, "architecture.learner.world_size"
+    strategy = cfg.trainer.strategy
     if ws == 1:
+        if strategy in ("ddp", "fsdp2"):
+            raise CrossFieldError(
+                "trainer.strategy", f"{strategy} needs architecture.learner.world_size >= 2 (it is 1)"
+            )
         return
+    if strategy == "single":
+        raise CrossFieldError("trainer.strategy", f"single runs one learner process; world_size is {ws}")
     if cfg.architecture.mode != "decoupled":
         raise CrossFieldError(
             key, f"world_size={ws} needs architecture.mode=decoupled (the colocated trainer is one process)"
@@ -187,6 +194,30 @@ def _check_data_parallel(cfg: CheckedConfig) -> None:
             f"world_size={ws} exceeds the {units} {what} of a mini-batch (each rank needs a share); "
             "lower it or raise data.prompts_per_step / trainer.mini_batch_size",
         )
+    if strategy == "fsdp2":
+        _check_fsdp2(cfg, ws, units, what)
+
+
+def _check_fsdp2(cfg: CheckedConfig, ws: int, units: int, what: str) -> None:
+    """Every FSDP2 forward is a collective, so every rank must run as many forwards: equal shares of
+    every mini-batch, row-count micro-batches, no data-dependent prefix sharing; the critic, LoRA adapters
+    and the shared head are not sharded yet."""
+    t, key = cfg.trainer, "trainer.strategy"
+    mini = t.mini_batch_size or cfg.samples_per_step
+    if units % ws or cfg.samples_per_step % mini:
+        raise CrossFieldError(
+            key,
+            f"fsdp2 needs every mini-batch split evenly: {units} {what} per mini-batch over {ws} ranks "
+            f"and {cfg.samples_per_step} samples per step in mini-batches of {mini}",
+        )
+    for bad, why in (
+        (t.micro_batch_tokens is not None, "trainer.micro_batch_tokens (ranks would run unequal passes)"),
+        (t.shared_prefix, "trainer.shared_prefix (set it to false)"),
+        (cfg.critic is not None, "a critic (ppo's value model is not sharded yet)"),
+        (cfg.model.lora.r > 0, "model.lora (adapters are not sharded yet)"),
+    ):
+        if bad:
+            raise CrossFieldError(key, f"fsdp2 does not support {why}")
 
 
 def check_config(cfg: CheckedConfig) -> None:

@@ -31,7 +31,31 @@ class CriticConfig(Section):
     )
 
 
+class FsdpConfig(Section):
+    cpu_offload: bool = Field(
+        False,
+        description="Keep the sharded parameters, gradients and optimiser state in CPU memory (FSDP2 "
+        "CPUOffloadPolicy); the optimiser steps on the CPU. For GPU learners short of memory.",
+    )
+    param_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="dtype the gathered parameters compute in (FSDP2 MixedPrecisionPolicy); the sharded "
+        "master parameters and optimiser state stay float32.",
+    )
+    reduce_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="dtype gradients are reduce-scattered (summed over ranks) in."
+    )
+
+
 class TrainerConfig(Section):
+    strategy: Literal["auto", "single", "ddp", "fsdp2"] = Field(
+        "auto",
+        description="How the learner's ranks (architecture.learner.world_size) share the policy: single "
+        "(one process), ddp (a full replica per rank, gradients all-reduced), fsdp2 (parameters, "
+        "gradients and optimiser state sharded over the ranks with torch fully_shard; see "
+        "docs/architectures.md). auto: ddp when world_size > 1, else single.",
+    )
+    fsdp: FsdpConfig = Field(default_factory=FsdpConfig, description="FSDP2 options (strategy fsdp2).")
     total_steps: int = Field(100, ge=1, description="Training steps (one rollout batch each).")
     lr: float = Field(1e-5, gt=0, description="Peak learning rate (AdamW).")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")

@@ -21,6 +21,7 @@ actors die with their owner).
 
 from __future__ import annotations
 
+import copy
 import logging
 import multiprocessing as mp
 import os
@@ -44,6 +45,7 @@ from tandem.orchestration.learner import LearnerStep
 from tandem.orchestration.parts import optimizer_steps
 from tandem.orchestration.remote import local_models
 from tandem.train.distributed import DataParallel, host_store, init_group, join_store, resolve_backend
+from tandem.train.fsdp import FullyShardedDataParallel, shard_module, shard_optimizer_state
 from tandem.train.optim import build_optimizer, build_scheduler
 
 log = logging.getLogger(__name__)
@@ -168,6 +170,8 @@ class DataParallelLearner:
             if learn.scheduler is not None:
                 extra["scheduler"] = learn.scheduler.state_dict()
             dp.broadcast_replica(learn.policy, extra)
+            if cfg.trainer.strategy == "fsdp2":  # rank 0 keeps its plain policy and trains a sharded copy
+                dp = sharded_rank(cfg, dp, learn.policy, extra)
             if learn.critic is not None:  # after the policy, in the order the ranks receive (_serve)
                 separate = learn.critic_optimizer is not learn.optimizer  # a shared head's is the policy's
                 critic_extra = {"optimizer": learn.critic_optimizer.state_dict()} if separate else {}
@@ -233,6 +237,31 @@ class DataParallelLearner:
             self.launcher.close()
 
 
+def sharded_rank(
+    cfg: TandemConfig, dp: DataParallel, policy: torch.nn.Module, extra: dict[str, Any]
+) -> FullyShardedDataParallel:
+    """``trainer.strategy: fsdp2``: shard the policy (rank 0: a copy of it) over the group, build its
+    optimiser and schedule and load rank 0's state into them (``extra``, already on every rank)."""
+    module = copy.deepcopy(policy) if dp.rank == 0 else policy
+    f = cfg.trainer.fsdp
+    shard_module(module, cpu_offload=f.cpu_offload, param_dtype=f.param_dtype, reduce_dtype=f.reduce_dtype)
+    optimizer = build_optimizer(module, cfg.trainer)
+    shard_optimizer_state(extra["optimizer"], optimizer)
+    scheduler = build_scheduler(optimizer, cfg.trainer, optimizer_steps(cfg))
+    if "scheduler" in extra:
+        scheduler.load_state_dict(extra["scheduler"])
+    return FullyShardedDataParallel(
+        dp.rank,
+        dp.world_size,
+        whole_groups=dp.whole_groups,
+        module=module,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        full=policy if dp.rank == 0 else None,
+        device=dp.device,
+    )
+
+
 def rank_main(spec: RankSpec) -> None:
     """Entry point of ranks 1..M-1: one torch thread by default; Ctrl-C is left to rank 0. Errors go to
     ``spec.errors`` as one line (then exit), or are raised when there is no queue (a Ray actor's call)."""
@@ -284,9 +313,14 @@ def _serve(spec: RankSpec) -> None:
         spec.rank, world, whole_groups=whole_groups(cfg), device=next(policy.parameters()).device
     )
     extra = dp.broadcast_replica(policy)
-    optimizer.load_state_dict(extra["optimizer"])
-    if "scheduler" in extra:
-        scheduler.load_state_dict(extra["scheduler"])
+    if cfg.trainer.strategy == "fsdp2":  # this rank's policy becomes its shard (no plain copy kept)
+        dp = sharded_rank(cfg, dp, policy, extra)
+        assert isinstance(dp, FullyShardedDataParallel)
+        policy, optimizer, scheduler = dp.module, dp.optimizer, dp.scheduler
+    else:
+        optimizer.load_state_dict(extra["optimizer"])
+        if "scheduler" in extra:
+            scheduler.load_state_dict(extra["scheduler"])
     if critic is not None:
         critic_extra = dp.broadcast_replica(critic)
         if critic_optimizer is not None:

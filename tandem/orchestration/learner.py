@@ -123,7 +123,10 @@ class LearnerStep:
         )
 
     def state_dict(self) -> dict[str, Any]:
-        """Learner state a checkpoint must keep for an exact resume (β, steps taken)."""
+        """Learner state a checkpoint must keep for an exact resume (β, steps taken). Data-parallel rank 0:
+        first brings the optimiser and schedule up to date (FSDP2 gathers its shards into them)."""
+        if self.dp is not None and self.dp.rank == 0:
+            self.dp.before_checkpoint(self.optimizer, self.scheduler)
         return {"kl_coef": None if self.kl_ctl is None else self.kl_ctl.value, "steps_done": self.steps_done}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -159,11 +162,17 @@ class LearnerStep:
             if self.in_critic_warmup:
                 metrics["actor/critic_warmup"] = 1.0
             else:
+                # the replica itself, or under FSDP2 the sharded policy and its optimiser and schedule
+                policy, optimizer, scheduler = (
+                    (self.policy, self.optimizer, self.scheduler)
+                    if dp is None
+                    else dp.update_target(self.policy, self.optimizer, self.scheduler)
+                )
                 metrics.update(
                     policy_update(
-                        self.policy,
-                        self.optimizer,
-                        self.scheduler,
+                        policy,
+                        optimizer,
+                        scheduler,
                         exp,
                         s,
                         generator=self.generator,

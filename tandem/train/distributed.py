@@ -207,9 +207,14 @@ class DataParallel:
 
     def receive(self) -> StepInputs | None:
         """Ranks 1..M-1: the next step's inputs, or None when rank 0 stops the group."""
+        return self._receive_step(self._receive_header())
+
+    def _receive_header(self) -> dict[str, Any]:
         box: list[Any] = [None]
         dist.broadcast_object_list(box, src=0)
-        header = box[0]
+        return box[0]
+
+    def _receive_step(self, header: dict[str, Any]) -> StepInputs | None:
         if header["cmd"] == "stop":
             return None
         self.in_step = True
@@ -219,6 +224,22 @@ class DataParallel:
         )
         gen = torch.tensor(header["generator"], dtype=torch.uint8)
         return StepInputs(batch, t["scores"], header["beta"], gen)
+
+    # -- strategy seams (FSDP2 overrides them: tandem.train.fsdp) -----------------------------------------
+    def update_target(
+        self,
+        policy: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    ) -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler | None]:
+        """What the policy update trains: the replica itself here (a sharded copy under FSDP2)."""
+        return policy, optimizer, scheduler
+
+    def before_checkpoint(
+        self, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler | None
+    ) -> None:
+        """Rank 0, before a run checkpoint reads ``optimizer``/``scheduler``: nothing to do for replicas
+        (FSDP2 gathers its sharded state into them)."""
 
     # -- replicas -----------------------------------------------------------------------------------------
     def broadcast_replica(

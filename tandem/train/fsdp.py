@@ -1,0 +1,252 @@
+"""FSDP2 for the learner (``trainer.strategy: fsdp2``): parameters, gradients and optimiser state sharded
+over the data-parallel ranks with ``torch.distributed.fsdp.fully_shard``.
+
+It reuses the data-parallel learner's protocol (:class:`~tandem.train.distributed.DataParallel`: rank 0
+broadcasts each step's batch, every rank back-propagates its rows of each mini-batch, losses are divided by
+the mini-batch's GLOBAL token and sequence counts). What changes is where the gradient sum happens: FSDP2
+reduce-scatters each decoder layer's gradients during the backward, with the divide factor set to 1 so the
+reduction is a SUM (the losses are already global means), so each rank ends with the summed gradient of its
+own shard only. Clipping sees DTensor gradients (the norm is reduced over ranks) and the optimiser steps
+each rank's shard of the parameters with its shard of the Adam moments.
+
+Every forward all-gathers parameters, a collective: all ranks must run the same number of forwards. The
+row split therefore has to give every rank the same number of rows per mini-batch (checked each time;
+:func:`check_fsdp2` states the config rule) and the no-grad scoring passes pad each rank's chunk to the
+same length.
+
+Rank 0 keeps a plain, unsharded copy of the policy (``full``): the rollout engine, weight publishing,
+evaluation and the run checkpoint read it as in a single-process run. After each step every rank takes part
+in gathering the parameters into it (one ``full_tensor`` per parameter); before a run checkpoint the
+optimiser state is gathered into rank 0's plain optimiser the same way, so a run checkpoint keeps the
+single-process format and resumes on any world size. :func:`save_sharded` / :func:`load_sharded` write and
+read a sharded ``torch.distributed.checkpoint`` (DCP) folder directly (each rank writes its shards).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from tandem.errors import TandemError
+from tandem.train.distributed import DataParallel, StepInputs
+from tandem.train.experience import ExperienceSettings
+from tandem.types import Experience, RolloutBatch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def shard_module(
+    model: torch.nn.Module,
+    *,
+    cpu_offload: bool = False,
+    param_dtype: str = "float32",
+    reduce_dtype: str = "float32",
+) -> torch.nn.Module:
+    """Shard ``model`` in place over the default process group: each decoder layer (Hugging Face
+    ``_no_split_modules`` classes) is its own FSDP unit, the root holds the rest (embeddings, final norm,
+    head). Gradients are SUMMED over ranks (divide factor 1, plain SUM collectives). Returns ``model`` (now an ``FSDPModule``)."""
+    mesh = dist.device_mesh.init_device_mesh(_device_type(model), (dist.get_world_size(),))
+    kwargs: dict[str, Any] = {"mesh": mesh}
+    if param_dtype != "float32" or reduce_dtype != "float32":
+        kwargs["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=DTYPES[param_dtype], reduce_dtype=DTYPES[reduce_dtype]
+        )
+    if cpu_offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    unit_names = set(getattr(model, "_no_split_modules", None) or [])
+    for module in list(model.modules()):
+        if module is not model and type(module).__name__ in unit_names:
+            fully_shard(module, **kwargs)
+    fully_shard(model, **kwargs)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
+    return model
+
+
+def _device_type(model: torch.nn.Module) -> str:
+    return next(model.parameters()).device.type
+
+
+def local_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> int:
+    """Bytes this rank holds of ``model``'s parameters and ``optimizer``'s state tensors (local shards of
+    DTensors, whole plain tensors)."""
+
+    def size(t: torch.Tensor) -> int:
+        local = t.to_local() if isinstance(t, DTensor) else t
+        return local.numel() * local.element_size()
+
+    total = sum(size(p) for p in model.parameters())
+    if optimizer is not None:
+        for state in optimizer.state.values():
+            total += sum(size(v) for v in state.values() if isinstance(v, torch.Tensor))
+    return total
+
+
+class FullyShardedDataParallel(DataParallel):
+    """A rank of an FSDP2 learner: :class:`DataParallel`'s protocol with sharded training state.
+
+    ``module``/``optimizer``/``scheduler``: the sharded policy and what steps it (every rank). ``full``:
+    rank 0's plain policy (None elsewhere), kept equal to the sharded one after each step."""
+
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        *,
+        whole_groups: bool,
+        module: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+        full: torch.nn.Module | None = None,
+        device: torch.device | None = None,
+    ) -> None:
+        super().__init__(rank, world_size, whole_groups=whole_groups, device=device)
+        self.module, self.optimizer, self.scheduler, self.full = module, optimizer, scheduler, full
+
+    def update_target(
+        self,
+        policy: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    ) -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler | None]:
+        """The sharded policy, its optimiser and schedule train in place of the plain ones."""
+        return self.module, self.optimizer, self.scheduler
+
+    def local_rows(self, mb: Experience) -> torch.Tensor:
+        """As :meth:`DataParallel.local_rows`; every rank must get as many rows (same number of forwards)."""
+        rows = super().local_rows(mb)
+        counts = [torch.zeros(1, dtype=torch.long, device=self.device) for _ in range(self.world_size)]
+        dist.all_gather(counts, torch.tensor([len(rows)], device=self.device))
+        if len({int(c) for c in counts}) > 1:
+            raise TandemError(
+                f"fsdp2 needs equal row shares per rank; a mini-batch split as {[int(c) for c in counts]}",
+                where="trainer.strategy",
+                hint="make each mini-batch's samples (or groups) a multiple of architecture.learner.world_size",
+            )
+        return rows
+
+    def reduce(self, params: list[torch.nn.Parameter], metrics: dict[str, float]) -> dict[str, float]:
+        """Gradients were reduce-scattered (summed) in the backward; only the metrics are reduced here."""
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        return self._reduce_metrics(metrics)
+
+    def scoring_logprobs(
+        self,
+        scorer: Callable[[torch.nn.Module, RolloutBatch, ExperienceSettings], torch.Tensor],
+        model: torch.nn.Module,
+        r: RolloutBatch,
+        s: ExperienceSettings,
+    ) -> torch.Tensor:
+        """The policy's passes run on the sharded module with every rank's chunk padded to the same rows
+        (row 0 repeated, its output dropped); other models (the reference) score as in plain DP."""
+        if model is not self.full and model is not self.module:
+            return super().scoring_logprobs(scorer, model, r, s)
+        parts = torch.arange(r.batch_size).tensor_split(self.world_size)
+        mine, width = parts[self.rank], len(parts[0])
+        padded_rows = torch.cat([mine, torch.zeros(width - len(mine), dtype=torch.long)])
+        local = scorer(self.module, r.select(padded_rows), s).to(self.device)  # [width, R]
+        gathered = [torch.empty_like(local) for _ in range(self.world_size)]
+        dist.all_gather(gathered, local.contiguous())
+        return torch.cat([g[: len(p)] for g, p in zip(gathered, parts, strict=True)]).cpu()
+
+    def end_step(self, *models: torch.nn.Module) -> None:
+        """Gather the updated parameters into rank 0's plain policy (every rank joins each gather)."""
+        gather_full(self.module, self.full)
+        self.in_step = False
+
+    # -- run checkpoints -------------------------------------------------------------------------------
+    def before_checkpoint(
+        self, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler | None
+    ) -> None:
+        """Rank 0: the run checkpoint reads the plain ``optimizer``/``scheduler``; fill them from the shards."""
+        self.gather_optimizer(optimizer, scheduler)
+
+    def gather_optimizer(
+        self,
+        full_optimizer: torch.optim.Optimizer | None = None,
+        full_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    ) -> None:
+        """Rank 0: ask every rank to gather the sharded optimiser state into ``full_optimizer`` (and the
+        schedule into ``full_scheduler``); ranks 1.. join from :meth:`receive`."""
+        if self.rank == 0:
+            dist.broadcast_object_list([{"cmd": "gather_optimizer"}], src=0)
+        state = gather_optimizer_state(self.optimizer)
+        if self.rank == 0 and full_optimizer is not None:
+            full_optimizer.load_state_dict(state)
+            if full_scheduler is not None and self.scheduler is not None:
+                full_scheduler.load_state_dict(self.scheduler.state_dict())
+
+    def receive(self) -> StepInputs | None:
+        while True:
+            header = self._receive_header()
+            if header["cmd"] != "gather_optimizer":
+                return self._receive_step(header)
+            self.gather_optimizer()
+
+
+def gather_full(sharded: torch.nn.Module, full: torch.nn.Module | None) -> None:
+    """Copy ``sharded``'s parameters and buffers into ``full`` (on the rank that has it; None elsewhere).
+    Collective: every rank calls it. Parameter names are the same (fully_shard keeps them)."""
+    target = None if full is None else full.state_dict()
+    with torch.no_grad():
+        for name, t in sharded.state_dict().items():
+            value = t.full_tensor() if isinstance(t, DTensor) else t
+            if target is not None:
+                target[name].copy_(value)
+
+
+def gather_optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimiser's state dict with every DTensor gathered to a plain tensor (collective; the same
+    indices and param groups as a plain optimiser over the unsharded model built the same way)."""
+    sd = optimizer.state_dict()
+    state = {
+        i: {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in s.items()}
+        for i, s in sorted(sd["state"].items())
+    }
+    return {"state": state, "param_groups": sd["param_groups"]}
+
+
+def shard_optimizer_state(state: dict[str, Any], optimizer: torch.optim.Optimizer) -> None:
+    """Load a plain optimiser state dict (same param order) into ``optimizer`` over sharded parameters:
+    each state tensor shaped like its parameter is sharded like it. Every rank calls it with the same
+    ``state``."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    sharded = {}
+    for i, s in state["state"].items():
+        p = params[int(i)]
+        sharded[i] = {
+            k: distribute_tensor(v.to(p.device), p.device_mesh, p.placements)
+            if isinstance(v, torch.Tensor) and isinstance(p, DTensor) and v.shape == p.shape
+            else v
+            for k, v in s.items()
+        }
+    optimizer.load_state_dict({"state": sharded, "param_groups": state["param_groups"]})
+
+
+# -- sharded checkpoints (DCP) ------------------------------------------------------------------------------
+def save_sharded(folder: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Write ``model`` and ``optimizer`` to a DCP folder: each rank writes its own shards (collective when
+    a process group is up; a plain model writes everything from one process)."""
+    msd, osd = get_state_dict(model, optimizer)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(folder))
+
+
+def load_sharded(folder: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Read a :func:`save_sharded` folder into ``model`` and ``optimizer``, resharding to this run's world
+    size (a plain model without a process group loads the whole tensors)."""
+    msd, osd = get_state_dict(model, optimizer)
+    state = {"model": msd, "optim": osd}
+    dcp.load(state, checkpoint_id=str(folder))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])

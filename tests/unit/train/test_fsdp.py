@@ -1,0 +1,254 @@
+"""FSDP2 learner math: two gloo ranks with the policy sharded by ``fully_shard`` == one process.
+
+The ranks run the real :class:`LearnerStep` with :class:`FullyShardedDataParallel` (built by the learner's
+own :func:`sharded_rank`): rank 0 broadcasts the batch, each rank back-propagates its rows, FSDP2
+reduce-scatters (sums) the gradients of each shard. The gradients each optimiser step sees, gathered into
+full tensors, must equal the single-process gradients on the same batch; after the step rank 0's plain
+policy (gathered) must equal the single-process weights. Then a DCP checkpoint is written by both ranks,
+read back into a freshly sharded model (same world size: bitwise), and read here by one process.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from tandem.config import build_config
+from tandem.errors import ConfigError
+from tandem.models import load_causal_lm
+from tandem.monitor import PhaseTimer
+from tandem.orchestration.dp_learner import sharded_rank, whole_groups
+from tandem.orchestration.learner import LearnerStep
+from tandem.train.distributed import DataParallel, host_store, init_group, join_store
+from tandem.train.fsdp import (
+    gather_optimizer_state,
+    load_sharded,
+    local_bytes,
+    save_sharded,
+    shard_module,
+)
+from tandem.train.optim import build_optimizer
+from tandem.types import RolloutBatch
+
+B, P, R, N = 12, 5, 7, 3  # 4 groups of 3 samples
+# fp32 summation order differs between one backward over all rows and a sum of two half backwards.
+GRAD_RTOL = 1e-5  # max |g_fsdp - g_1| <= GRAD_RTOL * max |g_1|, per optimiser step
+WEIGHT_ATOL = 1e-6  # after the optimiser steps (lr 1e-3)
+
+CASES = {
+    # token-mean, one optimiser step over micro-batches, no old/ref passes
+    "token_mean": {"algorithm": {"name": "rloo", "beta": 0.0}, "trainer": {"micro_batch_size": 2}},
+    # seq-mean, 2 epochs x 2 shuffled mini-batches: old and reference log-probs scored on the shards
+    "seq_mean": {
+        "algorithm": {"name": "grpo", "beta": 0.05},
+        "trainer": {"mini_batch_size": 6, "micro_batch_size": 3, "ppo_epochs": 2},
+    },
+}
+
+
+def _cfg(model_dir: Path, case: dict, strategy: str = "fsdp2"):
+    return build_config(
+        {
+            "model": {"path": str(model_dir)},
+            "data": {"task": "arith", "prompts_per_step": B // N},
+            "rollout": {"n": N, "max_new_tokens": R},
+            "algorithm": case["algorithm"],
+            "trainer": {"lr": 1e-3, "total_steps": 1, "shared_prefix": False, "strategy": strategy}
+            | case["trainer"],
+            "architecture": {"mode": "decoupled", "learner": {"world_size": 2}},
+        }
+    )
+
+
+def _batch(vocab: int) -> tuple[RolloutBatch, torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    lengths = torch.randint(1, R + 1, (B,), generator=g)
+    mask = torch.arange(R)[None, :] < lengths[:, None]  # [B, R] ragged
+    prompt_mask = torch.ones(B, P, dtype=torch.bool)
+    prompt_mask[::4, 0] = False  # some left padding
+    batch = RolloutBatch(
+        prompt_ids=torch.randint(3, vocab, (B, P), generator=g) * prompt_mask,
+        prompt_mask=prompt_mask,
+        response_ids=torch.randint(3, vocab, (B, R), generator=g) * mask,
+        response_mask=mask,
+        behavior_logprobs=-torch.rand(B, R, generator=g) * 3 * mask,
+        group_ids=torch.arange(B) // N,
+        policy_version=torch.zeros(B, dtype=torch.long),
+        prompts=["p"] * B,
+        completions=["c"] * B,
+        finish_reasons=["length"] * B,
+    )
+    return batch, torch.rand(B, generator=g)
+
+
+def _record(optimizer: torch.optim.Optimizer, grads: list[torch.Tensor]) -> None:
+    """Append the full gradient each ``optimizer.step()`` sees (DTensor shards gathered: collective)."""
+
+    def hook(*_):
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        full = [p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad for p in params]
+        grads.append(torch.cat([g.reshape(-1) for g in full]))
+
+    optimizer.register_step_pre_hook(hook)
+
+
+def _learner(cfg, dp: DataParallel | None) -> tuple[LearnerStep, list[torch.Tensor]]:
+    policy = load_causal_lm(cfg.model.path)
+    ref = load_causal_lm(cfg.model.path) if cfg.algorithm.beta > 0 else None
+    optimizer = build_optimizer(policy, cfg.trainer)
+    learn = LearnerStep.from_config(
+        cfg,
+        policy=policy,
+        ref_model=ref,
+        optimizer=optimizer,
+        scheduler=None,
+        timer=PhaseTimer(),
+        generator=torch.Generator().manual_seed(7),
+    )
+    grads: list[torch.Tensor] = []
+    if dp is None:
+        _record(optimizer, grads)
+        return learn, grads
+    fsdp = sharded_rank(cfg, dp, policy, {"optimizer": optimizer.state_dict()})
+    fsdp.scheduler = None  # as the single-process reference: a constant learning rate
+    if dp.rank != 0:
+        learn.policy, learn.optimizer = fsdp.module, fsdp.optimizer
+    learn.dp = fsdp
+    _record(fsdp.optimizer, grads)
+    return learn, grads
+
+
+def _run_case(cfg, dp: DataParallel | None) -> dict:
+    learn, grads = _learner(cfg, dp)
+    if dp is None or dp.rank == 0:
+        metrics = learn(*_batch(learn.policy.config.vocab_size))
+    else:
+        inputs = learn.dp.receive()
+        assert inputs is not None
+        learn.generator.set_state(inputs.generator_state)
+        metrics = learn(inputs.batch, inputs.scores)
+    out = {"grads": grads, "metrics": metrics}
+    if dp is None or dp.rank == 0:  # rank 0's plain policy, gathered after the step
+        out["weights"] = torch.cat([p.detach().reshape(-1) for p in learn.policy.parameters()])
+    if dp is not None:
+        out["learn"] = learn
+    return out
+
+
+def _shard_fresh(model_dir: str, cfg) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    module = shard_module(load_causal_lm(model_dir))
+    return module, build_optimizer(module, cfg.trainer)
+
+
+def _rank_main(rank: int, port: int, model_dir: str, out: str) -> None:
+    torch.set_num_threads(1)
+    init_group(join_store(port, 2, 60.0), rank, 2, "gloo")
+    try:
+        results = {}
+        for name, case in CASES.items():
+            cfg = _cfg(Path(model_dir), case)
+            res = _run_case(cfg, DataParallel(rank, 2, whole_groups=whole_groups(cfg)))
+            learn = res.pop("learn")
+            results[name] = res
+        # DCP: the last case's sharded policy and optimiser, written by both ranks, read back resharded.
+        fsdp = learn.dp
+        folder = Path(out) / "dcp"
+        save_sharded(folder, fsdp.module, fsdp.optimizer)
+        module, optimizer = _shard_fresh(model_dir, cfg)
+        load_sharded(folder, module, optimizer)
+        same_params = all(
+            torch.equal(a.to_local(), b.to_local())
+            for a, b in zip(fsdp.module.parameters(), module.parameters(), strict=True)
+        )
+        same_optim = all(
+            all(torch.equal(_local(sa[k]), _local(sb[k])) for k in sa)
+            for sa, sb in zip(fsdp.optimizer.state.values(), optimizer.state.values(), strict=True)
+        ) and len(optimizer.state) == len(fsdp.optimizer.state)
+        results["dcp"] = {
+            "same_params": same_params,
+            "same_optim": same_optim,
+            "optim_full": gather_optimizer_state(fsdp.optimizer),
+            "bytes": local_bytes(fsdp.module, fsdp.optimizer),
+        }
+        torch.save(results, Path(out) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+@pytest.fixture(scope="module")
+def fsdp_results(tiny_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("fsdp")
+    store = host_store(2, 60.0)
+    ctx = mp.get_context("spawn")
+    procs = [
+        ctx.Process(target=_rank_main, args=(r, store.port, str(tiny_model_dir), str(out))) for r in (0, 1)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+        if p.is_alive():
+            p.kill()
+    assert [p.exitcode for p in procs] == [0, 0]
+    return out, [torch.load(out / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_fsdp2_gradients_equal_one_process(name, fsdp_results, tiny_model_dir):
+    torch.set_num_threads(1)
+    _, (rank0, rank1) = fsdp_results
+    ref = _run_case(_cfg(tiny_model_dir, CASES[name], strategy="auto"), None)
+    r0, r1 = rank0[name], rank1[name]
+    assert len(ref["grads"]) == len(r0["grads"]) == len(r1["grads"]) >= 1
+    for g1, g0, gr in zip(ref["grads"], r0["grads"], r1["grads"], strict=True):
+        assert g1.abs().max() > 0
+        assert torch.equal(g0, gr)  # the gathered gradient is the same on both ranks
+        diff = float((g0 - g1).abs().max())
+        assert diff <= GRAD_RTOL * float(g1.abs().max()), (name, diff)
+    torch.testing.assert_close(r0["weights"], ref["weights"], rtol=0, atol=WEIGHT_ATOL)
+    for key in ("actor/pg_loss", "actor/grad_norm", "rollout/logprob_diff_mean"):
+        assert r0["metrics"][key] == pytest.approx(ref["metrics"][key], rel=1e-5, abs=1e-7), key
+        assert r0["metrics"][key] == r1["metrics"][key], key
+
+
+def test_dcp_checkpoint_restores_same_and_one_process(fsdp_results, tiny_model_dir):
+    out, (rank0, rank1) = fsdp_results
+    for r in (rank0, rank1):  # same world size: every local shard bitwise equal
+        assert r["dcp"]["same_params"] and r["dcp"]["same_optim"]
+    # another world size (1, no process group): the whole tensors
+    cfg = _cfg(tiny_model_dir, CASES["seq_mean"])
+    model = load_causal_lm(tiny_model_dir)
+    optimizer = build_optimizer(model, cfg.trainer)
+    load_sharded(out / "dcp", model, optimizer)
+    weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    assert torch.equal(weights, rank0["seq_mean"]["weights"])
+    full = rank0["dcp"]["optim_full"]["state"]
+    assert len(optimizer.state) == len(full)
+    params = [p for g in optimizer.param_groups for p in g["params"]]  # the state dict's index order
+    for i, p in enumerate(params):
+        for k in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(optimizer.state[p][k], full[i][k]), (i, k)
+
+
+def test_fsdp2_config_rules(tiny_model_dir):
+    with pytest.raises(ConfigError, match="trainer.strategy"):  # shared prefix on
+        _cfg(tiny_model_dir, {"algorithm": {"name": "rloo"}, "trainer": {"shared_prefix": True}})
+    with pytest.raises(ConfigError, match="trainer.strategy"):  # 3 groups over 2 ranks (whole groups)
+        _cfg(tiny_model_dir, {"algorithm": {"name": "agro"}, "trainer": {"mini_batch_size": 9}})
+    with pytest.raises(ConfigError, match="trainer.strategy"):
+        build_config(
+            {
+                "model": {"path": str(tiny_model_dir)},
+                "data": {"task": "arith"},
+                "trainer": {"strategy": "fsdp2"},
+            }
+        )
