@@ -80,6 +80,14 @@ def rm(config: ConfigPath, overrides: Overrides = None) -> None:
     train, val = _pairs(cfg.data, tok, cfg.seed)
     kind = "encoder" if is_encoder(model) else "causal LM"
     out.print(f"reward model ({kind}): {len(train)} train / {len(val)} held-out pairs")
+    if cfg.lora.enabled:
+        from tandem.models.lora import apply_lora
+
+        lo = cfg.lora
+        model = apply_lora(
+            model, r=lo.r, alpha=lo.alpha, dropout=lo.dropout, target_modules=lo.target_modules,
+            task_type="SEQ_CLS",
+        )  # fmt: skip
     settings = rmlib.RMSettings(
         epochs=cfg.epochs, lr=cfg.lr, batch_size=cfg.batch_size, use_margin=cfg.use_margin,
         center_coef=cfg.center_coef, seed=cfg.seed,
@@ -87,6 +95,8 @@ def rm(config: ConfigPath, overrides: Overrides = None) -> None:
     steps = cfg.epochs * math.ceil(len(train) / cfg.batch_size)
     with step_progress("rm", steps, key="rm/loss") as on_step:
         history = rmlib.train_reward_model(model, tok, train, val, settings, on_step=on_step)
+    if cfg.lora.enabled:
+        model = model.merge_and_unload()  # trained: fold the adapters in, save a plain reward model
     table = Table(title="reward model")
     for col in ("epoch", "loss", "train acc", "held-out acc"):
         table.add_column(col, justify="right")

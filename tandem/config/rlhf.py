@@ -46,6 +46,10 @@ class RMConfig(_Flat):
     )
     data: PreferenceDataConfig = Field(description="Preference data.")
     epochs: int = Field(3, ge=1, description="Passes over the training pairs.")
+    lora: LoraConfig = Field(
+        default_factory=LoraConfig,
+        description="LoRA adapters (PEFT) plus a trained head: the saved reward model has them merged in.",
+    )
     lr: float = Field(1e-3, gt=0, description="AdamW learning rate.")
     batch_size: int = Field(32, ge=1, description="Pairs per optimiser step.")
     use_margin: bool = Field(False, description="Subtract each pair's 'margin' column inside the sigmoid.")

@@ -87,23 +87,34 @@ def _policy_class() -> type:
 
 
 def apply_lora(
-    model: torch.nn.Module, *, r: int, alpha: float, dropout: float, target_modules: list[str] | str
+    model: torch.nn.Module,
+    *,
+    r: int,
+    alpha: float,
+    dropout: float,
+    target_modules: list[str] | str,
+    task_type: str = "CAUSAL_LM",
 ) -> torch.nn.Module:
     """Wrap ``model`` with a fresh LoRA adapter (``B = 0``: the wrapped model computes what ``model`` did);
-    the base weights are frozen, the adapter's are trainable. ``lora_A`` is drawn from torch's global RNG."""
+    the base weights are frozen, the adapter's are trainable. ``lora_A`` is drawn from torch's global RNG.
+
+    ``task_type="SEQ_CLS"`` (a reward model): PEFT also trains a full copy of the classifier head
+    (``score`` / ``classifier``, its ``modules_to_save``), which a fresh head needs."""
     peft = _peft()
     config = peft.LoraConfig(
         r=r,
         lora_alpha=alpha,
         lora_dropout=dropout,
         target_modules=target_modules,
-        task_type="CAUSAL_LM",
+        task_type=task_type,
     )
     name = getattr(model, "name_or_path", None)
     if name and Path(name).exists():
         config.base_model_name_or_path = str(Path(name).resolve())  # checkpoints find their base anywhere
     try:
-        wrapped = _policy_class()(model, config)
+        wrapped = (
+            _policy_class()(model, config) if task_type == "CAUSAL_LM" else peft.get_peft_model(model, config)
+        )
     except ValueError as err:  # no module matches target_modules
         first = str(err).strip().splitlines()[0]
         raise ModelError(f"cannot add LoRA adapters: {first}", where="model.lora.target_modules") from None

@@ -113,6 +113,7 @@ def encode_sequences(
 def score_sequences(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Scalar reward per row ``[B]``: the ``score`` head on the last column's hidden state (left padding
     makes it the last real token). Naive equivalent: HF's pooled logits when pad != EOS."""
+    model = model.get_base_model() if hasattr(model, "get_base_model") else model  # LoRA: PEFT's inner model
     out = model.base_model(input_ids=ids, attention_mask=mask.long(), position_ids=positions_from_mask(mask))
     hidden = out.last_hidden_state[:, -1]  # [B, H]
     return model.score(hidden).squeeze(-1).float()  # [B]
@@ -189,7 +190,8 @@ def train_reward_model(
         raise DataError("reward-model training set is empty")
     seed_everything(settings.seed)
     rng = random.Random(settings.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    params = [p for p in model.parameters() if p.requires_grad]  # with LoRA: adapters and head only
+    opt = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
     total = settings.epochs * math.ceil(len(train) / settings.batch_size)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, total, settings))
     history: list[dict[str, float]] = []

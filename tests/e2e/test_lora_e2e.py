@@ -140,3 +140,40 @@ def test_dpo_with_lora_trains_adapters_and_saves_the_merged_policy(tiny_model_di
         assert untouched and all(torch.equal(trained[k], base[k]) for k in untouched)
         if name == "offline":  # (an online round on a random model may keep no pair to train on)
             assert any(not torch.equal(trained[k], base[k]) for k in base if "proj" in k)
+
+
+@pytest.mark.parametrize("arch", ["causal", "bert"])
+def test_rm_with_lora_trains_adapters_and_head_and_saves_a_plain_reward_model(tiny_model_dir, tmp_path, arch):
+    """``tandem rm ... lora.r=4`` on a causal LM and on a BERT encoder: the saved folder is a plain reward
+    model (merged), embeddings are the start's bit for bit, adapted layers moved, and it scores pairs."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from tandem.cli.main import app
+    from tandem.models.encoder import build_tiny_encoder
+    from tandem.train.rm import load_reward_model, score_texts
+
+    runner = CliRunner()
+    prefs = tmp_path / "prefs"
+    made = runner.invoke(app, ["data", "make-safety", "--out-dir", str(prefs), "--train-size", "32"])
+    assert made.exit_code == 0, made.output
+    start = tiny_model_dir
+    if arch == "bert":
+        texts = [json.loads(x)["prompt"] for x in (prefs / "train.jsonl").read_text().splitlines()]
+        start = build_tiny_encoder(tmp_path / "bert", texts, arch="bert")
+    out = tmp_path / "rm"
+    data = {"model": str(start), "out_dir": str(out), "epochs": 1, "batch_size": 8, "lr": 0.01}
+    data |= {"data": {"train_file": str(prefs / "train.jsonl"), "val_fraction": 0.25}, "lora": {"r": 4}}
+    (tmp_path / "rm.yaml").write_text(yaml.safe_dump(data))
+    result = runner.invoke(app, ["rm", str(tmp_path / "rm.yaml")])
+    assert result.exit_code == 0, result.output
+    assert (out / "config.json").is_file() and not (out / "adapter_config.json").exists()
+    model, tok = load_reward_model(out)
+    before, _ = load_reward_model(start, init_head=True)
+    a, b = model.state_dict(), before.state_dict()
+    assert a.keys() == b.keys()
+    emb = [k for k in a if "embed" in k and k.endswith("weight")]
+    assert emb and all(torch.equal(a[k], b[k]) for k in emb)
+    adapted = [k for k in a if ("proj" in k or "query" in k or "value" in k) and k.endswith("weight")]
+    assert adapted and any(not torch.equal(a[k], b[k]) for k in adapted)
+    assert len(score_texts(model, tok, ["p1", "p2"], ["a", "b"])) == 2
