@@ -52,14 +52,15 @@ def shard_module(
 ) -> torch.nn.Module:
     """Shard ``model`` in place over the default process group: each decoder layer (Hugging Face
     ``_no_split_modules`` classes) is its own FSDP unit, the root holds the rest (embeddings, final norm,
-    head). Gradients are SUMMED over ranks (divide factor 1, plain SUM collectives). Returns ``model`` (now an ``FSDPModule``)."""
+    head). Gradients are SUMMED over ranks (divide factor 1, plain SUM collectives). ``cpu_offload`` applies
+    to a GPU model (a CPU model's shards are in CPU memory already). Returns ``model`` (now an ``FSDPModule``)."""
     mesh = dist.device_mesh.init_device_mesh(_device_type(model), (dist.get_world_size(),))
     kwargs: dict[str, Any] = {"mesh": mesh}
     if param_dtype != "float32" or reduce_dtype != "float32":
         kwargs["mp_policy"] = MixedPrecisionPolicy(
             param_dtype=DTYPES[param_dtype], reduce_dtype=DTYPES[reduce_dtype]
         )
-    if cpu_offload:
+    if cpu_offload and _device_type(model) != "cpu":  # a CPU model's shards are in CPU memory already
         kwargs["offload_policy"] = CPUOffloadPolicy()
     unit_names = set(getattr(model, "_no_split_modules", None) or [])
     for module in list(model.modules()):

@@ -1,0 +1,129 @@
+"""Per-rank parameter + optimiser-state memory of the FSDP2 learner (issue 15, item 4): 2 ranks vs 1 process.
+
+A ~58M-parameter Llama (vocab 32000, hidden 512, 8 layers, MLP 1408, untied head) trains one AdamW step on
+random tokens, either in one process or sharded over 2 gloo processes on this machine with the learner's
+own :func:`tandem.train.fsdp.shard_module` and :func:`tandem.train.optim.build_optimizer`. After the step
+each process reports the bytes it holds of parameters (the local shard of each DTensor) and of optimiser
+state (AdamW's ``exp_avg``/``exp_avg_sq`` local shards and ``step``): :func:`tandem.train.fsdp.local_bytes`.
+The issue's target: each rank's parameters + optimiser state <= 60% of one process's. Gradients (fp32,
+measured before ``zero_grad``; FSDP2 keeps only the local shard after the reduce-scatter) are reported
+beside them, and in a second share that includes them.
+
+In the decoupled learner, rank 0 also keeps a plain copy of the parameters (for publishing weights to the
+rollout workers, evaluation and the run checkpoint): that copy is reported as a separate line.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/fsdp2_memory.py [--world 2] [--param-dtype bfloat16] [--cpu-offload]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from tandem.config.trainer import TrainerConfig
+from tandem.train.distributed import host_store, init_group, join_store
+from tandem.train.fsdp import local_bytes, shard_module
+from tandem.train.optim import build_optimizer
+
+SIZES = {"vocab_size": 32000, "hidden_size": 512, "num_hidden_layers": 8, "intermediate_size": 1408}
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = LlamaConfig(**SIZES, num_attention_heads=8, num_key_value_heads=8, tie_word_embeddings=False)
+    return LlamaForCausalLM(cfg)
+
+
+def _measure(sharded: bool, fsdp: dict | None = None) -> dict[str, int]:
+    model = _model()
+    if sharded:
+        shard_module(model, **(fsdp or {}))
+    optimizer = build_optimizer(model, TrainerConfig(lr=1e-4))
+    ids = torch.randint(0, SIZES["vocab_size"], (2, 32), generator=torch.Generator().manual_seed(1))
+    model(input_ids=ids, labels=ids).loss.backward()
+    grads = sum(_local(p.grad).numel() * 4 for p in model.parameters() if p.grad is not None)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    params = local_bytes(model)
+    return {"params": params, "optim": local_bytes(model, optimizer) - params, "grads": grads}
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _rank(rank: int, world: int, port: int, out: str, fsdp: dict) -> None:
+    torch.set_num_threads(1)
+    init_group(join_store(port, world, 120.0), rank, world, "gloo")
+    try:
+        Path(out, f"rank{rank}.json").write_text(json.dumps(_measure(sharded=True, fsdp=fsdp)))
+    finally:
+        dist.destroy_process_group()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--param-dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--cpu-offload", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    fsdp = {"param_dtype": args.param_dtype, "cpu_offload": args.cpu_offload}
+    one = _measure(sharded=False)
+    with tempfile.TemporaryDirectory() as out:
+        store = host_store(args.world, 120.0)
+        ctx = mp.get_context("spawn")
+        procs = [
+            ctx.Process(target=_rank, args=(r, args.world, store.port, out, fsdp)) for r in range(args.world)
+        ]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=600)
+        if any(p.exitcode != 0 for p in procs):
+            raise SystemExit(f"a rank failed: exit codes {[p.exitcode for p in procs]}")
+        ranks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(args.world)]
+    n_params = one["params"] // 4
+    total_one = one["params"] + one["optim"]
+    print(
+        f"model: {n_params / 1e6:.1f}M parameters (fp32), AdamW, world size {args.world} (gloo, CPU), {fsdp}"
+    )
+
+    def mb(b: int) -> str:
+        return f"{b / 2**20:10.1f}"
+
+    print(
+        f"{'':>10} {'params MB':>10} {'optim MB':>10} {'p+o MB':>10} {'share':>7} {'grads MB':>10} {'share':>7}"
+    )
+    with_grads_one = total_one + one["grads"]
+    print(
+        f"{'1 process':>10} {mb(one['params'])} {mb(one['optim'])} {mb(total_one)} {'':>7} {mb(one['grads'])}"
+    )
+    worst = 0.0
+    for r, m in enumerate(ranks):
+        total = m["params"] + m["optim"]
+        worst = max(worst, total / total_one)
+        print(
+            f"{f'rank {r}':>10} {mb(m['params'])} {mb(m['optim'])} {mb(total)} {total / total_one:7.1%} "
+            f"{mb(m['grads'])} {(total + m['grads']) / with_grads_one:7.1%}"
+        )
+    plain = one["params"]
+    r0 = ranks[0]["params"] + ranks[0]["optim"]
+    print(f"largest rank, params + optimiser state: {worst:.1%} of one process (target <= 60%)")
+    print(
+        f"decoupled learner rank 0 with its plain parameter copy (+{plain / 2**20:.1f} MB): "
+        f"{(r0 + plain) / total_one:.1%} (params + optim), "
+        f"{(r0 + plain + ranks[0]['grads']) / with_grads_one:.1%} (with grads)"
+    )
+
+
+if __name__ == "__main__":
+    main()
