@@ -61,6 +61,7 @@ def _cfg(model_dir: Path, case: dict, strategy: str = "fsdp2"):
             "trainer": {"lr": 1e-3, "total_steps": 1, "shared_prefix": False, "strategy": strategy}
             | case["trainer"],
             "architecture": {"mode": "decoupled", "learner": {"world_size": 2}},
+            **({"critic": case["critic"]} if "critic" in case else {}),
         }
     )
 
@@ -244,7 +245,12 @@ def test_fsdp2_config_rules(tiny_model_dir):
         _cfg(tiny_model_dir, {"algorithm": {"name": "rloo"}, "trainer": {"shared_prefix": True}})
     with pytest.raises(ConfigError, match="trainer.strategy"):  # 3 groups over 2 ranks (whole groups)
         _cfg(tiny_model_dir, {"algorithm": {"name": "agro"}, "trainer": {"mini_batch_size": 9}})
-    with pytest.raises(ConfigError, match="trainer.strategy"):
+    with pytest.raises(ConfigError, match="trainer.strategy"):  # a critic is not sharded yet
+        _cfg(tiny_model_dir, {"algorithm": {"name": "ppo"}, "trainer": {}, "critic": {"lr": 1e-3}})
+    with pytest.raises(ConfigError, match="trainer.strategy"):  # one process, two ranks
+        _cfg(tiny_model_dir, {"algorithm": {"name": "rloo"}, "trainer": {}}, strategy="single")
+    assert _cfg(tiny_model_dir, CASES["token_mean"], strategy="ddp").trainer.strategy == "ddp"
+    with pytest.raises(ConfigError, match="trainer.strategy"):  # fsdp2 with one rank
         build_config(
             {
                 "model": {"path": str(tiny_model_dir)},
