@@ -157,10 +157,11 @@ class FullyShardedDataParallel(DataParallel):
         parts = torch.arange(r.batch_size).tensor_split(self.world_size)
         mine, width = parts[self.rank], len(parts[0])
         padded_rows = torch.cat([mine, torch.zeros(width - len(mine), dtype=torch.long)])
-        local = scorer(self.module, r.select(padded_rows), s).to(self.device)  # [width, R]
+        scored = scorer(self.module, r.select(padded_rows), s)  # [width, R]
+        local = scored.to(self.device).contiguous()
         gathered = [torch.empty_like(local) for _ in range(self.world_size)]
-        dist.all_gather(gathered, local.contiguous())
-        return torch.cat([g[: len(p)] for g, p in zip(gathered, parts, strict=True)]).cpu()
+        dist.all_gather(gathered, local)
+        return torch.cat([g[: len(p)] for g, p in zip(gathered, parts, strict=True)]).to(scored.device)
 
     def end_step(self, *models: torch.nn.Module) -> None:
         """Gather the updated parameters into rank 0's plain policy (every rank joins each gather)."""
@@ -241,7 +242,8 @@ def save_sharded(folder: str | Path, model: torch.nn.Module, optimizer: torch.op
     """Write ``model`` and ``optimizer`` to a DCP folder: each rank writes its own shards (collective when
     a process group is up; a plain model writes everything from one process)."""
     msd, osd = get_state_dict(model, optimizer)
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(folder))
+    no_dist = not dist.is_initialized()
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(folder), no_dist=no_dist)
 
 
 def load_sharded(folder: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -249,5 +251,5 @@ def load_sharded(folder: str | Path, model: torch.nn.Module, optimizer: torch.op
     size (a plain model without a process group loads the whole tensors)."""
     msd, osd = get_state_dict(model, optimizer)
     state = {"model": msd, "optim": osd}
-    dcp.load(state, checkpoint_id=str(folder))
+    dcp.load(state, checkpoint_id=str(folder), no_dist=not dist.is_initialized())
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])

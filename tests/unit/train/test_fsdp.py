@@ -48,6 +48,8 @@ CASES = {
         "algorithm": {"name": "grpo", "beta": 0.05},
         "trainer": {"mini_batch_size": 6, "micro_batch_size": 3, "ppo_epochs": 2},
     },
+    # a loss that needs whole groups: each rank back-propagates 2 of the 4 groups
+    "whole_groups": {"algorithm": {"name": "agro"}, "trainer": {"micro_batch_size": 3}},
 }
 
 
@@ -156,11 +158,12 @@ def _rank_main(rank: int, port: int, model_dir: str, out: str) -> None:
             res = _run_case(cfg, DataParallel(rank, 2, whole_groups=whole_groups(cfg)))
             learn = res.pop("learn")
             results[name] = res
-        # DCP: the last case's sharded policy and optimiser, written by both ranks, read back resharded.
-        fsdp = learn.dp
+            if name == "seq_mean":
+                fsdp, dcp_cfg = learn.dp, cfg
+        # DCP: seq_mean's sharded policy and optimiser, written by both ranks, read back resharded.
         folder = Path(out) / "dcp"
         save_sharded(folder, fsdp.module, fsdp.optimizer)
-        module, optimizer = _shard_fresh(model_dir, cfg)
+        module, optimizer = _shard_fresh(model_dir, dcp_cfg)
         load_sharded(folder, module, optimizer)
         same_params = all(
             torch.equal(a.to_local(), b.to_local())
