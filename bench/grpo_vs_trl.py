@@ -26,7 +26,10 @@ jobs share the cores). The final ``ratio:`` line is the smaller CPU-time ratio o
 Two rewards: ``arith`` (the task verifier; ≈0 for an untrained model) and ``digits`` (share of digit
 characters; learnable from scratch).
 
-    .venv/bin/python bench/grpo_vs_trl.py [--steps 30] [--rounds 3] [--threads 1] [--variants ...]
+``--lora R`` trains a LoRA adapter of rank R in both (Tandem ``model.lora``, TRL ``peft_config``; alpha 16,
+every linear layer but the LM head).
+
+    .venv/bin/python bench/grpo_vs_trl.py [--steps 30] [--rounds 3] [--threads 1] [--variants ...] [--lora 8]
 """
 
 from __future__ import annotations
@@ -78,7 +81,9 @@ def _peak_rss_mb() -> float:
 
 
 # -- Tandem ------------------------------------------------------------------------------------------------
-def run_tandem(model: str, steps: int, lr: float, seed: int, reward: str, bf16: bool) -> dict[str, Any]:
+def run_tandem(
+    model: str, steps: int, lr: float, seed: int, reward: str, bf16: bool, lora: int = 0
+) -> dict[str, Any]:
     from tandem.config import TandemConfig
     from tandem.orchestration.colocated import ColocatedTrainer
     from tandem.orchestration.parts import build_parts
@@ -92,7 +97,7 @@ def run_tandem(model: str, steps: int, lr: float, seed: int, reward: str, bf16: 
     cfg = TandemConfig.model_validate(
         {
             "run": {"seed": seed},
-            "model": {"path": model, "autocast_bf16": bf16},
+            "model": {"path": model, "autocast_bf16": bf16, "lora": {"r": lora, "alpha": 16.0}},
             "data": {
                 "task": "arith",
                 "train_size": TRAIN_SIZE,
@@ -136,6 +141,7 @@ def run_trl(
     bf16: bool,
     checkpointing: bool,
     attn: str | None,
+    lora: int = 0,
 ) -> dict[str, Any]:
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -208,8 +214,20 @@ def run_trl(
             disable_tqdm=True,
             dataloader_num_workers=0,
         )
+        peft_config = None
+        if lora:  # the same adapter as Tandem's model.lora: r, alpha 16, every linear layer but the LM head
+            from peft import LoraConfig
+
+            peft_config = LoraConfig(
+                r=lora, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"
+            )
         trainer = GRPOTrainer(
-            model=model, reward_funcs=[reward_fn], args=args, train_dataset=dataset, callbacks=[clock]
+            model=model,
+            reward_funcs=[reward_fn],
+            args=args,
+            train_dataset=dataset,
+            callbacks=[clock],
+            peft_config=peft_config,
         )
         trainer.train()
     pairs = list(zip(clock.marks, clock.marks[1:], strict=False))
@@ -223,11 +241,12 @@ def child(args: argparse.Namespace) -> None:
     _setup_threads(args.threads)
     v = VARIANTS[args.variant]
     if v["system"] == "tandem":
-        out = run_tandem(args.model, args.steps, args.lr, args.seed, args.reward, v["bf16"])
+        out = run_tandem(args.model, args.steps, args.lr, args.seed, args.reward, v["bf16"], args.lora)
     else:
         out = run_trl(
-            args.model, args.steps, args.lr, args.seed, args.reward, v["bf16"], v["checkpointing"], v["attn"]
-        )
+            args.model, args.steps, args.lr, args.seed, args.reward, v["bf16"], v["checkpointing"], v["attn"],
+            args.lora,
+        )  # fmt: skip
     out.update(variant=args.variant, reward=args.reward, seed=args.seed, peak_rss_mb=_peak_rss_mb())
     print("@@RESULT " + json.dumps(out), flush=True)
 
@@ -236,7 +255,7 @@ def spawn(args: argparse.Namespace, variant: str, reward: str, seed: int, model:
     """Run one (variant, reward, seed) in a fresh interpreter and return its JSON result."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--variant", variant, "--reward", reward]
     cmd += ["--seed", str(seed), "--steps", str(args.steps), "--lr", str(args.lr)]
-    cmd += ["--threads", str(args.threads), "--model", model]
+    cmd += ["--threads", str(args.threads), "--model", model, "--lora", str(args.lora)]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     env.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
     env.update(TOKENIZERS_PARALLELISM="false")
@@ -297,7 +316,9 @@ def print_table(summary: dict[str, dict[str, Any]], args: argparse.Namespace) ->
     console.print(table)
     for name, m in summary.items():
         if m["phases"]:
-            parts = ", ".join(f"{k} {v:.3f}" for k, v in m["phases"].items() if k not in ("step", "weight_sync"))
+            parts = ", ".join(
+                f"{k} {v:.3f}" for k, v in m["phases"].items() if k not in ("step", "weight_sync")
+            )
             console.print(f"{name} phases (median wall s): {parts}")
 
 
@@ -385,6 +406,9 @@ def main() -> None:
         "--variants", default=",".join(VARIANTS), help="comma list of: " + ", ".join(VARIANTS)
     )
     parser.add_argument("--json", help="write every per-step result to this file")
+    parser.add_argument(
+        "--lora", type=int, default=0, help="LoRA rank for both systems (0: full fine-tuning)"
+    )
     parser.add_argument("--variant", choices=list(VARIANTS), help=argparse.SUPPRESS)
     parser.add_argument("--reward", choices=REWARDS, default="arith", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)

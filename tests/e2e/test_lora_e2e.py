@@ -177,3 +177,24 @@ def test_rm_with_lora_trains_adapters_and_head_and_saves_a_plain_reward_model(ti
     adapted = [k for k in a if ("proj" in k or "query" in k or "value" in k) and k.endswith("weight")]
     assert adapted and any(not torch.equal(a[k], b[k]) for k in adapted)
     assert len(score_texts(model, tok, ["p1", "p2"], ["a", "b"])) == 2
+
+
+def test_two_rank_data_parallel_learner_trains_the_same_adapter(tiny_model_dir, tmp_path):
+    """``architecture.learner.world_size=2`` with LoRA: every rank builds the LoRA policy and the adapter-
+    disabled reference; the learner's replica fingerprint check passes and step 1 matches one rank."""
+    dp_cfg = {"mode": "decoupled", "staleness": 0, "num_workers": 1}
+
+    def run(world: int, steps: int):
+        cfg = _cfg(
+            tiny_model_dir,
+            tmp_path / f"dp{world}",
+            architecture={**dp_cfg, "learner": {"world_size": world}},
+            trainer={"total_steps": steps},
+            checkpoint={"save_final": False},
+        )
+        return step_rows(train(cfg, progress=False).run_dir)
+
+    two, one = run(2, 2), run(1, 1)
+    assert len(two) == 2 and all(r["actor/grad_norm"] > 0 for r in two)
+    for key in ("actor/pg_loss", "actor/grad_norm", "actor/kl_ref"):
+        assert two[0][key] == pytest.approx(one[0][key], rel=1e-5, abs=1e-7), key
