@@ -154,7 +154,8 @@ def test_local_run_uses_actors_and_leaves_nothing_behind(tiny_model_dir, tmp_pat
     check_accounting(result, 3)
     rows = step_rows(result.run_dir)
     assert all(r["decoupled/workers_alive"] == 1 and r["staleness/step_lag"] <= 1 for r in rows)
-    assert all(r["timing/weight_sync"] > 0 for r in rows)  # the learner's publish into the object store is timed
+    # the learner's publish into the object store is timed
+    assert all(r["timing/weight_sync"] > 0 for r in rows)
     # per-role resources reached the actor; the placement group holds a worker and a learner bundle
     assert seen["resources"] == {0: {"CPU": 1.0, "memory": 200 * 2**20}}
     bundles = seen["pg"]["bundles"]
