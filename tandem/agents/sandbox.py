@@ -1,0 +1,303 @@
+"""Run untrusted Python (a model's code) in a limited subprocess.
+
+Each run gets a fresh interpreter (``python -I -S``: no site-packages, no user site, no environment
+variables honoured, standard library only) in a new temporary working folder that is removed afterwards,
+with a scrubbed environment and stdin from ``/dev/null``. What each limit guarantees, by layer:
+
+Kernel (holds against any code, native included):
+- CPU time: ``RLIMIT_CPU`` (SIGXCPU at the limit, SIGKILL a second later) -> ``kill_reason="cpu_time"``.
+- Memory: ``RLIMIT_AS`` caps the address space; allocation fails (``MemoryError``) ->
+  ``kill_reason="memory"``.
+- File size: ``RLIMIT_FSIZE`` caps every file written; open files: ``RLIMIT_NOFILE``; no core dumps.
+- Wall clock: the parent kills the whole process group (the child starts a new session) ->
+  ``"wall_time"``. Output: each stream is read up to ``max_output_bytes``; beyond that the group is
+  killed -> ``"output"`` and the kept text is marked truncated.
+- Network: when ``unshare -n`` works (root, or unprivileged user namespaces), the child runs in a new,
+  empty network namespace: no interface but a down loopback, so nothing is reachable, not even
+  localhost. :func:`network_namespace_available` says whether this machine has it.
+
+Interpreter (Python audit hooks installed before the code runs; they hold against Python code, not
+against native code, which they therefore refuse to load: ``ctypes`` and the ``_posixsubprocess``
+module are blocked and imports stop working once ``sys.path`` is changed, so no extension module can be
+loaded from the working folder):
+- No processes: ``os.fork``, ``os.exec*``, ``os.system``, ``os.posix_spawn``, ``subprocess``,
+  ``multiprocessing``, ``pty`` raise ``PermissionError``. (``RLIMIT_NPROC`` is not a usable limit here:
+  it counts every process of the user and root ignores it.)
+- No sockets of any family (the namespace's second line, and the only one where it is unavailable).
+- No writes outside the working folder: opening a file for writing, creating, renaming, linking,
+  removing or changing the mode of a path outside it raises ``PermissionError``, as does opening a
+  directory outside it (which would allow ``dir_fd`` writes) or passing a ``dir_fd``. Reading is
+  allowed (the standard library is read from disk).
+
+This is a guard against model mistakes and reward hacking, not a boundary against a determined
+attacker (no seccomp filter, same user id); run untrusted services in a container or a VM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+_MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Resource limits of one run. ``network=True`` lifts both network layers (trusted code only)."""
+
+    cpu_s: float = 5.0  # CPU seconds (RLIMIT_CPU, rounded up to whole seconds)
+    wall_s: float = 10.0  # wall-clock seconds, interpreter start-up included
+    memory_mb: int = 512  # address-space limit (RLIMIT_AS)
+    max_output_bytes: int = 16 * 1024  # per stream; more kills the run
+    max_file_bytes: int = 16 * _MIB  # largest file the code may write (RLIMIT_FSIZE)
+    max_open_files: int = 64  # RLIMIT_NOFILE
+    network: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("cpu_s", "wall_s", "memory_mb", "max_output_bytes", "max_file_bytes", "max_open_files"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"sandbox limit {name} must be > 0, got {getattr(self, name)!r}")
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    """What a run produced. ``exit_code`` is the process's status (negative: killed by that signal);
+    ``kill_reason`` is ``cpu_time``, ``wall_time``, ``memory``, ``output`` or ``killed`` (another signal),
+    None when the code ended by itself."""
+
+    stdout: str
+    stderr: str
+    exit_code: int | None
+    kill_reason: str | None
+    seconds: float
+    truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and self.kill_reason is None
+
+
+# Run inside the child as `python -I -S -c _BOOT <workdir> <allow_network>`: installs the audit hook,
+# then runs main.py from the working folder as __main__.
+_BOOT = r"""
+import os, sys
+def _install(root, allow_net):
+    root = os.path.realpath(root)
+    prefix = root + os.sep
+    path0 = list(sys.path)
+    realpath, fspath, isdir = os.path.realpath, os.fspath, os.path.isdir
+    wflags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+    blocked = {"os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
+               "subprocess.Popen", "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "os.kill",
+               "os.killpg", "signal.pthread_kill", "os.setuid", "sys.remote_exec"}
+    # event -> (positions of path arguments that must lie inside the folder, positions of dir_fd arguments)
+    paths = {"os.remove": ((0,), (1,)), "os.rmdir": ((0,), (1,)), "os.mkdir": ((0,), (2,)),
+             "os.rename": ((0, 1), (2, 3)), "os.symlink": ((1,), (2,)), "os.link": ((0, 1), (2, 3)),
+             "os.chmod": ((0,), (2,)), "os.chown": ((0,), (3,)), "os.truncate": ((0,), ()),
+             "os.utime": ((0,), (3,)), "os.setxattr": ((0,), ()), "os.removexattr": ((0,), ()),
+             "os.mkfifo": ((0,), (2,)), "os.mknod": ((0,), (3,)), "shutil.rmtree": ((0,), (1,)),
+             "sqlite3.connect": ((0,), ())}
+    def inside(p):
+        if isinstance(p, int):
+            return True
+        try:
+            p = realpath(fspath(p))
+        except Exception:
+            return False
+        if isinstance(p, bytes):
+            p = os.fsdecode(p)
+        return p == root or p.startswith(prefix)
+    def deny(what):
+        raise PermissionError(f"sandbox: {what} is not allowed")
+    def hook(event, args):
+        if event in blocked:
+            deny(event)
+        elif event == "open":
+            path, _mode, flags = args
+            if not inside(path):
+                if (flags or 0) & wflags:
+                    deny(f"writing {path!r} outside the working folder")
+                if isinstance(path, (str, bytes)) and isdir(path):
+                    deny(f"opening the folder {path!r} outside the working folder")
+        elif event in paths:
+            where, fds = paths[event]
+            if any(i < len(args) and args[i] is not None for i in fds):
+                deny(f"{event} with dir_fd")
+            for i in where:
+                if i < len(args) and (not inside(args[i]) or isinstance(args[i], int) and event != "os.truncate"):
+                    deny(f"{event} outside the working folder ({args[i]!r})")
+        elif event == "socket.__new__" and not allow_net:
+            deny("network access")
+        elif event == "import":
+            if args[0] in ("_posixsubprocess", "_ctypes") or sys.path != path0:
+                deny(f"importing {args[0]}")
+    sys.addaudithook(hook)
+_root, _net, _hooks = sys.argv[1], sys.argv[2] == "1", sys.argv[3] == "1"
+del sys.argv[1:]
+sys.argv[0] = "main.py"
+with open(os.path.join(_root, "main.py"), encoding="utf-8") as _f:
+    _code = compile(_f.read(), "main.py", "exec")
+if _hooks:
+    _install(_root, _net)
+del _install, _root, _net, _hooks, _f
+exec(_code, {"__name__": "__main__", "__builtins__": __builtins__})
+"""
+
+
+@functools.lru_cache(maxsize=1)
+def network_namespace_available() -> bool:
+    """True when ``unshare -n`` can start a process in a new network namespace here (probed once)."""
+    exe = shutil.which("unshare")
+    if exe is None:
+        return False
+    try:
+        done = subprocess.run([exe, "-n", "true"], capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
+def _preexec(limits: SandboxLimits) -> None:
+    cpu = max(1, int(-(-limits.cpu_s // 1)))  # whole seconds, rounded up
+    memory = limits.memory_mb * _MIB
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.max_file_bytes, limits.max_file_bytes))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limits.max_open_files, limits.max_open_files))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _command(
+    workdir: str, limits: SandboxLimits, python: str, namespace: bool | None, hooks: bool
+) -> list[str]:
+    cmd = [python, "-I", "-S", "-c", _BOOT, workdir, "1" if limits.network else "0", "1" if hooks else "0"]
+    if namespace is None:
+        namespace = not limits.network and network_namespace_available()
+    if namespace:
+        cmd = [shutil.which("unshare") or "unshare", "-n", *cmd]
+    return cmd
+
+
+async def _read_capped(stream: asyncio.StreamReader, cap: int, over: asyncio.Event) -> tuple[bytes, bool]:
+    """Up to ``cap`` bytes of ``stream``; sets ``over`` (and stops reading) when it offers more."""
+    buf = bytearray()
+    while chunk := await stream.read(65536):
+        buf += chunk
+        if len(buf) > cap:
+            over.set()
+            return bytes(buf[:cap]), True
+    return bytes(buf), False
+
+
+def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+async def run_python_async(
+    code: str,
+    limits: SandboxLimits | None = None,
+    *,
+    python: str | None = None,
+    files: dict[str, str] | None = None,
+    namespace: bool | None = None,
+    hooks: bool = True,
+) -> SandboxResult:
+    """Run ``code`` as ``main.py`` in a fresh sandbox (see the module docstring); never raises for
+    anything the code does. ``files`` are written into the working folder first (name -> text).
+    Many runs may be awaited concurrently. ``namespace`` (None: when available and the network is off)
+    and ``hooks`` switch one layer off, so tests can prove each layer alone."""
+    limits = limits or SandboxLimits()
+    workdir = tempfile.mkdtemp(prefix="tandem-sandbox-")
+    start = time.perf_counter()
+    try:
+        for name, text in {**(files or {}), "main.py": code}.items():
+            target = Path(workdir, name)
+            if target.resolve().parent != Path(workdir).resolve():
+                raise ValueError(f"sandbox file name {name!r} must be a plain file name")
+            target.write_text(text, encoding="utf-8")
+        return await _run(workdir, limits, python or sys.executable, start, namespace, hooks)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def _run(
+    workdir: str, limits: SandboxLimits, python: str, start: float, namespace: bool | None, hooks: bool
+) -> SandboxResult:
+    env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
+           "PYTHONIOENCODING": "utf-8", "PYTHONDONTWRITEBYTECODE": "1"}  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        *_command(workdir, limits, python, namespace, hooks),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=workdir,
+        env=env,
+        start_new_session=True,
+        preexec_fn=functools.partial(_preexec, limits),
+    )
+    over = asyncio.Event()
+    assert proc.stdout is not None and proc.stderr is not None
+    readers = asyncio.ensure_future(
+        asyncio.gather(
+            _read_capped(proc.stdout, limits.max_output_bytes, over),
+            _read_capped(proc.stderr, limits.max_output_bytes, over),
+        )
+    )
+    over_wait = asyncio.ensure_future(over.wait())
+    try:
+        done, _ = await asyncio.wait(
+            {readers, over_wait}, timeout=limits.wall_s, return_when="FIRST_COMPLETED"
+        )
+        reason = None if readers in done else "output" if over_wait in done else "wall_time"
+        if reason is not None:
+            _kill_group(proc)
+        (out, out_cut), (err, err_cut) = await readers
+        left = max(0.0, limits.wall_s - (time.perf_counter() - start))
+        try:  # the streams can close before the process ends (the code closed them)
+            exit_code = await asyncio.wait_for(proc.wait(), left)
+        except TimeoutError:
+            reason = "wall_time"
+            _kill_group(proc)
+            exit_code = await proc.wait()
+    finally:
+        over_wait.cancel()
+        _kill_group(proc)  # children that outlived the code (none, unless a hook was bypassed)
+    stderr = err.decode("utf-8", "replace")
+    if reason is None:
+        reason = _exit_reason(exit_code, stderr)
+    return SandboxResult(
+        out.decode("utf-8", "replace"),
+        stderr,
+        exit_code,
+        reason,
+        time.perf_counter() - start,
+        out_cut or err_cut,
+    )
+
+
+def _exit_reason(exit_code: int, stderr: str) -> str | None:
+    if exit_code == -signal.SIGXCPU:
+        return "cpu_time"
+    if exit_code < 0:
+        return "cpu_time" if exit_code == -signal.SIGKILL else "killed"
+    if exit_code != 0 and "MemoryError" in stderr[-2000:]:
+        return "memory"
+    return None
+
+
+def run_python(code: str, limits: SandboxLimits | None = None, **kwargs: object) -> SandboxResult:
+    """Blocking :func:`run_python_async` (from synchronous code; inside an event loop await the async
+    one)."""
+    return asyncio.run(run_python_async(code, limits, **kwargs))  # type: ignore[arg-type]

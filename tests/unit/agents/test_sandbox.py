@@ -1,0 +1,214 @@
+"""Each sandbox limit, proved by code that tries to break it (and, where there are two layers, each
+layer alone)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from tandem.agents.sandbox import SandboxLimits, network_namespace_available, run_python, run_python_async
+
+FAST = SandboxLimits(cpu_s=1, wall_s=15, memory_mb=256)
+
+
+def test_runs_code_in_a_temporary_folder_that_is_removed():
+    r = run_python(
+        "import os\nprint(os.getcwd())\nopen('a.txt', 'w').write('hi')\nprint(open('a.txt').read())", FAST
+    )
+    assert r.ok and r.kill_reason is None, r.stderr
+    folder, text = r.stdout.split()
+    assert text == "hi" and "tandem-sandbox-" in folder
+    assert not os.path.exists(folder)
+
+
+def test_exit_status_and_stderr():
+    r = run_python("import sys\nprint('out')\nsys.stderr.write('bad')\nsys.exit(3)", FAST)
+    assert (r.stdout, r.stderr, r.exit_code, r.kill_reason, r.ok) == ("out\n", "bad", 3, None, False)
+    r = run_python("1/0", FAST)
+    assert r.exit_code == 1 and "ZeroDivisionError" in r.stderr and r.kill_reason is None
+
+
+def test_infinite_loop_hits_the_cpu_limit():
+    r = run_python("while True:\n    pass", SandboxLimits(cpu_s=1, wall_s=30))
+    assert r.kill_reason == "cpu_time" and r.exit_code < 0
+
+
+def test_sleeping_code_hits_the_wall_clock_limit():
+    start = time.perf_counter()
+    r = run_python("import time\nprint('started', flush=True)\ntime.sleep(60)", SandboxLimits(wall_s=1.0))
+    assert r.kill_reason == "wall_time" and r.stdout == "started\n"
+    assert time.perf_counter() - start < 5
+
+
+def test_memory_bomb_hits_the_memory_limit():
+    r = run_python(
+        "a = []\nwhile True:\n    a.append(bytearray(10**7))", SandboxLimits(memory_mb=128, wall_s=15)
+    )
+    assert r.kill_reason == "memory" and "MemoryError" in r.stderr
+
+
+FORK_BOMB = """
+import os
+blocked = 0
+for attempt in [
+    lambda: os.fork(),
+    lambda: os.system("echo child"),
+    lambda: os.execv("/bin/echo", ["echo", "child"]),
+    lambda: os.posix_spawn("/bin/echo", ["echo", "child"], {}),
+    lambda: __import__("subprocess").run(["echo", "child"]),
+    lambda: __import__("multiprocessing").Process(target=print, args=("child",)).start(),
+    lambda: __import__("pty").fork(),
+    lambda: __import__("ctypes").CDLL(None).fork(),
+]:
+    try:
+        attempt()
+    except (PermissionError, ImportError):
+        blocked += 1
+print("blocked", blocked)
+while True:
+    os.fork()
+"""
+
+
+def test_fork_bomb_is_blocked():
+    r = run_python(FORK_BOMB, FAST)
+    assert "child" not in r.stdout and r.stdout == "blocked 8\n", (r.stdout, r.stderr)
+    assert r.exit_code == 1 and "sandbox: os.fork is not allowed" in r.stderr and r.kill_reason is None
+
+
+def test_os_kill_of_the_parent_is_blocked():
+    r = run_python(f"import os\nos.kill({os.getpid()}, 9)", FAST)
+    assert "sandbox: os.kill is not allowed" in r.stderr
+
+
+class _Listener:
+    """A TCP server on localhost counting the connections it accepts."""
+
+    def __init__(self):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.accepted += 1
+            conn.close()
+
+    def close(self):
+        self.stop.set()
+        self.thread.join()
+        self.sock.close()
+
+
+NET = """
+import socket
+try:
+    s = socket.create_connection(("127.0.0.1", {port}), timeout=2)
+    print("connected")
+except OSError as err:
+    print("refused", type(err).__name__, err)
+"""
+
+
+@pytest.mark.parametrize(
+    ("namespace", "hooks"),
+    [
+        pytest.param(True, False, id="namespace-only"),
+        pytest.param(False, True, id="hooks-only"),
+        pytest.param(None, True, id="default"),
+    ],
+)
+def test_network_attempt_fails(namespace, hooks):
+    if namespace and not network_namespace_available():
+        pytest.skip("unshare -n is not available here")
+    server = _Listener()
+    try:
+        control = run_python(NET.format(port=server.port), SandboxLimits(network=True, wall_s=15))
+        assert control.stdout.startswith("connected") and server.accepted == 1  # the test can fail
+        r = asyncio.run(
+            run_python_async(NET.format(port=server.port), FAST, namespace=namespace, hooks=hooks)
+        )
+        assert r.stdout.startswith("refused"), (r.stdout, r.stderr)
+        assert ("network access is not allowed" in r.stdout) == hooks
+        time.sleep(0.3)
+        assert server.accepted == 1
+    finally:
+        server.close()
+
+
+WRITES = """
+import os
+target = {target!r}
+attempts = {{
+    "open": lambda: open(target, "w").write("x"),
+    "os.open": lambda: os.close(os.open(target, os.O_WRONLY | os.O_CREAT)),
+    "append": lambda: open(target, "a").write("x"),
+    "rename": lambda: (open("inside", "w").close(), os.rename("inside", target)),
+    "symlink": lambda: (os.symlink(target, "link"), open("link", "w").write("x")),
+    "hardlink": lambda: os.link({existing!r}, "hard"),
+    "dir_fd": lambda: os.open("f", os.O_WRONLY | os.O_CREAT, dir_fd=os.open(os.path.dirname(target), os.O_RDONLY)),
+    "chdir": lambda: (os.chdir(os.path.dirname(target)), open(os.path.basename(target), "w")),
+    "mkdir": lambda: os.mkdir(target),
+    "remove": lambda: os.remove({existing!r}),
+    "chmod": lambda: os.chmod({existing!r}, 0o777),
+    "sys.path": lambda: (__import__("sys").path.insert(0, "."), __import__("mymod")),
+}}
+for name, attempt in attempts.items():
+    try:
+        attempt()
+        print("WROTE", name)
+    except PermissionError as err:
+        print("blocked", name)
+"""
+
+
+def test_file_writes_outside_the_folder_are_blocked(tmp_path):
+    target = tmp_path / "outside.txt"
+    existing = tmp_path / "existing.txt"
+    existing.write_text("keep")
+    existing.chmod(0o644)
+    r = run_python(
+        WRITES.format(target=str(target), existing=str(existing)), FAST, files={"mymod.py": "X = 1"}
+    )
+    assert "WROTE" not in r.stdout and r.stdout.count("blocked") == 12, (r.stdout, r.stderr)
+    assert not target.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["existing.txt"]
+    assert existing.read_text() == "keep" and existing.stat().st_mode & 0o777 == 0o644
+
+
+def test_huge_output_is_truncated_and_killed():
+    limits = SandboxLimits(max_output_bytes=1000, wall_s=15)
+    r = run_python("while True:\n    print('x' * 100)", limits)
+    assert r.kill_reason == "output" and r.truncated and len(r.stdout) == 1000
+    small = run_python("print('y' * 999, end='')", limits)
+    assert small.ok and not small.truncated and len(small.stdout) == 999
+
+
+def test_runs_overlap():
+    async def many():
+        return await asyncio.gather(*[run_python_async("import time\ntime.sleep(1)", FAST) for _ in range(4)])
+
+    start = time.perf_counter()
+    results = asyncio.run(many())
+    elapsed = time.perf_counter() - start
+    assert all(r.ok for r in results)
+    assert elapsed < 3.0, f"{elapsed:.2f}s (serial >= 4 s) load {os.getloadavg()}"
+
+
+def test_limits_are_checked():
+    with pytest.raises(ValueError, match="cpu_s must be > 0"):
+        SandboxLimits(cpu_s=0)
+    with pytest.raises(ValueError, match="plain file name"):
+        run_python("", FAST, files={"../x.py": ""})
