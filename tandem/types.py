@@ -30,7 +30,10 @@ class RolloutBatch:
     prompt_ids: torch.Tensor  # [B, P] long, left padded with pad_token_id
     prompt_mask: torch.Tensor  # [B, P] bool, True on real prompt tokens
     response_ids: torch.Tensor  # [B, R] long, right padded with pad_token_id
-    response_mask: torch.Tensor  # [B, R] bool, True on generated tokens (incl. EOS if emitted)
+    # response_mask: True on sampled tokens (incl. EOS if emitted); False on padding and on a multi-turn
+    # episode's environment tokens, which sit before the last sampled token: attended, not trained
+    # (tandem.models.packing.attended)
+    response_mask: torch.Tensor  # [B, R] bool
     behavior_logprobs: torch.Tensor  # [B, R] float32, log-prob of each sampled token under the engine
     group_ids: torch.Tensor  # [B] long, samples of one prompt share an id
     policy_version: torch.Tensor  # [B] long, weight version that generated each sample

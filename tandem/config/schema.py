@@ -24,6 +24,7 @@ from tandem.config.base import CrossFieldError, Section
 from tandem.config.checkpoint import CheckpointConfig
 from tandem.config.checks import check_config
 from tandem.config.data import DataConfig
+from tandem.config.env import EnvConfig
 from tandem.config.model import ModelConfig, WarmStartConfig
 from tandem.config.monitor import ALERT_PRESETS, DEFAULT_ALERTS, AlertRuleConfig, MonitorConfig
 from tandem.config.reward import OverlongConfig, RewardConfig, RewardFunctionConfig, RewardModelConfig
@@ -43,6 +44,7 @@ __all__ = [
     "CriticConfig",
     "CrossFieldError",
     "DataConfig",
+    "EnvConfig",
     "KLConfig",
     "LearnerResources",
     "ModelConfig",
@@ -76,6 +78,9 @@ class TandemConfig(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
     critic: CriticConfig | None = Field(
         None, description="Value model for critic-based estimators (algorithm.advantage=gae, preset ppo)."
+    )
+    env: EnvConfig | None = Field(
+        None, description="Environment of multi-turn episodes (docs/agents.md); absent: single-turn prompts."
     )
 
     @model_validator(mode="after")

@@ -17,7 +17,7 @@ from transformers import PreTrainedModel
 
 from tandem.algos import entropy_from_logits, selective_log_softmax
 from tandem.errors import ModelError
-from tandem.models.packing import pack_rows, row_lengths, token_budget_chunks
+from tandem.models.packing import attended, pack_rows, row_lengths, token_budget_chunks
 
 
 def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
@@ -127,7 +127,7 @@ def _chunk_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     R = response_ids.shape[1]
     input_ids = torch.cat([prompt_ids, response_ids], dim=1)  # [b, P+R]
-    attention_mask = torch.cat([prompt_mask, response_mask], dim=1).long()  # [b, P+R]
+    attention_mask = torch.cat([prompt_mask, attended(response_mask)], dim=1).long()  # [b, P+R]
     position_ids = positions_from_mask(attention_mask)  # [b, P+R]
     kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
     with cpu_bf16_attention_context(model, input_ids.device):
@@ -177,7 +177,7 @@ def _shared_prefix_logprobs(
 
     n, R = group_size, response_ids.shape[1]
     p_ids, p_mask = prompt_ids[::n], prompt_mask[::n]  # [g, P]
-    full_mask = torch.cat([prompt_mask, response_mask], dim=1).long()  # [b, P+R]
+    full_mask = torch.cat([prompt_mask, attended(response_mask)], dim=1).long()  # [b, P+R]
     positions = positions_from_mask(full_mask)[:, prompt_ids.shape[1] :]  # [b, R]
     try:
         cache = DynamicCache(config=model.config)

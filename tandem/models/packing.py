@@ -48,9 +48,21 @@ class PackedLayout:
         return int(self.input_ids.numel()) - self.real_tokens
 
 
+def attended(response_mask: torch.Tensor) -> torch.Tensor:
+    """The response tokens a row attends to: every column up to its last ``response_mask`` token.
+
+    ``response_mask`` marks the tokens that are trained (sampled by the policy). A multi-turn episode's
+    response also holds environment tokens between turns (observations: attended, not trained), so the
+    mask has holes; the real tokens are still a prefix of the row, ending at its last sampled token.
+    For a single-turn row (mask = a prefix) this is the mask itself. ``[B, R]`` -> ``[B, R]`` bool.
+    Naive equivalent: ``out[b, : max(nonzero(mask[b])) + 1] = True`` per row."""
+    m = response_mask.to(torch.bool)
+    return m.flip(-1).long().cummax(dim=-1).values.flip(-1).bool()
+
+
 def row_lengths(prompt_mask: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """Real tokens per row (prompt + response). masks ``[B, P]``, ``[B, R]`` -> ``[B]`` long."""
-    return prompt_mask.long().sum(dim=1) + response_mask.long().sum(dim=1)
+    """Real tokens per row (prompt + attended response). masks ``[B, P]``, ``[B, R]`` -> ``[B]`` long."""
+    return prompt_mask.long().sum(dim=1) + attended(response_mask).long().sum(dim=1)
 
 
 def first_fit_decreasing(sizes: list[int], capacity: int) -> list[list[int]]:
@@ -105,9 +117,10 @@ def pack_rows(
     device = prompt_ids.device
     prompt_ids, prompt_mask = prompt_ids.cpu(), prompt_mask.cpu().bool()
     response_ids, response_mask = response_ids.cpu(), response_mask.cpu().bool()
+    span = attended(response_mask)  # [b, R] real response tokens (sampled and environment ones)
     b, R = response_ids.shape
     p_len = prompt_mask.long().sum(dim=1).tolist()
-    r_len = response_mask.long().sum(dim=1).tolist()
+    r_len = span.long().sum(dim=1).tolist()
     rows = [i for i in range(b) if r_len[i] > 0]
     for i in rows:
         if p_len[i] == 0:
@@ -123,14 +136,14 @@ def pack_rows(
         offset = 0
         for j in members:
             i = rows[j]
-            seq = torch.cat([prompt_ids[i][prompt_mask[i]], response_ids[i][response_mask[i]]])
+            seq = torch.cat([prompt_ids[i][prompt_mask[i]], response_ids[i][span[i]]])
             n, p = seq.numel(), p_len[i]
             ids[k, offset : offset + n] = seq
             pos[k, offset : offset + n] = torch.arange(n)
-            scored = t_index[response_mask[i]]  # [r_i] response columns of the row's real tokens
-            src_bin.append(torch.full((n - p,), k))
-            src_pos.append(torch.arange(offset + p - 1, offset + n - 1))
-            dst_row.append(torch.full((n - p,), i))
+            scored = t_index[response_mask[i]]  # [r_i] response columns of the row's sampled tokens
+            src_bin.append(torch.full((scored.numel(),), k))
+            src_pos.append(offset + p - 1 + scored)
+            dst_row.append(torch.full((scored.numel(),), i))
             dst_t.append(scored)
             offset += n
     cat = (lambda xs: torch.cat(xs)) if src_bin else (lambda xs: torch.zeros(0, dtype=torch.long))

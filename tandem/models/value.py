@@ -25,6 +25,7 @@ from torch import nn
 from tandem.errors import ModelError
 from tandem.models.forward import cpu_bf16_attention_context, positions_from_mask
 from tandem.models.loading import load_causal_lm
+from tandem.models.packing import attended
 
 
 def _value_head(hidden_size: int, seed: int, dtype: torch.dtype) -> nn.Linear:
@@ -47,7 +48,7 @@ def _response_hidden(
     """``backbone``'s last hidden state at positions ``P - 1 .. P + R - 2``. ``[B, R, H]``."""
     R = response_ids.shape[1]
     input_ids = torch.cat([prompt_ids, response_ids], dim=1)  # [B, P+R]
-    attention_mask = torch.cat([prompt_mask, response_mask], dim=1).long()  # [B, P+R]
+    attention_mask = torch.cat([prompt_mask, attended(response_mask)], dim=1).long()  # [B, P+R]
     with cpu_bf16_attention_context(backbone, input_ids.device):
         hidden = backbone(
             input_ids=input_ids,

@@ -188,6 +188,41 @@ class HFEngine:
         if extras is not None and len(extras) != len(prompts):
             raise DataError(f"got {len(extras)} extras rows for {len(prompts)} prompts", where="extras")
         prompt_ids, prompt_mask = self._encode(prompts)  # [N, P] each
+        return self._generate_encoded(
+            prompts, prompt_ids, prompt_mask, params, group_offset, extras, on_chunk, chunk_tokens
+        )
+
+    def generate_ids(
+        self,
+        prompt_ids: list[list[int]],
+        params: SamplingParams | Sequence[SamplingParams],
+        *,
+        group_offset: int = 0,
+        extras: list[dict] | None = None,
+    ) -> RolloutBatch:
+        """:meth:`generate` from token ids, used as they are (no tokenisation, no length limit): the
+        continuation of a multi-turn episode whose history must stay token-exact. ``prompts`` of the
+        batch are the ids decoded, for display only."""
+        if self._closed:
+            raise ModelError("the rollout engine was closed", hint="build a new one")
+        if not prompt_ids or any(not ids for ids in prompt_ids):
+            raise DataError("generate_ids needs non-empty token-id prompts", where="prompt_ids")
+        texts = self.tokenizer.batch_decode(prompt_ids, skip_special_tokens=False)
+        ids, mask = left_pad([list(p) for p in prompt_ids], self.tokenizer.pad_token_id)
+        return self._generate_encoded(texts, ids, mask, params, group_offset, extras, None, 4)
+
+    def _generate_encoded(
+        self,
+        prompts: list[str],
+        prompt_ids: torch.Tensor,  # [N, P] long, left padded
+        prompt_mask: torch.Tensor,  # [N, P] bool
+        params: SamplingParams | Sequence[SamplingParams],
+        group_offset: int,
+        extras: list[dict] | None,
+        on_chunk: ChunkCallback | None,
+        chunk_tokens: int,
+    ) -> RolloutBatch:
+        """The body of :meth:`generate` after the prompts are encoded."""
         device = next(self.model.parameters()).device
         plan = self._plan(params, len(prompts), device)
         prompt_ids = prompt_ids.repeat_interleave(repeats(plan.counts), dim=0)  # [B, P], B = sum of n

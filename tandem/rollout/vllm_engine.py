@@ -298,13 +298,44 @@ class VLLMEngine:
             raise ModelError("the rollout engine was closed", hint="build a new one")
         if extras is not None and len(extras) != len(prompts):
             raise DataError(f"got {len(extras)} extras rows for {len(prompts)} prompts", where="extras")
-        each = per_prompt(params, len(prompts))
         encoded = encode_prompts(
             self.tokenizer,
             prompts,
             add_special_tokens=self.add_special_tokens,
             max_prompt_len=self.max_prompt_len,
         )
+        return self._generate_encoded(prompts, encoded, params, group_offset, extras, on_chunk, chunk_tokens)
+
+    def generate_ids(
+        self,
+        prompt_ids: list[list[int]],
+        params: SamplingParams | Sequence[SamplingParams],
+        *,
+        group_offset: int = 0,
+        extras: list[dict] | None = None,
+    ) -> RolloutBatch:
+        """:meth:`generate` from token ids, used as they are (no tokenisation, no length limit): the
+        continuation of a multi-turn episode whose history must stay token-exact."""
+        if self.llm is None:
+            raise ModelError("the rollout engine was closed", hint="build a new one")
+        if not prompt_ids or any(not ids for ids in prompt_ids):
+            raise DataError("generate_ids needs non-empty token-id prompts", where="prompt_ids")
+        encoded = [list(p) for p in prompt_ids]
+        texts = self.tokenizer.batch_decode(encoded, skip_special_tokens=False)
+        return self._generate_encoded(texts, encoded, params, group_offset, extras, None, 4)
+
+    def _generate_encoded(
+        self,
+        prompts: list[str],
+        encoded: list[list[int]],
+        params: SamplingParams | Sequence[SamplingParams],
+        group_offset: int,
+        extras: list[dict] | None,
+        on_chunk: ChunkCallback | None,
+        chunk_tokens: int,
+    ) -> RolloutBatch:
+        """The body of :meth:`generate` after the prompts are encoded."""
+        each = per_prompt(params, len(prompts))
         seeds = _seeds(params, each)
         start_version = self._version
         # vLLM refuses n > 1 when greedy: such a prompt becomes n identical one-sample requests.

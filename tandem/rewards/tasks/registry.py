@@ -10,7 +10,9 @@ from tandem.algos.registry import Registry, UnknownNameError
 from tandem.errors import ConfigError
 from tandem.rewards.tasks.arith import ArithTask
 from tandem.rewards.tasks.base import Task
+from tandem.rewards.tasks.calculator import CalculatorTask
 from tandem.rewards.tasks.countdown import CountdownTask
+from tandem.rewards.tasks.guess import GuessTask
 from tandem.rewards.tasks.reverse import ReverseTask
 from tandem.rewards.tasks.safety import SafetyTask
 
@@ -21,6 +23,8 @@ TASKS.add(ArithTask.name, ArithTask)
 TASKS.add(CountdownTask.name, CountdownTask)
 TASKS.add(ReverseTask.name, ReverseTask)
 TASKS.add(SafetyTask.name, SafetyTask)
+TASKS.add(CalculatorTask.name, CalculatorTask)
+TASKS.add(GuessTask.name, GuessTask)
 
 
 def get_task(name: str, **options: Any) -> Task:

@@ -1,0 +1,48 @@
+"""``env``: the environment multi-turn episodes run against (absent: single-turn prompts)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from tandem.config.base import CrossFieldError, Section
+
+
+class EnvConfig(Section):
+    name: str | None = Field(
+        None,
+        description="Built-in environment (tandem.agents.env.ENVIRONMENTS: single_turn, calculator, guess, "
+        "...); or use env.path.",
+    )
+    path: str | None = Field(
+        None,
+        description="Your environment class or factory, `module:Class` or `file.py:Class` (reset(row) -> "
+        "observation, step(action) -> (observation, reward, done, info), either may be async). Tandem "
+        "imports and runs that Python code with your permissions: use only code you trust.",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments the environment is built with (one per episode)."
+    )
+    max_turns: int = Field(
+        4, ge=1, description="Model turns per episode at most (rollout.max_new_tokens each)."
+    )
+    timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Wall-clock seconds an episode may spend in its environment's reset and steps.",
+    )
+    max_observation_tokens: int = Field(
+        256, ge=1, description="An observation longer than this many tokens is cut to it."
+    )
+    concurrent: bool = Field(
+        True,
+        description="Run the live episodes' environment steps of a turn concurrently (false: one after "
+        "another, for environments that are not safe to run in parallel).",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvConfig:
+        if (self.name is None) == (self.path is None):
+            raise CrossFieldError("env.name", "set exactly one of env.name (built-in) and env.path (yours)")
+        return self

@@ -1,0 +1,80 @@
+"""The ``env`` config section turned into an :class:`~tandem.rollout.episodes.EpisodeRunner`.
+
+``env.name`` picks a built-in environment (:data:`tandem.agents.env.ENVIRONMENTS`, imported only when
+chosen); ``env.path`` loads the user's class or factory like a reward function
+(:func:`tandem.rewards.load_callable`). No ``env`` section: :class:`~tandem.agents.env.SingleTurn`, the
+one-step case of the same loop. One environment is built at once as a pre-flight check, so a bad
+option, a missing ``reset``/``step`` or an import error is one line naming the key before anything runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from tandem.agents.env import ENVIRONMENTS, SingleTurn
+from tandem.config.env import EnvConfig
+from tandem.errors import ConfigError, TandemError
+from tandem.rewards import load_callable
+from tandem.rollout.base import RolloutEngine
+from tandem.rollout.episodes import EnvFactory, EpisodeRunner, EpisodeSettings
+
+
+def env_factory(cfg: EnvConfig | None) -> EnvFactory:
+    """A zero-argument factory building one environment per episode (checked by building one now)."""
+    if cfg is None:
+        return SingleTurn
+    if cfg.name is not None:
+        if cfg.name not in ENVIRONMENTS:
+            raise ConfigError(
+                f"unknown environment '{cfg.name}'; valid: {', '.join(sorted(ENVIRONMENTS))}",
+                where="env.name",
+            )
+        module, _, attr = ENVIRONMENTS[cfg.name].partition(":")
+        cls, key = getattr(importlib.import_module(module), attr), "env.name"
+    else:
+        cls, key = load_callable(cfg.path or "", key="env.path"), "env.path"
+    options = dict(cfg.options)
+
+    def make() -> Any:
+        return cls(**options)
+
+    try:
+        probe = make()
+    except TandemError:
+        raise
+    except TypeError as err:
+        raise ConfigError(f"building the environment failed: {err}", where="env.options") from None
+    except Exception as err:
+        raise ConfigError(f"building the environment raised {type(err).__name__}: {err}", where=key) from None
+    missing = [m for m in ("reset", "step") if not callable(getattr(probe, m, None))]
+    if missing:
+        raise ConfigError(
+            f"{type(probe).__name__} is not an environment: no {' or '.join(missing)} method", where=key
+        )
+    return make
+
+
+def episode_settings(cfg: EnvConfig | None) -> EpisodeSettings:
+    """The episode limits of ``env`` (one turn, no limits without it)."""
+    if cfg is None:
+        return EpisodeSettings()
+    return EpisodeSettings(
+        max_turns=cfg.max_turns,
+        timeout_s=cfg.timeout_s,
+        max_observation_tokens=cfg.max_observation_tokens,
+        concurrent=cfg.concurrent,
+        where=f"env.{'name' if cfg.name is not None else 'path'}",
+    )
+
+
+def episode_runner(cfg: EnvConfig | None, engine: RolloutEngine, *, tokenizer: Any = None) -> EpisodeRunner:
+    """The runner of ``engine`` against the configured environment. An engine without token-id
+    generation (``generate_ids``) cannot continue an episode: ConfigError when turns > 1."""
+    if cfg is not None and cfg.max_turns > 1 and not callable(getattr(engine, "generate_ids", None)):
+        raise ConfigError(
+            f"multi-turn episodes need an engine that generates from token ids; {type(engine).__name__} "
+            "does not",
+            where="rollout.backend",
+        )
+    return EpisodeRunner(engine, env_factory(cfg), episode_settings(cfg), tokenizer=tokenizer)

@@ -1,0 +1,384 @@
+"""Token-exact multi-turn episodes: an engine's turns against an environment, batched over episodes.
+
+:class:`EpisodeRunner` has an engine's ``generate`` signature, so a training step, a rollout worker and
+the held-out evaluation call it where they called the engine. For ``n`` samples of each prompt it runs
+``n`` episodes, each with its own environment (:mod:`tandem.agents.env`)::
+
+    reset(row) -> first prompt                      (all resets concurrently)
+    turn 1: engine.generate(prompts, params)        (exactly the single-turn call)
+    repeat while an episode is live and turns < max_turns:
+        env.step(action) for every live episode     (concurrently, within the episode's time budget)
+        observation -> token ids, ONCE, appended    (never decode-then-re-encode the history)
+        engine.generate_ids(history ids of every live episode)   (one batched call per turn)
+
+Token exactness: an episode's response row is the concatenation of the ids the engine sampled and the
+observation ids, in order; ``response_mask`` is True on sampled tokens only (the loss never sees
+environment tokens, which the model still attends to: :func:`tandem.models.packing.attended`), and
+``behavior_logprobs`` holds each sampled token's log-prob (0 on environment tokens). The history is
+never re-tokenised, so what the trainer scores is what was sampled, even for tokenizers whose
+``encode(decode(ids)) != ids``. An episode always ends on a model turn (the last observation is not
+appended: nothing would learn from it).
+
+A single-turn task is the one-step case of the same loop: with :class:`~tandem.agents.env.SingleTurn`
+every episode ends after turn 1 and the batch returned is the engine's own, unchanged.
+
+Concurrency: the engine call of a turn is batched over all live episodes; the environment steps of a
+turn run concurrently (``async`` steps on one event loop, plain ones in worker threads), so a tool with
+latency ``L`` costs about ``L`` per turn, not ``L`` times the episodes (``bench/agents_latency.py``).
+Turns stay in lockstep, which keeps sampling deterministic for a given seed (a resumed run samples what
+the original did).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from tandem.agents.env import INFO_COUNTERS, SingleTurn
+from tandem.data.chat import render_prompts
+from tandem.errors import TandemError
+from tandem.rollout.base import ChunkCallback, RolloutEngine, SamplingParams
+from tandem.rollout.rows import per_prompt
+from tandem.types import RolloutBatch
+
+EnvFactory = Callable[[], Any]
+MAX_THREADS = 256  # worker threads for plain (non-async) environment steps and tools, per call
+
+
+class EnvError(TandemError):
+    """An environment's ``reset`` or ``step`` raised (a bug in the environment, not a model mistake)."""
+
+
+@dataclass(frozen=True)
+class EpisodeSettings:
+    """Limits of every episode (``env`` config): turns, wall seconds in the environment, observation
+    tokens; ``concurrent`` runs a turn's environment steps together."""
+
+    max_turns: int = 1
+    timeout_s: float | None = None
+    max_observation_tokens: int | None = None
+    concurrent: bool = True
+    where: str = "env"  # config key named in errors
+
+
+@dataclass
+class Episode:
+    """One episode's state: the response row so far (sampled and observation ids) and its counters."""
+
+    env: Any
+    budget: float  # seconds the episode may still spend in its environment
+    ids: list[int] = field(default_factory=list)  # response row: sampled + observation ids
+    mask: list[bool] = field(default_factory=list)  # True on sampled ids
+    logprobs: list[float] = field(default_factory=list)  # behaviour log-prob, 0.0 on observation ids
+    pieces: list[str] = field(default_factory=list)  # the conversation after the prompt, for display
+    answer: str = ""  # the last action's text (what reward functions score)
+    ret: float = 0.0  # sum of the environment's rewards
+    turns: int = 0
+    done: bool = False  # ended by the environment
+    live: bool = True
+    timed_out: bool = False
+    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(INFO_COUNTERS, 0))
+
+
+@dataclass
+class EpisodeStats:
+    """What one ``generate`` call's episodes add to the step: returns and metrics."""
+
+    returns: torch.Tensor  # [B] float32, sum of environment rewards per episode
+    metrics: dict[str, float]
+
+
+class EpisodeRunner:
+    """Runs episodes of ``make_env()`` environments with ``engine`` (see the module docstring).
+
+    ``generate`` returns the episodes as a :class:`~tandem.types.RolloutBatch` (one row per episode,
+    a prompt's ``n`` episodes consecutive, as an engine's samples); :attr:`last` then holds their
+    returns and metrics. Prompts are the rendered texts an engine gets; the environment's ``reset``
+    receives the row ``{"prompt": text, **extras}`` and returns the first prompt (text, or messages,
+    rendered with the tokenizer's chat template)."""
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        make_env: EnvFactory = SingleTurn,
+        settings: EpisodeSettings | None = None,
+        *,
+        tokenizer: Any = None,
+    ) -> None:
+        self.engine, self.make_env = engine, make_env
+        self.settings = settings or EpisodeSettings()
+        self.tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
+        self.last: EpisodeStats | None = None
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    def generate(
+        self,
+        prompts: list[str],
+        params: SamplingParams | Sequence[SamplingParams],
+        *,
+        group_offset: int = 0,
+        extras: list[dict] | None = None,
+        on_chunk: ChunkCallback | None = None,
+        chunk_tokens: int = 4,
+    ) -> RolloutBatch:
+        """The episodes of ``params.n`` samples per prompt (see the class docstring)."""
+        each = per_prompt(params, len(prompts))
+        rows = [{**(extras[i] if extras else {}), "prompt": p} for i, p in enumerate(prompts)]
+        loop = asyncio.new_event_loop()
+        # One thread per episode at most: plain (blocking) steps and tools of every episode overlap.
+        pool = ThreadPoolExecutor(max_workers=min(MAX_THREADS, max(1, sum(p.n for p in each))))
+        loop.set_default_executor(pool)
+        try:
+            return self._run(loop, rows, params, each, group_offset, extras, on_chunk, chunk_tokens)
+        finally:
+            loop.close()
+            pool.shutdown(wait=False)  # a timed-out step's thread is not waited for
+
+    def _run(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        rows: list[dict[str, Any]],
+        params: SamplingParams | Sequence[SamplingParams],
+        each: list[SamplingParams],
+        group_offset: int,
+        extras: list[dict] | None,
+        on_chunk: ChunkCallback | None,
+        chunk_tokens: int,
+    ) -> RolloutBatch:
+        s = self.settings
+        budget = s.timeout_s if s.timeout_s is not None else float("inf")
+        episodes = [Episode(self._new_env(), budget) for p in each for _ in range(p.n)]
+        owner = [i for i, p in enumerate(each) for _ in range(p.n)]  # prompt index of every episode
+        t0 = time.perf_counter()
+        firsts = self._gather(loop, [self._reset(e, rows[i]) for e, i in zip(episodes, owner, strict=True)])
+        env_s = time.perf_counter() - t0
+        first = self.engine.generate(
+            self._first_prompts(firsts, owner, len(rows)),
+            params,
+            group_offset=group_offset,
+            extras=extras,
+            on_chunk=on_chunk,
+            chunk_tokens=chunk_tokens,
+        )
+        batch, live_rows, turn = first, list(range(first.batch_size)), 1
+        while True:
+            for k, r in enumerate(live_rows):
+                _append_turn(episodes[r], batch, k)
+            t0 = time.perf_counter()
+            self._gather(loop, [self._step(episodes[r], turn) for r in live_rows])
+            env_s += time.perf_counter() - t0
+            live_rows = [r for r in live_rows if episodes[r].live]
+            if not live_rows:
+                break
+            turn += 1
+            contexts = [_prompt_row(first, r) + episodes[r].ids for r in live_rows]
+            batch = self.engine.generate_ids(contexts, _turn_params(each, owner, live_rows, turn))
+        self.last = _stats(episodes, env_s)
+        if all(not e.pieces[1:] for e in episodes):  # single-turn: the engine's batch, unchanged
+            return first
+        return _assemble(first, episodes, self.tokenizer.pad_token_id)
+
+    def _new_env(self) -> Any:
+        try:
+            return self.make_env()
+        except TandemError:
+            raise
+        except Exception as err:
+            raise EnvError(
+                f"building the environment raised {type(err).__name__}: {err}", where=self.settings.where
+            ) from None
+
+    def _gather(self, loop: asyncio.AbstractEventLoop, jobs: list[Any]) -> list[Any]:
+        """Run ``jobs`` (coroutines) to completion: together, or one by one (``concurrent=False``)."""
+
+        async def together() -> list[Any]:
+            return list(await asyncio.gather(*jobs))
+
+        async def serial() -> list[Any]:
+            return [await j for j in jobs]
+
+        return loop.run_until_complete(together() if self.settings.concurrent else serial())
+
+    async def _reset(self, e: Episode, row: dict[str, Any]) -> Any:
+        try:
+            return await _timed(e, _call(e.env.reset, row))
+        except TimeoutError:
+            raise EnvError(
+                f"the environment's reset took longer than {self.settings.timeout_s:g}s",
+                where=f"{self.settings.where}.timeout_s",
+            ) from None
+        except TandemError:
+            raise
+        except Exception as err:
+            raise EnvError(
+                f"the environment's reset raised {type(err).__name__}: {err}", where=self.settings.where
+            ) from None
+
+    async def _step(self, e: Episode, turn: int) -> None:
+        """Step ``e`` with its last action: reward, counters, then the observation ids (or the end)."""
+        try:
+            out = await _timed(e, _call(e.env.step, e.answer))
+        except TimeoutError:
+            e.live, e.timed_out = False, True  # the episode stops here; no reward for the turn
+            return
+        except TandemError:
+            raise
+        except Exception as err:
+            raise EnvError(
+                f"the environment's step raised {type(err).__name__}: {err}", where=self.settings.where
+            ) from None
+        obs, reward, done, info = _check_step(out, self.settings.where)
+        e.ret += reward
+        for key in INFO_COUNTERS:
+            e.counters[key] += int(info.get(key, 0) or 0)
+        e.done = bool(done)
+        if e.done or turn >= self.settings.max_turns:
+            e.live = False
+            return
+        ids = self.tokenizer(obs, add_special_tokens=False)["input_ids"] if obs else []  # tokenised once
+        ids = ids[: self.settings.max_observation_tokens]
+        e.ids += ids
+        e.mask += [False] * len(ids)
+        e.logprobs += [0.0] * len(ids)
+        e.pieces.append(obs)
+
+    def _first_prompts(self, firsts: list[Any], owner: list[int], num_prompts: int) -> list[str]:
+        """One prompt text per row: the reset observation its episodes share (messages rendered)."""
+        texts: list[str | None] = [None] * num_prompts
+        for obs, i in zip(firsts, owner, strict=True):
+            if not isinstance(obs, str | list):
+                raise EnvError(
+                    f"reset must return a prompt (text or messages), got {type(obs).__name__}",
+                    where=self.settings.where,
+                )
+            text = (
+                obs if isinstance(obs, str) else render_prompts(self.tokenizer, [obs], where="env reset")[0]
+            )
+            if texts[i] is None:
+                texts[i] = text
+            elif texts[i] != text:
+                raise EnvError(
+                    f"reset returned different prompts for the episodes of row {i}: a group's episodes must "
+                    "start from the same observation",
+                    where=self.settings.where,
+                )
+        return [t or "" for t in texts]
+
+
+async def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``: awaited when async, in a worker thread when plain (so blocking steps overlap)."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args)
+    out = await asyncio.to_thread(fn, *args)
+    return await out if inspect.isawaitable(out) else out
+
+
+async def _timed(e: Episode, job: Any) -> Any:
+    """Await ``job`` within what is left of ``e``'s environment budget (TimeoutError past it)."""
+    t0 = time.perf_counter()
+    try:
+        return await asyncio.wait_for(job, None if e.budget == float("inf") else max(0.0, e.budget))
+    finally:
+        e.budget -= time.perf_counter() - t0
+
+
+def _check_step(out: Any, where: str) -> tuple[str, float, bool, dict[str, Any]]:
+    """``step``'s ``(observation, reward, done, info)``, checked; EnvError naming what is wrong."""
+    if not isinstance(out, tuple | list) or len(out) != 4:
+        raise EnvError("step must return (observation, reward, done, info)", where=where)
+    obs, reward, done, info = out
+    if not isinstance(obs, str):
+        raise EnvError(f"step's observation must be text, got {type(obs).__name__}", where=where)
+    try:
+        reward = float(reward)
+    except (TypeError, ValueError):
+        raise EnvError(f"step's reward must be a number, got {reward!r}", where=where) from None
+    if reward != reward or reward in (float("inf"), float("-inf")):
+        raise EnvError(f"step's reward must be finite, got {reward}", where=where)
+    if info is None:
+        info = {}
+    if not isinstance(info, dict):
+        raise EnvError(f"step's info must be a dict, got {type(info).__name__}", where=where)
+    return obs, reward, bool(done), info
+
+
+def _prompt_row(batch: RolloutBatch, row: int) -> list[int]:
+    """The real (unpadded) prompt ids of ``row``."""
+    return batch.prompt_ids[row][batch.prompt_mask[row]].tolist()
+
+
+def _append_turn(e: Episode, batch: RolloutBatch, row: int) -> None:
+    """Append row ``row`` of a turn's batch (sampled ids and their log-probs) to ``e``."""
+    n = int(batch.response_mask[row].sum())
+    e.ids += batch.response_ids[row, :n].tolist()
+    e.mask += [True] * n
+    e.logprobs += batch.behavior_logprobs[row, :n].tolist()
+    e.answer = batch.completions[row]
+    e.pieces.append(batch.completions[row])
+    e.turns += 1
+
+
+def _turn_params(
+    each: list[SamplingParams], owner: list[int], live_rows: list[int], turn: int
+) -> SamplingParams | list[SamplingParams]:
+    """Sampling parameters of a later turn, one sample per live episode: one set for the batch when the
+    prompts share theirs (one RNG stream; the seed moved on per turn), else one per episode."""
+
+    def turn_seed(p: SamplingParams, salt: int) -> int | None:
+        return None if p.seed is None else (p.seed * 31 + turn * 1_000_003 + salt) % (2**31 - 1)
+
+    if all(p == each[0] for p in each):
+        return replace(each[0], n=1, seed=turn_seed(each[0], 0))
+    return [replace(each[owner[r]], n=1, seed=turn_seed(each[owner[r]], r)) for r in live_rows]
+
+
+def _assemble(first: RolloutBatch, episodes: list[Episode], pad: int) -> RolloutBatch:
+    """The episodes as one batch: turn 1's prompts and labels, the episodes' response rows."""
+    B, R = len(episodes), max(1, max(len(e.ids) for e in episodes))
+    ids = torch.full((B, R), pad, dtype=torch.long)  # [B, R]
+    mask = torch.zeros((B, R), dtype=torch.bool)  # [B, R]
+    logprobs = torch.zeros((B, R), dtype=torch.float32)  # [B, R]
+    for b, e in enumerate(episodes):
+        n = len(e.ids)
+        ids[b, :n] = torch.tensor(e.ids, dtype=torch.long)
+        mask[b, :n] = torch.tensor(e.mask, dtype=torch.bool)
+        logprobs[b, :n] = torch.tensor(e.logprobs, dtype=torch.float32)
+    return replace(
+        first,
+        response_ids=ids,
+        response_mask=mask,
+        behavior_logprobs=logprobs,
+        completions=[e.answer for e in episodes],
+        finish_reasons=["stop" if e.done else "length" for e in episodes],
+        extras=[
+            {**x, "conversation": "".join(e.pieces)} for x, e in zip(first.extras, episodes, strict=True)
+        ],
+    )
+
+
+def _stats(episodes: list[Episode], env_s: float) -> EpisodeStats:
+    """Returns ``[B]`` and the per-episode means of a call's episodes."""
+    B = max(1, len(episodes))
+    calls = sum(e.counters["tool_calls"] for e in episodes)
+    errors = sum(e.counters["tool_errors"] for e in episodes)
+    metrics = {
+        "agent/turns_mean": sum(e.turns for e in episodes) / B,
+        "agent/tool_calls_mean": calls / B,
+        "agent/tool_error_rate": errors / calls if calls else 0.0,
+        "agent/sandbox_kills": float(sum(e.counters["sandbox_kills"] for e in episodes)),
+        "agent/timeouts": float(sum(e.timed_out for e in episodes)),
+        "agent/unfinished_frac": sum(not e.done for e in episodes) / B,
+        "agent/return_mean": sum(e.ret for e in episodes) / B,
+        "timing/env": env_s,
+    }
+    return EpisodeStats(torch.tensor([e.ret for e in episodes], dtype=torch.float32), metrics)
