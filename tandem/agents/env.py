@@ -44,6 +44,7 @@ ENVIRONMENTS: dict[str, str] = {
     "single_turn": "tandem.agents.env:SingleTurn",
     "calculator": "tandem.agents.calculator:Calculator",
     "guess": "tandem.agents.guess:GuessNumber",
+    "python": "tandem.agents.python_env:PythonCountdown",
 }  # built-in environments (env.name): one line each, imported only when chosen
 
 INFO_COUNTERS = ("tool_calls", "tool_errors", "sandbox_kills")  # info keys summed per episode
