@@ -13,7 +13,9 @@ The model writes calls in a *format*, chosen by name from :data:`TOOL_CALL_FORMA
       {"name": "calc", "arguments": {"expression": "12*34"}}
       </tool_call>
 
-  Tool results come back as ``<tool_response>\\n...\\n</tool_response>``.
+  A last call left open (generation stopped at ``</tool_call>`` as a stop string, or at the end of
+  the sequence) counts when its JSON is complete. Tool results come back as
+  ``<tool_response>\\n...\\n</tool_response>``.
 - ``plain`` — compact enough for a tiny character-level model to learn: ``CALL name(argument)``.
   A tool with exactly one parameter takes the raw text between the parentheses as that parameter
   (``CALL calc(12*34)``, ``CALL python(print(2**10))``; a number parameter is parsed as a JSON number); a
@@ -68,13 +70,14 @@ ToolFn = Callable[..., "str | ToolOutput | Awaitable[str | ToolOutput]"]
 @dataclass(frozen=True)
 class ToolSpec:
     """A tool: ``parameters`` is a JSON-schema object (``{"type": "object", "properties": {...},
-    "required": [...]}``); ``fn(**arguments)`` runs it. ConfigError at construction for a bad name or
-    schema."""
+    "required": [...]}``); ``fn(**arguments)`` runs it. ``fn`` None declares a tool that someone else
+    runs (a served model's client): its calls are parsed and validated, and executing one here is an
+    error result. ConfigError at construction for a bad name or schema."""
 
     name: str
     description: str
     parameters: Mapping[str, Any]
-    fn: ToolFn
+    fn: ToolFn | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
@@ -82,7 +85,7 @@ class ToolSpec:
         err = check_schema(self.parameters, where=f"tool '{self.name}' parameters")
         if err:
             raise ConfigError(err)
-        if not callable(self.fn):
+        if self.fn is not None and not callable(self.fn):
             raise ConfigError(f"tool '{self.name}': fn is not callable")
 
     def properties(self) -> dict[str, Any]:
@@ -207,11 +210,11 @@ class HermesFormat:
         while (start := text.find(self._OPEN, pos)) >= 0:
             prose.append(text[pos:start])
             end = text.find(self._CLOSE, start)
-            if end < 0:
-                raw = text[start:]
-                calls.append(
-                    ToolCall(f"call_{len(calls)}", "", {}, raw, "unterminated <tool_call> (no </tool_call>)")
-                )
+            if end < 0:  # generation stopped at "</tool_call>" (a stop string, cut) or at EOS
+                call = self._one(len(calls), text[start + len(self._OPEN) :], text[start:], tools)
+                if call.error is not None and call.name == "":
+                    call = ToolCall(call.id, "", {}, call.raw, f"unterminated <tool_call>: {call.error}")
+                calls.append(call)
                 pos = len(text)
                 break
             raw = text[start : end + len(self._CLOSE)]
@@ -402,9 +405,14 @@ async def call_tool(
     ``max_chars`` is truncated with a marker."""
     if call.error is not None:
         return ToolResult(call.id, call.name, call.error, error=True)
+    fn = tools[call.name].fn
+    if fn is None:
+        return ToolResult(
+            call.id, call.name, f"tool '{call.name}' is declared but not runnable here", error=True
+        )
     start = time.perf_counter()
     try:
-        out = await asyncio.wait_for(_invoke(tools[call.name].fn, call.arguments), timeout_s)
+        out = await asyncio.wait_for(_invoke(fn, call.arguments), timeout_s)
     except TimeoutError:
         msg = f"tool '{call.name}' timed out after {timeout_s:g}s"
         return ToolResult(call.id, call.name, msg, True, time.perf_counter() - start, "wall_time")

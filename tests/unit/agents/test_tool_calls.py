@@ -135,6 +135,25 @@ def test_hermes_malformed_calls_are_errors_not_exceptions(body, error):
     assert "\n" not in parsed.calls[0].error
 
 
+def test_hermes_last_call_left_open_counts_when_its_json_is_complete():
+    # generation stopped at the stop string "</tool_call>" (cut) or at EOS
+    body = json.dumps({"name": "calc", "arguments": {"expression": "1+1"}})
+    parsed = parse_tool_calls(f"ok <tool_call>{body}\n</tool_call><tool_call>\n{body}\n", TOOLS, "hermes")
+    assert not parsed.error and [c.arguments for c in parsed.calls] == [{"expression": "1+1"}] * 2
+    cut = parse_tool_calls(f"<tool_call>{body[:-2]}", TOOLS, "hermes")
+    assert cut.error and cut.calls[0].error.startswith(
+        "unterminated <tool_call>: tool call is not valid JSON"
+    )
+
+
+def test_declared_only_tool_is_parsed_but_not_run():
+    declared = ToolSpec("calc", "", CALC.parameters)
+    parsed = parse_tool_calls("CALL calc(1+1)", [declared], "plain")
+    assert not parsed.error
+    (result,) = asyncio.run(run_tool_calls(parsed, [declared]))
+    assert result.error and "not runnable here" in result.content
+
+
 def test_no_calls():
     parsed = parse_tool_calls("  The answer is 4. ", TOOLS, "hermes")
     assert parsed.calls == () and not parsed.error and parsed.content == "The answer is 4."
