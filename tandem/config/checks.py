@@ -231,11 +231,18 @@ def check_config(cfg: CheckedConfig) -> None:
         and not cfg.reward.functions
         and cfg.reward.format_regex is None
         and cfg.reward.model is None
+        and cfg.env is None  # an environment's rewards are enough
     ):
         raise CrossFieldError(
             "reward.functions", "no reward: enable reward.task_reward or add reward.functions"
         )
-    if cfg.reward.task_reward and cfg.data.task is None and not cfg.reward.functions and not cfg.reward.model:
+    if (
+        cfg.reward.task_reward
+        and cfg.data.task is None
+        and not cfg.reward.functions
+        and not cfg.reward.model
+        and cfg.env is None
+    ):
         raise CrossFieldError("reward.functions", "a dataset from data.train_file needs reward.functions")
     batch = cfg.samples_per_step
     mini = cfg.trainer.mini_batch_size or batch

@@ -4,9 +4,23 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from tandem.config.base import Section
+
+# tandem.models.init_model's size and kind options (its other arguments, out_dir and seed, come from the
+# run); kept equal to its signature by tests/unit/config/test_warm_start_options.py.
+INIT_MODEL_OPTIONS = (
+    "arch",
+    "tokenizer",
+    "vocab_size",
+    "hidden_size",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+)
 
 
 class WarmStartConfig(Section):
@@ -19,8 +33,20 @@ class WarmStartConfig(Section):
     train_size: int = Field(4096, ge=1, description="Rows generated from the task's train split.")
     base: str | None = Field(None, description="Start from this HF folder instead of a new tiny model.")
     model_options: dict[str, Any] = Field(
-        default_factory=dict, description="init_tiny_model options (hidden_size, ...)."
+        default_factory=dict,
+        description="init_model options of the new base: arch (llama, qwen2), tokenizer (char, bpe), "
+        "hidden_size, num_layers, ...",
     )
+
+    @field_validator("model_options")
+    @classmethod
+    def _known_model_options(cls, value: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(value) - set(INIT_MODEL_OPTIONS))
+        if unknown:
+            raise ValueError(
+                f"unknown option(s) {', '.join(unknown)}; known: {', '.join(INIT_MODEL_OPTIONS)}"
+            )
+        return value
 
 
 class LoraConfig(Section):

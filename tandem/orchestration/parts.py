@@ -33,6 +33,8 @@ from tandem.orchestration.remote import mirror_checkpoint
 from tandem.rewards import RewardSet
 from tandem.rollout.base import RolloutEngine, SamplingParams
 from tandem.train.checkpoint import load_checkpoint, save_checkpoint
+from tandem.rollout.environments import episode_runner
+from tandem.rollout.episodes import mean_stats
 from tandem.train.optim import build_optimizer, build_scheduler
 from tandem.utils.seed import seed_everything
 
@@ -148,4 +150,9 @@ def evaluate_heldout(parts: RunParts) -> dict[str, float]:
         return {}
     r = parts.cfg.rollout
     params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=0.0, n=1, stop=list(r.stop))
-    return evaluate_prompts(parts.engine, ev.rows, parts.eval_rewards, params)
+    if parts.cfg.env is None:
+        return evaluate_prompts(parts.engine, ev.rows, parts.eval_rewards, params)
+    runner = episode_runner(parts.cfg.env, parts.engine)  # held-out episodes, scored on the final answer
+    runner.log = []
+    metrics = evaluate_prompts(runner, ev.rows, parts.eval_rewards, params)
+    return {**metrics, **{f"eval/{k}": v for k, v in mean_stats(runner.log).items()}}

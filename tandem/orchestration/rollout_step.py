@@ -29,6 +29,7 @@ from tandem.monitor import PhaseTimer
 from tandem.orchestration.scoring import OverlongShaping, collect_dynamic, score_rollout
 from tandem.rewards import RewardSet
 from tandem.rollout.base import ChunkCallback, RolloutEngine, SamplingParams
+from tandem.rollout.environments import episode_runner
 from tandem.types import RolloutBatch
 
 REFILL_GROUPS = 1 << 40  # group ids of a worker's dynamic-sampling refill rounds start here
@@ -150,6 +151,7 @@ class RolloutStep:
         self.cfg, self.engine, self.rewards, self.prompts = cfg, engine, rewards, prompts
         self.timer, self.pad_token_id = timer, pad_token_id
         self.overlong = overlong_shaping(cfg)
+        self.episodes = episode_runner(cfg.env, engine)  # every sample is an episode (single-turn: one step)
 
     def generate(
         self, step: int, round_: int, on_chunk: ChunkCallback | None = None
@@ -161,7 +163,7 @@ class RolloutStep:
         offset = self.prompts.group_offset(step, round_, len(rows))
         with self.timer.phase("generate"):
             texts = render_prompts(getattr(self.engine, "tokenizer", None), prompts, where="data.train_file")
-            batch = self.engine.generate(
+            batch = self.episodes.generate(
                 texts,
                 sampling_params(self.cfg, step, round_),
                 group_offset=offset,
@@ -175,7 +177,19 @@ class RolloutStep:
             inputs = reward_inputs(per_sample, batch.completions)
         with self.timer.phase("reward"):
             scores, metrics = score_rollout(batch, self.rewards, self.overlong, inputs=inputs)
+        scores, metrics = self._add_episodes(scores, metrics)
         return batch, scores, metrics
+
+    def _add_episodes(
+        self, scores: torch.Tensor, metrics: dict[str, float]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Scores plus the episodes' environment returns; with an ``env``, the episode metrics too."""
+        episodes = self.episodes.last
+        if episodes is None:
+            return scores, metrics
+        if self.cfg.env is not None:
+            metrics = {**metrics, **episodes.metrics}
+        return scores + episodes.returns, metrics
 
     def __call__(self, step: int, on_chunk: ChunkCallback | None = None) -> ScoredBatch:
         """Step ``step``'s scored batch; ``on_chunk`` is the engine's in-flight weight-update hook."""
@@ -196,10 +210,16 @@ class RolloutStep:
 
 
 def sample_rows(batch: RolloutBatch, scores: torch.Tensor, n: int, group_size: int) -> list[dict[str, Any]]:
-    """The first sample of up to ``n`` groups: prompt, completion and reward, to read for reward hacking."""
+    """The first sample of up to ``n`` groups: prompt, completion and reward, to read for reward hacking.
+    A multi-turn episode's completion is its whole conversation (model turns and observations)."""
     rows = range(0, batch.batch_size, max(1, group_size))[:n]
+    extras = batch.extras or [{}] * batch.batch_size
     return [
-        {"prompt": batch.prompts[i], "completion": batch.completions[i], "reward": float(scores[i])}
+        {
+            "prompt": batch.prompts[i],
+            "completion": extras[i].get("conversation", batch.completions[i]),
+            "reward": float(scores[i]),
+        }
         for i in rows
     ]
 

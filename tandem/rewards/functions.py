@@ -84,11 +84,10 @@ class RewardResult:
 
 
 class RewardSet:
-    """Several reward functions with weights, evaluated together on a batch."""
+    """Several reward functions with weights, evaluated together on a batch. An empty set scores 0 (a
+    run whose rewards all come from its environment's episodes)."""
 
     def __init__(self, functions: Sequence[RewardFunction], *, on_error: OnError = "raise") -> None:
-        if not functions:
-            raise ConfigError("a reward set needs at least one reward function")
         names = [f.name for f in functions]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

@@ -116,6 +116,7 @@ class EpisodeRunner:
         self.settings = settings or EpisodeSettings()
         self.tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
         self.last: EpisodeStats | None = None
+        self.log: list[EpisodeStats] | None = None  # a list: every call's stats are appended to it
 
     @property
     def version(self) -> int:
@@ -184,6 +185,8 @@ class EpisodeRunner:
             contexts = [_prompt_row(first, r) + episodes[r].ids for r in live_rows]
             batch = self.engine.generate_ids(contexts, _turn_params(each, owner, live_rows, turn))
         self.last = _stats(episodes, env_s)
+        if self.log is not None:
+            self.log.append(self.last)
         if all(not e.pieces[1:] for e in episodes):  # single-turn: the engine's batch, unchanged
             return first
         return _assemble(first, episodes, self.tokenizer.pad_token_id)
@@ -382,3 +385,25 @@ def _stats(episodes: list[Episode], env_s: float) -> EpisodeStats:
         "timing/env": env_s,
     }
     return EpisodeStats(torch.tensor([e.ret for e in episodes], dtype=torch.float32), metrics)
+
+
+def mean_stats(stats: list[EpisodeStats]) -> dict[str, float]:
+    """The metrics of several calls' episodes together (means weighted by episodes; counts and
+    ``timing/env`` summed)."""
+    total = sum(int(s.returns.numel()) for s in stats)
+    if not total:
+        return {}
+    summed = {"agent/sandbox_kills", "agent/timeouts", "timing/env"}
+    out: dict[str, float] = {}
+    for key in stats[0].metrics:
+        if key in summed:
+            out[key] = sum(s.metrics[key] for s in stats)
+        else:
+            out[key] = sum(s.metrics[key] * s.returns.numel() for s in stats) / total
+    calls = sum(s.metrics["agent/tool_calls_mean"] * s.returns.numel() for s in stats)
+    errors = sum(
+        s.metrics["agent/tool_error_rate"] * s.metrics["agent/tool_calls_mean"] * s.returns.numel()
+        for s in stats
+    )
+    out["agent/tool_error_rate"] = errors / calls if calls else 0.0
+    return out

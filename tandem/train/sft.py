@@ -116,15 +116,16 @@ def build_warm_start(
     model_options: dict[str, Any] | None = None,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
 ) -> Path:
-    """Build a warm-start policy: a tiny char-level Llama (or ``base``) fine-tuned on a built-in task's
-    reference answers, saved atomically to ``out_dir``. Equivalent CLI::
+    """Build a warm-start policy: a new small model (``model_options`` are :func:`init_model`'s: a
+    char-level Llama by default, or e.g. ``{arch: qwen2, tokenizer: bpe}``), or ``base``, fine-tuned on a
+    built-in task's reference answers, saved atomically to ``out_dir``. Equivalent CLI::
 
-        tandem init-model BASE --seed SEED && \\
+        tandem init-model BASE --seed SEED [--arch qwen2 --tokenizer bpe ...] && \\
         tandem sft BASE --task arith --task-option digits=2 --steps 300 --weight-decay 0.0 --seed SEED --out OUT
     """
     from tandem.data import rows_from_task
     from tandem.data.outputs import check_output_dir
-    from tandem.models import init_tiny_model, load_causal_lm, load_tokenizer, save_pretrained_atomic
+    from tandem.models import init_model, load_causal_lm, load_tokenizer, save_pretrained_atomic
     from tandem.rewards import get_task
 
     out_dir = Path(out_dir)
@@ -132,7 +133,7 @@ def build_warm_start(
     base_dir = (
         Path(base)
         if base
-        else init_tiny_model(
+        else init_model(
             out_dir.with_name(out_dir.name + ".base"),
             seed=seed,
             created_by="tandem sft (warm-start base)",
