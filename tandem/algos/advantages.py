@@ -27,6 +27,9 @@ class AdvantageInputs:
     token_rewards: torch.Tensor | None = None  # [B, T] float, e.g. a per-token KL penalty
     values: torch.Tensor | None = None  # [B, T] float, critic values V(s_t)
     baseline_scores: torch.Tensor | None = None  # [B] float, e.g. reward of the greedy sample (ReMax)
+    logprobs: torch.Tensor | None = None  # [B, T] float, the sampling policy's log-prob of each token
+    teacher_logprobs: torch.Tensor | None = None  # [B, T] float, a teacher's log-prob of the same tokens
+    reward_weight: float = 0.0  # opd: weight of the group-centred sequence reward beside the teacher term
     gamma: float = 1.0
     lam: float = 1.0
     norm_by_std: bool = True
@@ -84,6 +87,9 @@ def compute_advantages(
     token_rewards: torch.Tensor | None = None,
     values: torch.Tensor | None = None,
     baseline_scores: torch.Tensor | None = None,
+    logprobs: torch.Tensor | None = None,
+    teacher_logprobs: torch.Tensor | None = None,
+    reward_weight: float = 0.0,
     gamma: float = 1.0,
     lam: float = 1.0,
     norm_by_std: bool = True,
@@ -103,6 +109,9 @@ def compute_advantages(
         token_rewards=None if token_rewards is None else token_rewards.detach().float(),
         values=None if values is None else values.detach().float(),
         baseline_scores=None if baseline_scores is None else baseline_scores.detach().float(),
+        logprobs=None if logprobs is None else logprobs.detach().float(),
+        teacher_logprobs=None if teacher_logprobs is None else teacher_logprobs.detach().float(),
+        reward_weight=reward_weight,
         gamma=gamma,
         lam=lam,
         norm_by_std=norm_by_std,
@@ -127,7 +136,9 @@ def _check_inputs(name: str, spec: AdvantageSpec, inp: AdvantageInputs) -> None:
             raise ValueError(
                 f"advantage estimator {name!r} needs {field}=...; pass it or pick another estimator"
             )
-    for field, shape in (("token_rewards", (b, t)), ("values", (b, t)), ("baseline_scores", (b,))):
+    shapes = [("token_rewards", (b, t)), ("values", (b, t)), ("baseline_scores", (b,))]
+    shapes += [("logprobs", (b, t)), ("teacher_logprobs", (b, t))]
+    for field, shape in shapes:
         x = getattr(inp, field)
         if x is not None and tuple(x.shape) != shape:
             raise ValueError(f"advantage {name!r}: {field} must have shape {shape}, got {tuple(x.shape)}")
@@ -252,3 +263,23 @@ def _remax(inp: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     assert inp.baseline_scores is not None
     adv = inp.scores - inp.baseline_scores
     return _broadcast(adv, inp.response_mask), _broadcast(inp.scores, inp.response_mask)
+
+
+@_register(
+    "opd",
+    requires=("logprobs", "teacher_logprobs"),
+    summary="on-policy distillation: log pi_teacher - log pi_student per token (+ w * (R - group mean))",
+)
+def _opd(inp: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each sampled token's advantage is the negative of its reverse-KL sample estimate,
+    ``A_t = -(log pi_student(y_t) - log pi_teacher(y_t))``: positive where the teacher likes the token more
+    than the student, so maximising it minimises KL(student || teacher) on the student's own samples. No
+    discount: a token's advantage is its own term (gamma and lam are not used). With ``reward_weight`` w,
+    ``w * (R - mean of R over the group)`` is added to every token of the sample (0 for a group of one)."""
+    assert inp.logprobs is not None and inp.teacher_logprobs is not None
+    adv = inp.teacher_logprobs - inp.logprobs  # [B, T]
+    if inp.reward_weight:
+        mean, _, _ = group_stats(inp.scores, inp.group_ids)
+        adv = adv + inp.reward_weight * (inp.scores - mean).unsqueeze(-1)
+    adv = torch.where(inp.response_mask, adv, torch.zeros_like(adv))  # padding may hold any value
+    return adv, adv

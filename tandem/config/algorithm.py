@@ -43,6 +43,21 @@ class KLConfig(Section):
     )
 
 
+class OPDConfig(Section):
+    teacher: str | None = Field(
+        None,
+        description="On-policy distillation: the teacher's local model folder (or object-storage URL). It "
+        "scores every token the student samples and must share the student's tokenizer; loaded on the "
+        "learner only. Required by the opd estimator, refused by the others.",
+    )
+    reward_weight: float = Field(
+        0.0,
+        ge=0,
+        description="Weight of the task reward beside the teacher term: w·(R − group mean) is added to "
+        "every token's advantage (needs rollout.n >= 2); 0 distils only.",
+    )
+
+
 class AlgorithmConfig(Section):
     name: str = Field("grpo", description=f"Preset filling the fields below: {', '.join(ALGORITHM_PRESETS)}.")
     advantage: str | None = Field(
@@ -89,6 +104,10 @@ class AlgorithmConfig(Section):
     )
     correction_high: float = Field(
         2.0, description="Cap (TIS) or upper bound on ρ (MIS, RS) of the IS weight."
+    )
+    opd: OPDConfig = Field(
+        default_factory=OPDConfig,
+        description="On-policy distillation (algorithm.name=opd): the teacher and the task-reward weight.",
     )
 
     @model_validator(mode="before")

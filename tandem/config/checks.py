@@ -34,8 +34,9 @@ class CheckedConfig(Protocol):
     def samples_per_step(self) -> int: ...
 
 
-# Optional estimator inputs the trainer provides (a critic's values, when a critic section is set).
-TRAINER_PROVIDES = frozenset({"values"})
+# Optional estimator inputs the trainer provides (a critic's values, when a critic section is set; the
+# sampled tokens' log-probs, always). A teacher's log-probs come only with algorithm.opd.teacher set.
+TRAINER_PROVIDES = frozenset({"values", "logprobs"})
 
 
 def _check_names(cfg: CheckedConfig) -> None:
@@ -79,11 +80,11 @@ def _check_algorithm(cfg: CheckedConfig) -> None:
             "critic.shared_backbone=true puts the value head on the policy; remove critic.path "
             "(or set critic.shared_backbone=false for a separate value model)",
         )
-    missing = [r for r in adv.requires if r not in TRAINER_PROVIDES]
+    _check_teacher(cfg, "teacher_logprobs" in adv.requires)
+    provides = TRAINER_PROVIDES | ({"teacher_logprobs"} if a.opd.teacher else set())
+    missing = [r for r in adv.requires if r not in provides]
     if missing:
-        usable = [
-            n for n in ADVANTAGE_ESTIMATORS if TRAINER_PROVIDES.issuperset(ADVANTAGE_ESTIMATORS[n].requires)
-        ]
+        usable = [n for n in ADVANTAGE_ESTIMATORS if provides.issuperset(ADVANTAGE_ESTIMATORS[n].requires)]
         raise CrossFieldError(
             "algorithm.advantage",
             f"'{a.advantage}' needs {', '.join(missing)}, which this trainer does not provide yet; "
@@ -116,6 +117,28 @@ def _check_algorithm(cfg: CheckedConfig) -> None:
                     key,
                     f"'{a.policy_loss}' needs whole groups per batch: {key} must be a multiple of rollout.n",
                 )
+
+
+def _check_teacher(cfg: CheckedConfig, needs_teacher: bool) -> None:
+    """A teacher exactly when the estimator scores with one (``teacher_logprobs`` in its ``requires``);
+    its task-reward term is group-centred, so a weight needs groups of two or more."""
+    a = cfg.algorithm
+    if needs_teacher and not a.opd.teacher:
+        raise CrossFieldError(
+            "algorithm.opd.teacher",
+            f"advantage '{a.advantage}' distils from a teacher: set algorithm.opd.teacher to its model "
+            "folder (same tokenizer as model.path)",
+        )
+    if a.opd.teacher and not needs_teacher:
+        raise CrossFieldError(
+            "algorithm.opd.teacher",
+            f"advantage '{a.advantage}' does not use a teacher; remove it or use algorithm.name=opd",
+        )
+    if needs_teacher and a.opd.reward_weight > 0 and cfg.rollout.n < 2:
+        raise CrossFieldError(
+            "algorithm.opd.reward_weight",
+            f"the task-reward term is centred on the group mean and needs rollout.n >= 2 (got {cfg.rollout.n})",
+        )
 
 
 def _warn_off_policy(cfg: CheckedConfig) -> None:

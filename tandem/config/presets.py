@@ -86,6 +86,15 @@ ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
         "lam": 0.95,
         "kl": {"where": "reward"},
     },
+    # On-policy distillation (Agarwal et al. 2024; Thinking Machines 2025): the student samples, a teacher
+    # (algorithm.opd.teacher) scores every token, advantage = log pi_teacher - log pi_student per token.
+    "opd": {
+        **_PPO_DEFAULTS,
+        "advantage": "opd",
+        "policy_loss": "ppo_clip",
+        "aggregation": "token-mean",
+        "norm_by_std": False,
+    },
     # Fully explicit: every field must be given.
     "custom": {**_PPO_DEFAULTS},
 }

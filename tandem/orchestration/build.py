@@ -16,10 +16,11 @@ import torch
 from tandem.algos import ADVANTAGE_ESTIMATORS
 from tandem.config.schema import DataConfig, ModelConfig, RewardConfig, TandemConfig
 from tandem.data import PromptDataset, check_prompt_lengths, load_prompt_dataset, rows_from_task
-from tandem.errors import DataError
+from tandem.errors import ConfigError, DataError
 from tandem.models import init_tiny_model, load_causal_lm, load_tokenizer
 from tandem.models.lora import AdapterDisabled, apply_lora, is_lora
 from tandem.models.value import build_shared_value_head, build_value_model
+from tandem.models.vocab import check_same_vocab
 from tandem.rewards import RewardFunction, RewardSet, format_regex, get_task, load_callable
 from tandem.rewards.tasks.base import Task
 from tandem.rollout import EngineSpec, RolloutEngine, build_engine
@@ -95,6 +96,26 @@ def build_reference(
     ref.eval()
     ref.requires_grad_(False)
     return ref
+
+
+def build_teacher(cfg: TandemConfig, tokenizer: Any) -> torch.nn.Module | None:
+    """The frozen teacher of on-policy distillation (``algorithm.opd.teacher``), or None without one.
+    Its tokenizer must equal the student's ``tokenizer`` (ConfigError naming the key otherwise), since the
+    two models' log-probs of the same token ids are compared."""
+    path = cfg.algorithm.opd.teacher
+    if path is None:
+        return None
+    if not Path(path).exists():
+        raise ConfigError(
+            f"no teacher model folder at {path}",
+            where="algorithm.opd.teacher",
+            hint="train or export the teacher first (configs/opd.yaml: tandem train configs/quickstart.yaml)",
+        )
+    check_same_vocab(tokenizer, load_tokenizer(path), where="algorithm.opd.teacher")
+    teacher = load_causal_lm(path, dtype=cfg.model.dtype)
+    teacher.eval()
+    teacher.requires_grad_(False)
+    return teacher
 
 
 def build_critic(

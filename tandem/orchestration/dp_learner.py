@@ -40,7 +40,7 @@ from tandem.algos import POLICY_LOSSES
 from tandem.config.schema import TandemConfig
 from tandem.errors import TandemError
 from tandem.monitor import PhaseTimer
-from tandem.orchestration.build import build_critic, build_policy, build_reference
+from tandem.orchestration.build import build_critic, build_policy, build_reference, build_teacher
 from tandem.orchestration.learner import LearnerStep
 from tandem.orchestration.parts import optimizer_steps
 from tandem.orchestration.remote import local_models
@@ -300,8 +300,10 @@ def _exit_with_parent() -> None:
 def _serve(spec: RankSpec) -> None:
     cfg = local_models(spec.cfg)  # URLs: this machine's copies (a rank actor may be on another node)
     world = cfg.architecture.learner.world_size
-    policy, _ = build_policy(cfg.model, seed=cfg.run.seed)  # with model.lora, its adapter (as rank 0's)
+    # with model.lora, its adapter (as rank 0's)
+    policy, tokenizer = build_policy(cfg.model, seed=cfg.run.seed)
     ref = build_reference(cfg.model, cfg.algorithm.beta, policy=policy)
+    teacher = build_teacher(cfg, tokenizer)  # on-policy distillation: every rank scores its share
     optimizer = build_optimizer(policy, cfg.trainer)
     # As build_parts: the critic (a shared head joins the policy optimiser) before the scheduler.
     critic, critic_optimizer = build_critic(cfg, seed=cfg.run.seed, policy=policy, optimizer=optimizer)
@@ -335,6 +337,7 @@ def _serve(spec: RankSpec) -> None:
         generator=torch.Generator(),
         critic=critic,
         critic_optimizer=critic_optimizer,
+        teacher=teacher,
     )
     learn.load_state_dict(extra["learner"])  # critic warm-up steps taken (a resumed run)
     learn.dp = dp

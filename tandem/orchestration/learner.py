@@ -56,6 +56,7 @@ class LearnerStep:
     steps_done: int = 0  # learner steps taken (critic warm-up counts these)
     dp: DataParallel | None = None  # this process's rank in a data-parallel learner
     shared_value: SharedValue | None = None  # critic.shared_backbone: the head trains in the policy update
+    teacher: torch.nn.Module | None = None  # on-policy distillation: scores the sampled tokens (frozen)
 
     @classmethod
     def from_config(
@@ -70,6 +71,7 @@ class LearnerStep:
         generator: torch.Generator,
         critic: torch.nn.Module | None = None,
         critic_optimizer: torch.optim.Optimizer | None = None,
+        teacher: torch.nn.Module | None = None,
     ) -> LearnerStep:
         update = UpdateSettings.from_config(
             cfg.algorithm,
@@ -120,6 +122,7 @@ class LearnerStep:
                 if critic is not None and critic_settings is not None and critic_settings.shared_backbone
                 else None
             ),
+            teacher=teacher,
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -154,6 +157,7 @@ class LearnerStep:
                 policy=None if s.on_policy_single_pass else self.policy,
                 ref_model=self.ref_model,
                 critic=self.critic,
+                teacher=self.teacher,
                 beta=beta,
                 logprobs_fn=None if dp is None else partial(dp.scoring_logprobs, scoring_logprobs),
                 values_fn=None if dp is None else partial(dp.scoring_logprobs, critic_values),

@@ -26,15 +26,16 @@ from tandem.orchestration.build import (
     build_reference,
     build_rewards,
     build_rollout_engine,
+    build_teacher,
     enforce_prompt_lengths,
 )
 from tandem.orchestration.learner import LearnerStep
 from tandem.orchestration.remote import mirror_checkpoint
 from tandem.rewards import RewardSet
 from tandem.rollout.base import RolloutEngine, SamplingParams
-from tandem.train.checkpoint import load_checkpoint, save_checkpoint
 from tandem.rollout.environments import episode_runner
 from tandem.rollout.episodes import mean_stats
+from tandem.train.checkpoint import load_checkpoint, save_checkpoint
 from tandem.train.optim import build_optimizer, build_scheduler
 from tandem.utils.seed import seed_everything
 
@@ -55,6 +56,7 @@ class RunParts:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     critic: torch.nn.Module | None = None  # value model, for estimators that need values
     critic_optimizer: torch.optim.Optimizer | None = None
+    teacher: torch.nn.Module | None = None  # on-policy distillation's frozen teacher
 
 
 def optimizer_steps(cfg: TandemConfig) -> int:
@@ -71,6 +73,7 @@ def build_parts(cfg: TandemConfig) -> RunParts:
     """Build every component of a run from the config (the engine samples with the policy module)."""
     seed_everything(cfg.run.seed)
     policy, tokenizer = build_policy(cfg.model, seed=cfg.run.seed)
+    teacher = build_teacher(cfg, tokenizer)  # before the data: a tokenizer mismatch fails first
     data = enforce_prompt_lengths(build_data(cfg.data, seed=cfg.run.seed), tokenizer, cfg.data)
     rewards = build_rewards(cfg.reward, data.task)
     optimizer = build_optimizer(policy, cfg.trainer)
@@ -88,6 +91,7 @@ def build_parts(cfg: TandemConfig) -> RunParts:
         scheduler=build_scheduler(optimizer, cfg.trainer, optimizer_steps(cfg)),
         critic=critic,
         critic_optimizer=critic_optimizer,
+        teacher=teacher,
     )
 
 
@@ -105,6 +109,7 @@ def learner_step(
         generator=generator,
         critic=parts.critic,
         critic_optimizer=parts.critic_optimizer,
+        teacher=parts.teacher,
     )
 
 

@@ -38,6 +38,7 @@ def local_models(cfg: TandemConfig) -> TandemConfig:
     local_cfg = cfg.model_copy(deep=True)
     owners = [(local_cfg.model, "path"), (local_cfg.model, "ref_path")]
     owners += [(local_cfg.critic, "path"), (local_cfg.reward.model, "path")]  # either may be absent
+    owners += [(local_cfg.algorithm.opd, "teacher")]
     changed = False
     for owner, key in owners:
         url = getattr(owner, key) if owner is not None else None

@@ -38,6 +38,8 @@ class ExperienceSettings:
     needs_values: bool = False  # the estimator needs critic values (registry metadata, not a name)
     group_size: int | None = None  # rows come in groups of n sharing a prompt: score the prompt once
     micro_batch_tokens: int | None = None  # score packed chunks of this many real tokens (not rows)
+    needs_teacher: bool = False  # the estimator needs a teacher's log-probs (registry metadata)
+    reward_weight: float = 0.0  # opd: weight of the task reward beside the teacher term
 
     @classmethod
     def from_config(
@@ -64,6 +66,8 @@ class ExperienceSettings:
             needs_values=ADVANTAGE_ESTIMATORS.get(algo.advantage).needs_critic,
             group_size=group_size,
             micro_batch_tokens=micro_batch_tokens,
+            needs_teacher="teacher_logprobs" in ADVANTAGE_ESTIMATORS.get(algo.advantage).requires,
+            reward_weight=algo.opd.reward_weight,
         )
 
 
@@ -120,13 +124,16 @@ def make_experience(
     policy: torch.nn.Module | None = None,
     ref_model: torch.nn.Module | None = None,
     critic: torch.nn.Module | None = None,
+    teacher: torch.nn.Module | None = None,
     beta: float | None = None,
     logprobs_fn: Callable[[torch.nn.Module, RolloutBatch, ExperienceSettings], torch.Tensor] | None = None,
     values_fn: Callable[[torch.nn.Module, RolloutBatch, ExperienceSettings], torch.Tensor] | None = None,
 ) -> tuple[Experience, dict[str, float]]:
     """Compute what the update needs. ``policy`` is given only when old log-probs must be recomputed
     (several epochs or mini-batches); otherwise the update uses its own first forward as the old policy.
-    ``critic`` gives the old values when the estimator needs them; ``beta`` overrides ``s.beta`` (an
+    ``critic`` gives the old values when the estimator needs them; ``teacher`` scores the sampled tokens
+    when it needs a teacher's log-probs (on-policy distillation, metric ``distill/reverse_kl``: the mean
+    per-token ``log pi_student - log pi_teacher``); ``beta`` overrides ``s.beta`` (an
     adaptive KL controller's current coefficient). ``logprobs_fn`` replaces :func:`scoring_logprobs`
     (a data-parallel learner shards these passes over its ranks); ``values_fn`` likewise replaces
     :func:`critic_values`.
@@ -143,13 +150,19 @@ def make_experience(
     if s.needs_values and critic is None:
         raise ValueError(f"advantage '{s.advantage}' needs critic values: pass critic=...")
     values = (values_fn or critic_values)(critic, rollout, s) if s.needs_values else None  # [B, R]
+    if s.needs_teacher and teacher is None:
+        raise ValueError(f"advantage '{s.advantage}' needs a teacher's log-probs: pass teacher=...")
+    teacher_lp = score(teacher, rollout, s) if s.needs_teacher else None  # [B, R]
     metrics: dict[str, float] = {}
     if old is not None:
         mismatch = logprob_mismatch(old, rollout.behavior_logprobs, mask)
         metrics.update({f"rollout/{k}": v for k, v in mismatch.items()})
     token_rewards = None
+    current = old if old is not None else rollout.behavior_logprobs  # the student's, this step
+    if teacher_lp is not None:
+        gap = torch.where(mask, current - teacher_lp, torch.zeros_like(teacher_lp))
+        metrics["distill/reverse_kl"] = float(gap.sum() / mask.sum().clamp(min=1))
     if ref is not None:
-        current = old if old is not None else rollout.behavior_logprobs
         kl = kl_penalty(current, ref, s.kl_kind) * mask  # [B, R]
         metrics["actor/kl_ref"] = float(kl.sum() / mask.sum().clamp(min=1))
         if s.kl_in_reward:
@@ -164,6 +177,9 @@ def make_experience(
         lam=s.lam,
         norm_by_std=s.norm_by_std,
         values=values,
+        logprobs=current if teacher_lp is not None else None,
+        teacher_logprobs=teacher_lp,
+        reward_weight=s.reward_weight,
     )
     exp = Experience(
         rollout=rollout,

@@ -190,9 +190,9 @@ def test_empty_batches_stay_empty() -> None:
 
 def test_all_masked_batch_is_finite() -> None:
     for name in ADVANTAGE_ESTIMATORS.names():
-        adv, ret = _adv(
-            name, [1.0, 0.0], [0, 0], [0, 0], values=torch.zeros(2, 3), baseline_scores=torch.zeros(2)
-        )
+        inputs = {"values": torch.zeros(2, 3), "baseline_scores": torch.zeros(2)}
+        inputs |= {"logprobs": torch.zeros(2, 3), "teacher_logprobs": torch.zeros(2, 3)}
+        adv, ret = _adv(name, [1.0, 0.0], [0, 0], [0, 0], **inputs)
         assert (adv == 0).all() and (ret == 0).all(), name
 
 
