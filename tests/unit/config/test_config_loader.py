@@ -182,8 +182,10 @@ def test_explicit_field_in_file_wins(cfg_file):
 def test_every_preset_resolves_to_its_fields(cfg_file, name):
     from tandem.algos import ADVANTAGE_ESTIMATORS
 
-    critic = ADVANTAGE_ESTIMATORS.get(ALGORITHM_PRESETS[name]["advantage"]).needs_critic
-    a = load_config(cfg_file, [f"algorithm.name={name}", *(["critic.lr=1e-5"] if critic else [])]).algorithm
+    spec = ADVANTAGE_ESTIMATORS.get(ALGORITHM_PRESETS[name]["advantage"])
+    extra = ["critic.lr=1e-5"] if spec.needs_critic else []
+    extra += ["algorithm.opd.teacher=models/teacher"] if "teacher_logprobs" in spec.requires else []
+    a = load_config(cfg_file, [f"algorithm.name={name}", *extra]).algorithm
     for key, value in ALGORITHM_PRESETS[name].items():
         got = getattr(a, key)
         if isinstance(value, dict):  # a nested section or loss_options: the preset's keys are set
