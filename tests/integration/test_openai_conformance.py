@@ -39,28 +39,52 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir):
-    """``tandem serve`` in a subprocess; yields its base URL."""
-    port = _free_port()
-    proc = subprocess.Popen(
-        [TANDEM, "serve", str(tiny_model_dir), "--name", "tiny", "--port", str(port), "--api-key", KEY]
-        + ["--max-tokens-limit", str(CAP), "--max-wait-ms", "2"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"},
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while True:
-        try:
-            if httpx.get(url + "/ready", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
+def server(tiny_model_dir, tmp_path_factory):
+    """``tandem serve`` in a subprocess; yields its base URL.
+
+    The port is free when picked but the server binds it only after importing torch (tens of seconds on a
+    busy machine), so another process can take it meanwhile: on "address already in use" it retries on a
+    new port."""
+    log_path = tmp_path_factory.mktemp("serve") / "stderr.log"
+    for _attempt in range(3):
+        port = _free_port()
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [
+                    TANDEM,
+                    "serve",
+                    str(tiny_model_dir),
+                    "--name",
+                    "tiny",
+                    "--port",
+                    str(port),
+                    "--api-key",
+                    KEY,
+                ]
+                + ["--max-tokens-limit", str(CAP), "--max-wait-ms", "2"],
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"},
+            )
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 120
+        while proc.poll() is None and time.time() < deadline:
+            try:
+                if httpx.get(url + "/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        else:
             proc.kill()
-            pytest.fail(f"tandem serve did not start: {proc.stderr.read().decode()[-800:]}")
-        time.sleep(0.2)
+            proc.wait()
+            err = log_path.read_bytes().decode(errors="replace")
+            if "address already in use" in err:
+                continue
+            pytest.fail(f"tandem serve did not start: {err[-800:]}")
+        break
+    else:
+        pytest.fail("tandem serve found no free port in 3 tries")
     yield url
     proc.send_signal(signal.SIGINT)
     try:
@@ -534,9 +558,12 @@ def test_response_format(client):
 
 def test_unsupported_fields_are_refused_not_ignored(client):
     _bad(lambda: client.completions.create(model="tiny", prompt="a", suffix="b"), "suffix")
-    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    function = {"name": "f", "parameters": {"type": "object"}}  # legacy function calling (tools are served)
     messages = [{"role": "user", "content": "a"}]
-    _bad(lambda: client.chat.completions.create(model="tiny", messages=messages, tools=[tool]), "tools")
+    _bad(
+        lambda: client.chat.completions.create(model="tiny", messages=messages, functions=[function]),
+        "functions",
+    )
 
 
 @pytest.mark.parametrize(
