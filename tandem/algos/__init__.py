@@ -26,7 +26,8 @@ from tandem.algos.core import (
     sequence_sum,
 )
 from tandem.algos.corrections import CORRECTIONS, correction_weights
-from tandem.algos.dapo import filter_groups, overlong_penalty
+from tandem.algos.curriculum import CURRICULA, CurriculumOptions, PromptStats
+from tandem.algos.dapo import degeneracy_metrics, filter_groups, group_outcomes, overlong_penalty
 from tandem.algos.kl import KL_ESTIMATORS, AdaptiveKL, FixedKL, kl_penalty
 from tandem.algos.mismatch import logprob_mismatch
 from tandem.algos.policy import policy_loss
@@ -46,6 +47,7 @@ __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AGGREGATIONS",
     "CORRECTIONS",
+    "CURRICULA",
     "KL_ESTIMATORS",
     "POLICY_LOSSES",
     "PREFERENCE_LOSSES",
@@ -53,10 +55,12 @@ __all__ = [
     "AdvantageInputs",
     "AdvantageSpec",
     "ClipOptions",
+    "CurriculumOptions",
     "DuplicateNameError",
     "FixedKL",
     "PolicyLossInputs",
     "PolicyLossSpec",
+    "PromptStats",
     "Registry",
     "UnknownNameError",
     "WeightClipOptions",
@@ -64,12 +68,14 @@ __all__ = [
     "clipped_surrogate",
     "compute_advantages",
     "correction_weights",
+    "degeneracy_metrics",
     "discounted_returns",
     "dpo_loss",
     "entropy_from_logits",
     "explained_variance",
     "filter_groups",
     "gae_scan",
+    "group_outcomes",
     "group_stats",
     "kl_penalty",
     "last_token_mask",

@@ -33,7 +33,7 @@ from tandem.orchestration.learner import LearnerStep
 from tandem.orchestration.remote import mirror_checkpoint
 from tandem.rewards import RewardSet
 from tandem.rollout.base import RolloutEngine, SamplingParams
-from tandem.rollout.environments import episode_runner
+from tandem.rollout.environments import env_factory, episode_runner
 from tandem.rollout.episodes import mean_stats
 from tandem.train.checkpoint import load_checkpoint, save_checkpoint
 from tandem.train.optim import build_optimizer, build_scheduler
@@ -76,6 +76,7 @@ def build_parts(cfg: TandemConfig) -> RunParts:
     teacher = build_teacher(cfg, tokenizer)  # before the data: a tokenizer mismatch fails first
     data = enforce_prompt_lengths(build_data(cfg.data, seed=cfg.run.seed), tokenizer, cfg.data)
     rewards = build_rewards(cfg.reward, data.task)
+    env_factory(cfg.env)  # pre-flight: a bad env section fails before the run folder is written
     optimizer = build_optimizer(policy, cfg.trainer)
     critic, critic_optimizer = build_critic(cfg, seed=cfg.run.seed, policy=policy, optimizer=optimizer)
     return RunParts(

@@ -59,3 +59,13 @@ def test_user_env_trains(tiny_model_dir, tmp_path, algo, architecture):
     assert any(not torch.equal(before[k], v) for k, v in after.state_dict().items())
     samples = (result.run_dir / "samples.jsonl").read_text()
     assert "again:" in samples  # samples show the whole conversation
+
+
+def test_bad_env_fails_before_the_run_folder(tiny_model_dir, tmp_path):
+    from tandem.errors import ConfigError
+
+    cfg = _cfg(tiny_model_dir, tmp_path / "run")
+    cfg.env.options = {"colour": "red"}
+    with pytest.raises(ConfigError, match="env.options"):
+        train(cfg, progress=False)
+    assert not (tmp_path / "run").exists()
