@@ -1,8 +1,28 @@
-"""DAPO pieces: dynamic sampling (drop groups with identical rewards) and overlong reward shaping."""
+"""DAPO pieces: dynamic sampling (drop groups with identical rewards) and overlong reward shaping; the
+per-group outcomes they rest on, shared with the advantage-degeneracy metrics and the prompt curriculum."""
 
 from __future__ import annotations
 
 import torch
+
+
+def group_outcomes(
+    scores: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per group: its id, mean score and whether its scores are all equal (a zero GRPO advantage).
+
+    scores ``[B]``, group_ids ``[B]`` -> (ids ``[G]`` sorted, inverse ``[B]`` (sample -> group index),
+    mean ``[G]`` float32, all_equal ``[G]`` bool). A group of size 1 counts as all equal.
+    Naive equivalent: ``for g in ids: s = scores[group_ids == g]; (s.mean(), s.max() - s.min() <= eps)``.
+    """
+    uniq, inverse = torch.unique(group_ids, return_inverse=True)
+    g = uniq.numel()
+    s = scores.float()
+    gmax = torch.full((g,), -float("inf"), dtype=s.dtype).scatter_reduce(0, inverse, s, reduce="amax")
+    gmin = torch.full((g,), float("inf"), dtype=s.dtype).scatter_reduce(0, inverse, s, reduce="amin")
+    count = torch.zeros(g, dtype=s.dtype).index_add_(0, inverse, torch.ones_like(s))
+    mean = torch.zeros(g, dtype=s.dtype).index_add_(0, inverse, s) / count.clamp(min=1)
+    return uniq, inverse, mean, (gmax - gmin) <= eps
 
 
 def filter_groups(
@@ -13,14 +33,31 @@ def filter_groups(
     scores ``[B]``, group_ids ``[B]`` -> (keep mask ``[B]`` bool, kept fraction of groups).
     Groups of size 1 are dropped (they carry no group-relative signal).
     """
-    uniq, inverse = torch.unique(group_ids, return_inverse=True)
-    g = uniq.numel()
-    s = scores.float()
-    gmax = torch.full((g,), -float("inf"), dtype=s.dtype).scatter_reduce(0, inverse, s, reduce="amax")
-    gmin = torch.full((g,), float("inf"), dtype=s.dtype).scatter_reduce(0, inverse, s, reduce="amin")
-    keep_group = (gmax - gmin) > eps
-    kept = float(keep_group.float().mean()) if g else 0.0
+    _, inverse, _, all_equal = group_outcomes(scores, group_ids, eps)
+    keep_group = ~all_equal
+    kept = float(keep_group.float().mean()) if keep_group.numel() else 0.0
     return keep_group[inverse], kept
+
+
+def degeneracy_metrics(scores: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6) -> dict[str, float]:
+    """How much of a batch carries no group-relative signal (logged every step).
+
+    ``groups/all_equal_frac``: share of groups whose scores are all equal (zero GRPO/RLOO advantage:
+    the update learns nothing from them); split into ``groups/all_equal_high_frac`` (the shared score is
+    the batch's highest: for a 0/1 reward, every sample solved it) and ``groups/all_equal_low_frac`` (the
+    rest: for a 0/1 reward, none did). Empty batch -> ``{}``.
+    """
+    if scores.numel() == 0:
+        return {}
+    _, _, mean, all_equal = group_outcomes(scores, group_ids, eps)
+    top = float(scores.float().max())
+    high = all_equal & (mean >= top - eps)
+    g = float(all_equal.numel())
+    return {
+        "groups/all_equal_frac": float(all_equal.sum()) / g,
+        "groups/all_equal_high_frac": float(high.sum()) / g,
+        "groups/all_equal_low_frac": float((all_equal & ~high).sum()) / g,
+    }
 
 
 def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, factor: float = 1.0) -> torch.Tensor:

@@ -14,6 +14,7 @@ from tandem.cli.app import app
 # The import order is the order of the commands in --help, so it is not sorted.
 # isort: off
 from tandem.cli import train as _train  # noqa: F401  (registers train, init-model, sft, demo)
+from tandem.cli import tune as _tune  # noqa: F401  (registers tune)
 from tandem.cli import config as _config  # noqa: F401  (registers config show|docs)
 from tandem.cli import data as _data  # noqa: F401  (registers data validate|stats|dedup|split|...)
 from tandem.cli import evaluate as _evaluate  # noqa: F401  (registers eval, abtest, report)

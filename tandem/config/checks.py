@@ -41,7 +41,14 @@ TRAINER_PROVIDES = frozenset({"values", "logprobs"})
 
 def _check_names(cfg: CheckedConfig) -> None:
     """Every algorithm piece names an entry of its registry in the algorithm library."""
-    from tandem.algos import ADVANTAGE_ESTIMATORS, AGGREGATIONS, CORRECTIONS, KL_ESTIMATORS, POLICY_LOSSES
+    from tandem.algos import (
+        ADVANTAGE_ESTIMATORS,
+        AGGREGATIONS,
+        CORRECTIONS,
+        CURRICULA,
+        KL_ESTIMATORS,
+        POLICY_LOSSES,
+    )
 
     a = cfg.algorithm
     for key, registry, name in (
@@ -58,6 +65,7 @@ def _check_names(cfg: CheckedConfig) -> None:
     for key, registry, name in (
         ("algorithm.correction", CORRECTIONS, a.correction),
         ("algorithm.kl.kind", KL_ESTIMATORS, a.kl.kind),
+        ("data.curriculum.kind", CURRICULA, cfg.data.curriculum.kind),
     ):
         if name is not None and name not in registry:
             raise CrossFieldError(key, f"unknown name '{name}'; valid: {', '.join(registry.names())}")
@@ -264,6 +272,11 @@ def check_config(cfg: CheckedConfig) -> None:
         and cfg.data.task is None
         and not cfg.reward.functions
         and not cfg.reward.model
+    if cfg.data.curriculum.kind != "uniform" and cfg.architecture.mode == "decoupled":
+        raise CrossFieldError(
+            "data.curriculum.kind",
+            "a curriculum needs the colocated architecture (decoupled workers draw fixed, seeded tickets)",
+        )
         and cfg.env is None
     ):
         raise CrossFieldError("reward.functions", "a dataset from data.train_file needs reward.functions")

@@ -35,13 +35,15 @@ class PromptSampler:
         gen = torch.Generator().manual_seed(self.seed + epoch)
         return torch.randperm(len(self.dataset), generator=gen).tolist()
 
-    def next_indices(self) -> list[int]:
-        """Indices of the next batch, advancing the position (and the epoch when one ends)."""
+    def next_indices(self, count: int | None = None) -> list[int]:
+        """Indices of the next batch (``count`` rows, default the batch size), advancing the position (and
+        the epoch when one ends)."""
+        want = self.batch_size if count is None else count
         out: list[int] = []
-        while len(out) < self.batch_size:
+        while len(out) < want:
             if self._order is None:
                 self._order = self.epoch_order(self.epoch)
-            take = self._order[self.position : self.position + self.batch_size - len(out)]
+            take = self._order[self.position : self.position + want - len(out)]
             out.extend(take)
             self.position += len(take)
             if self.position == len(self._order):

@@ -17,11 +17,13 @@ so a decoupled run at η = 0 with one worker reproduces the colocated one. The r
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
+from tandem.algos import CURRICULA, CurriculumOptions, PromptStats, degeneracy_metrics, group_outcomes
 from tandem.config.schema import TandemConfig
 from tandem.data import PromptDataset, PromptSampler
 from tandem.data.chat import is_conversational, render_prompts, reward_inputs
@@ -72,33 +74,89 @@ def overlong_shaping(cfg: TandemConfig) -> OverlongShaping | None:
 
 
 class PromptSource(Protocol):
-    """Which prompts round ``round_`` of step ``step`` generates from, and their first group id."""
+    """Which prompts round ``round_`` of step ``step`` generates from, and their first group id; told how
+    each row's group scored (``observe``), which a curriculum uses, and what the last draw repeated."""
 
     def rows(self, step: int, round_: int) -> list[dict[str, Any]]: ...
 
     def group_offset(self, step: int, round_: int, num_rows: int) -> int: ...
 
+    def observe(self, positions: list[int], means: list[float], all_equal: list[bool]) -> None: ...
+
+    def draw_metrics(self) -> dict[str, float]: ...
+
 
 class SequentialPrompts:
-    """The colocated source: one seeded sampler drawn in order (refill rounds draw the next batches)."""
+    """The colocated source: one seeded sampler drawn in order (refill rounds draw the next batches),
+    through a prompt curriculum (:data:`tandem.algos.CURRICULA`; ``uniform`` takes every row in order).
 
-    def __init__(self, dataset: PromptDataset, batch_size: int, seed: int) -> None:
+    It keeps per-prompt statistics (:class:`~tandem.algos.PromptStats`: times drawn, consecutive all-equal
+    groups) in its checkpoint state, so a resumed run's curriculum and repetition counts continue."""
+
+    def __init__(
+        self,
+        dataset: PromptDataset,
+        batch_size: int,
+        seed: int,
+        curriculum: str = "uniform",
+        options: CurriculumOptions | None = None,
+    ) -> None:
         self.sampler = PromptSampler(dataset, batch_size=batch_size, seed=seed)
         self.next_group = 0
+        self.seed = seed
+        self.stats = PromptStats()
+        self.set_curriculum(curriculum, options or CurriculumOptions())
+        self._last: list[int] = []  # dataset rows of the latest draw, by position
+        self._repeat: list[int] = []  # times each of them had been drawn before
+
+    def set_curriculum(self, kind: str, options: CurriculumOptions) -> None:
+        """Choose the curriculum (``data.curriculum``) by its registered name."""
+        self.select, self.options, self.curriculum = CURRICULA.get(kind).select, options, kind
 
     def rows(self, step: int, round_: int) -> list[dict[str, Any]]:
-        return self.sampler.next_batch()
+        rng = random.Random(step_seed(self.seed, step, round_))
+        keys = self.select(
+            self.sampler.batch_size, lambda: self.sampler.next_indices(1)[0], self.stats, self.options, rng
+        )
+        self._last, self._repeat = keys, self.stats.drawn(keys)
+        return [self.sampler.dataset.rows[i] for i in keys]
 
     def group_offset(self, step: int, round_: int, num_rows: int) -> int:
         first, self.next_group = self.next_group, self.next_group + num_rows
         return first
 
+    def observe(self, positions: list[int], means: list[float], all_equal: list[bool]) -> None:
+        """Group outcomes of the latest draw: row position in it, mean score, scores all equal."""
+        for pos, mean, equal in zip(positions, means, all_equal, strict=True):
+            self.stats.observe(self._last[pos], mean, equal)
+
+    def draw_metrics(self) -> dict[str, float]:
+        """``prompts/seen_before_mean`` (times the latest draw's prompts had been drawn before),
+        ``prompts/first_time_frac``, ``prompts/epoch`` and, with a curriculum, ``prompts/frontier_size``."""
+        if not self._repeat:
+            return {}
+        n = len(self._repeat)
+        out = {
+            "prompts/seen_before_mean": sum(self._repeat) / n,
+            "prompts/first_time_frac": sum(r == 0 for r in self._repeat) / n,
+            "prompts/epoch": float(self.sampler.epoch),
+        }
+        if self.curriculum != "uniform":
+            out["prompts/frontier_size"] = float(len(self.stats.frontier()))
+        return out
+
     def state_dict(self) -> dict[str, Any]:
-        return {"next_group": self.next_group, "sampler": self.sampler.state_dict()}
+        return {
+            "next_group": self.next_group,
+            "sampler": self.sampler.state_dict(),
+            "prompt_stats": self.stats.state_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.next_group = int(state["next_group"])
         self.sampler.load_state_dict(state["sampler"])
+        if "prompt_stats" in state:  # checkpoints from before per-prompt statistics lack it
+            self.stats.load_state_dict(state["prompt_stats"])
 
 
 class TicketPrompts:
@@ -130,6 +188,12 @@ class TicketPrompts:
             return step * per
         return REFILL_GROUPS + (step * self.max_rounds + round_ - 1) * per
 
+    def observe(self, positions: list[int], means: list[float], all_equal: list[bool]) -> None:
+        """Workers keep no per-prompt statistics (a curriculum needs the colocated architecture)."""
+
+    def draw_metrics(self) -> dict[str, float]:
+        return {}
+
 
 class RolloutStep:
     """Generates and scores one step's batch with an injected engine, reward set and prompt source.
@@ -152,6 +216,10 @@ class RolloutStep:
         self.timer, self.pad_token_id = timer, pad_token_id
         self.overlong = overlong_shaping(cfg)
         self.episodes = episode_runner(cfg.env, engine)  # every sample is an episode (single-turn: one step)
+        cur = cfg.data.curriculum
+        if isinstance(prompts, SequentialPrompts):
+            options = CurriculumOptions(cur.skip_after, cur.revisit, cur.replay, cur.max_draws)
+            prompts.set_curriculum(cur.kind, options)
 
     def generate(
         self, step: int, round_: int, on_chunk: ChunkCallback | None = None
@@ -178,6 +246,9 @@ class RolloutStep:
         with self.timer.phase("reward"):
             scores, metrics = score_rollout(batch, self.rewards, self.overlong, inputs=inputs)
         scores, metrics = self._add_episodes(scores, metrics)
+        if batch.batch_size:  # what each prompt's group scored: the curriculum's feedback
+            ids, _, means, equal = group_outcomes(scores, batch.group_ids)
+            self.prompts.observe((ids - offset).tolist(), means.tolist(), equal.tolist())
         return batch, scores, metrics
 
     def _add_episodes(
@@ -197,6 +268,8 @@ class RolloutStep:
         batch, scores, metrics = self.generate(step, 0, on_chunk)
         metrics["reward/mean"] = float(scores.mean())  # of everything sampled
         metrics["reward/std"] = float(scores.std()) if scores.numel() > 1 else 0.0
+        metrics.update(degeneracy_metrics(scores, batch.group_ids))  # before any dynamic-sampling filter
+        metrics.update(self.prompts.draw_metrics())
         if not algo.dynamic_sampling:
             return ScoredBatch(batch, scores, metrics)
         batch, scores, dapo = collect_dynamic(

@@ -1,0 +1,121 @@
+"""``tandem tune``: successive halving over a small grid of overrides, scored on the held-out metric."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tandem.cli.app import Overrides, app, out, user_errors
+from tandem.errors import ConfigError
+
+# The default search space: the learning rate around the quickstart's, and the prompt curriculum.
+DEFAULT_SPACE = {
+    "trainer.lr": ["2.0e-4", "6.0e-4", "2.0e-3"],
+    "data.curriculum.kind": ["uniform", "frontier"],
+}
+
+
+def parse_space(items: list[str] | None) -> dict[str, list[str]]:
+    """``["trainer.lr=1e-4,3e-4"]`` -> ``{"trainer.lr": ["1e-4", "3e-4"]}``; one line naming a bad item."""
+    if not items:
+        return dict(DEFAULT_SPACE)
+    space: dict[str, list[str]] = {}
+    for item in items:
+        key, sep, values = item.partition("=")
+        vals = [v.strip() for v in values.split(",") if v.strip()]
+        if not sep or not key.strip() or not vals:
+            raise ConfigError(
+                f"--space '{item}' is not KEY=V1,V2,...", hint="e.g. --space trainer.lr=1e-4,3e-4"
+            )
+        space[key.strip()] = vals
+    return space
+
+
+@app.command()
+@user_errors
+def tune(
+    config: Annotated[
+        Path, typer.Argument(help="YAML config of the run to tune (its total_steps is the longest run).")
+    ],
+    overrides: Overrides = None,
+    budget: Annotated[int, typer.Option(help="Training steps over all runs together.")] = 300,
+    space: Annotated[
+        list[str] | None,
+        typer.Option(help="KEY=V1,V2,... (repeatable); default: trainer.lr x data.curriculum.kind."),
+    ] = None,
+    eta: Annotated[int, typer.Option(help="Keep 1/eta of the candidates per rung; steps grow eta-fold.")] = 2,
+    min_steps: Annotated[int, typer.Option(help="Fewest steps of a first-rung run.")] = 10,
+    metric: Annotated[str, typer.Option(help="Held-out metric to maximise.")] = "eval/accuracy",
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="Folder for the trial runs, tune.jsonl and best.yaml.")
+    ] = Path("runs/tune"),
+) -> None:
+    """Successive halving on the held-out metric; writes the best config to OUT/best.yaml.
+
+    Every candidate trains a short run; the best 1/eta go on to eta-times longer runs, up to the config's
+    trainer.total_steps. Example: tandem tune configs/quickstart.yaml --budget 600 --space trainer.lr=3e-4,1e-3
+    """
+    from tandem.config import load_config
+    from tandem.config.loader import config_to_yaml
+    from tandem.orchestration.runner import train as run_train
+    from tandem.orchestration.tune import Trial, grid, plan_rungs, successive_halving
+
+    base = list(overrides or [])
+    cfg = load_config(config, base)
+    if cfg.data.eval_size == 0 and cfg.data.eval_file is None and cfg.data.task is None:
+        raise ConfigError(
+            "tuning needs a held-out set", where="data.eval_size", hint="set data.eval_size > 0"
+        )
+    candidates = grid(parse_space(space))
+    for cand in candidates:  # every candidate must be a valid config before anything trains
+        load_config(config, [*base, *cand])
+    rungs = plan_rungs(len(candidates), cfg.trainer.total_steps, budget, eta, min_steps)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log_path = out_dir / "tune.jsonl"
+    log_path.write_text("")
+    out.print(f"{len(candidates)} candidates; rungs (candidates x steps): {rungs}")
+
+    def run(cand: list[str], steps: int) -> float | None:
+        name = "_".join(c.split("=", 1)[1] for c in cand) or "base"
+        run_cfg = load_config(
+            config,
+            [
+                *base,
+                *cand,
+                f"trainer.total_steps={steps}",
+                f"run.output_dir={out_dir / f'{steps:05d}-{name}'}",
+                "run.overwrite=true",
+                "monitor.progress=false",
+                "monitor.tensorboard=false",
+                f"monitor.eval_every={steps}",
+                "checkpoint.every=0",
+                "checkpoint.save_final=false",
+            ],
+        )
+        value = run_train(run_cfg).eval_after.get(metric)
+        return None if value is None else float(value)
+
+    def record(trial: Trial, steps: int) -> None:
+        value = trial.scores[steps]
+        shown = "n/a" if value is None else f"{value:.4f}"
+        out.print(f"  steps {steps:>5}  {metric} {shown}  {' '.join(trial.overrides)}")
+        with log_path.open("a") as fh:
+            fh.write(
+                json.dumps(
+                    {"trial": trial.index, "overrides": trial.overrides, "steps": steps, metric: value}
+                )
+                + "\n"
+            )
+
+    winner, _ = successive_halving(candidates, rungs, run, record)
+    if winner.last() == -math.inf:
+        raise ConfigError(
+            f"no run reported {metric}", where="--metric", hint="check the config's held-out data"
+        )
+    best = load_config(config, [*base, *winner.overrides])
+    (out_dir / "best.yaml").write_text(config_to_yaml(best))
+    out.print(f"best: {' '.join(winner.overrides)} ({metric} {winner.last():.4f}) -> {out_dir / 'best.yaml'}")

@@ -1,0 +1,56 @@
+"""``tandem tune`` end to end on a tiny model: the rung plan runs, the best of rung 0 is the one promoted,
+best.yaml is a valid config with the winner's overrides; bad input is one line. (Mechanism, not outcome.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from typer.testing import CliRunner
+
+from tandem.cli.main import app
+from tandem.config import load_config
+
+
+def _config(tmp_path: Path, model_dir: Path) -> Path:
+    data = {
+        "run": {"name": "t", "seed": 0},
+        "model": {"path": str(model_dir)},
+        "data": {"task": "arith", "prompts_per_step": 2, "train_size": 8, "eval_size": 4},
+        "rollout": {"n": 2, "max_new_tokens": 2},
+        "trainer": {"total_steps": 2, "lr": 1e-3},
+    }
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_tune_runs_the_plan_and_writes_the_best_config(tiny_model_dir, tmp_path) -> None:
+    cfg = _config(tmp_path, tiny_model_dir)
+    out = tmp_path / "tune"
+    args = ["tune", str(cfg), "--budget", "4", "--min-steps", "1", "--out", str(out)]
+    result = CliRunner().invoke(app, [*args, "--space", "trainer.lr=1e-3,3e-3"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (out / "tune.jsonl").read_text().splitlines()]
+    assert [(r["trial"], r["steps"]) for r in rows[:2]] == [(0, 1), (1, 1)] and rows[2]["steps"] == 2
+    first = max(rows[:2], key=lambda r: (r["eval/accuracy"], -r["trial"]))
+    assert rows[2]["trial"] == first["trial"]  # the better first-rung run is the one trained longer
+    best = load_config(out / "best.yaml")
+    winner = rows[2]["overrides"][0].split("=")[1]
+    assert best.trainer.lr == float(winner)
+    assert best.trainer.total_steps == 2  # the config's length, not the rung's
+    assert {p.name for p in out.iterdir() if p.is_dir()} == {"00001-1e-3", "00001-3e-3", f"00002-{winner}"}
+
+
+def test_tune_bad_space_and_small_budget_are_one_line(tiny_model_dir, tmp_path) -> None:
+    cfg = _config(tmp_path, tiny_model_dir)
+    bad = CliRunner().invoke(app, ["tune", str(cfg), "--space", "trainer.lr", "--out", str(tmp_path / "a")])
+    assert bad.exit_code == 2 and "--space 'trainer.lr' is not KEY=V1,V2" in bad.output
+    small = CliRunner().invoke(app, ["tune", str(cfg), "--budget", "1", "--out", str(tmp_path / "b")])
+    assert small.exit_code == 2 and "too small for 6 candidates" in small.output
+    key = CliRunner().invoke(
+        app, ["tune", str(cfg), "--space", "trainer.lrr=1", "--out", str(tmp_path / "c")]
+    )
+    assert key.exit_code == 2 and "trainer.lrr" in key.output
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
