@@ -255,6 +255,11 @@ def check_config(cfg: CheckedConfig) -> None:
     """Cross-field checks, each naming the key to change."""
     _check_algorithm(cfg)
     _check_architecture(cfg)
+    if cfg.data.curriculum.kind != "uniform" and cfg.architecture.mode == "decoupled":
+        raise CrossFieldError(
+            "data.curriculum.kind",
+            "a curriculum needs the colocated architecture (decoupled workers draw fixed, seeded tickets)",
+        )
     if cfg.data.task is None and cfg.data.train_file is None:
         raise CrossFieldError("data.task", "set data.task (a built-in task) or data.train_file")
     if (
@@ -272,11 +277,6 @@ def check_config(cfg: CheckedConfig) -> None:
         and cfg.data.task is None
         and not cfg.reward.functions
         and not cfg.reward.model
-    if cfg.data.curriculum.kind != "uniform" and cfg.architecture.mode == "decoupled":
-        raise CrossFieldError(
-            "data.curriculum.kind",
-            "a curriculum needs the colocated architecture (decoupled workers draw fixed, seeded tickets)",
-        )
         and cfg.env is None
     ):
         raise CrossFieldError("reward.functions", "a dataset from data.train_file needs reward.functions")
