@@ -80,7 +80,13 @@ def serve(
     cache_size: Annotated[int, typer.Option(help="LRU entries for temperature-0 responses (0: off).")] = 1024,
     max_tokens_limit: Annotated[int, typer.Option(help="Largest max_tokens accepted.")] = 512,
     max_body_bytes: Annotated[int, typer.Option(help="Largest request body (413 beyond).")] = 1 << 20,
-    feedback_db: Annotated[str | None, typer.Option(help="SQLite file for /v1/feedback.")] = None,
+    feedback_db: Annotated[
+        str | None, typer.Option(help="SQLite file for /v1/feedback and recorded chat conversations.")
+    ] = None,
+    tool_format: Annotated[
+        str,
+        typer.Option(help="Tool-call format (hermes, plain) when the chat template does not render tools."),
+    ] = "hermes",
     ssl_certfile: Annotated[str | None, typer.Option(help="TLS certificate (PEM).")] = None,
     ssl_keyfile: Annotated[str | None, typer.Option(help="TLS private key (PEM).")] = None,
     threads: Annotated[int, typer.Option(help="torch threads for generation.")] = 0,
@@ -138,6 +144,7 @@ def serve(
         api_keys=keys,
         admin_key=admin_key,
         feedback_db=feedback_db,
+        tool_format=tool_format,
         read_timeout_s=read_timeout,
         max_connections=max_connections,
         engine=check_engine(engine),
@@ -190,6 +197,23 @@ def export_feedback(
         raise ConfigError("feedback database does not exist", where=str(db))
     n = export_preferences(db, out_file, threshold)
     out.print(f"wrote {n} preference rows to {escape(str(out_file))}")
+
+
+@data_app.command("export-conversations")
+@user_errors
+def export_conversations(
+    db: Annotated[Path, typer.Argument(help="The SQLite file given to tandem serve --feedback-db.")],
+    out_file: Annotated[
+        Path, typer.Option("--out", help="JSONL: messages + tools, and the exact prompt/completion text.")
+    ],
+) -> None:
+    """Write the chat conversations a server recorded (tool calls included) as training rows."""
+    from tandem.serve.feedback import export_conversations as export
+
+    if not db.is_file():
+        raise ConfigError("feedback database does not exist", where=str(db))
+    n = export(db, out_file)
+    out.print(f"wrote {n} conversation rows to {escape(str(out_file))}")
 
 
 @app.command()

@@ -4,7 +4,9 @@ Every completion the server answers is remembered (response id, arm, prompt, res
 database, so ``POST /v1/feedback`` can refer to it by id alone and the feedback row keeps the text even
 after a restart. With WAL and ``synchronous=FULL`` a committed row survives ``kill -9`` of the server.
 :func:`export_preferences` turns feedback into ``prompt``/``chosen``/``rejected`` rows (the TRL
-preference format ``tandem dpo`` reads).
+preference format ``tandem dpo`` reads). Chat requests also record their conversation (messages, tool
+declarations, each choice's assistant message with its tool calls, and the exact prompt and completion
+text); :func:`export_conversations` writes them as training rows.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, arm TEXT, prompt TEXT
 CREATE TABLE IF NOT EXISTS feedback (
   rowid INTEGER PRIMARY KEY AUTOINCREMENT, response_id TEXT, choice_index INTEGER, rating REAL,
   other_id TEXT, preferred TEXT, prompt TEXT, arm TEXT, chosen TEXT, rejected TEXT, created REAL);
+CREATE TABLE IF NOT EXISTS conversations (
+  id TEXT PRIMARY KEY, arm TEXT, prompt TEXT, messages TEXT, tools TEXT, choices TEXT, created REAL);
 """
 
 
@@ -68,6 +72,44 @@ class FeedbackStore:
                 "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?)",
                 (response_id, arm, json.dumps(prompts), json.dumps(responses), time.time()),
             )
+
+    def remember_conversation(
+        self,
+        response_id: str,
+        arm: str,
+        prompt: str,
+        messages: list[dict],
+        tools: list[dict],
+        choices: list[dict],
+    ) -> None:
+        """Store a chat request's conversation: the rendered ``prompt`` text, the request's ``messages``
+        and ``tools`` (OpenAI shapes), and per choice ``{"message", "completion", "finish_reason"}``."""
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO conversations VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    response_id,
+                    arm,
+                    prompt,
+                    json.dumps(messages),
+                    json.dumps(tools),
+                    json.dumps(choices),
+                    time.time(),
+                ),
+            )
+
+    def conversations(self) -> list[dict]:
+        """Every recorded conversation, oldest first (JSON columns decoded)."""
+        with self._lock:
+            cur = self._db.execute(
+                "SELECT id, arm, prompt, messages, tools, choices FROM conversations ORDER BY created, rowid"
+            )
+            rows = cur.fetchall()
+        return [
+            {"id": r[0], "arm": r[1], "prompt": r[2], "messages": json.loads(r[3]), "tools": json.loads(r[4]),
+             "choices": json.loads(r[5])}
+            for r in rows
+        ]  # fmt: skip
 
     def lookup(self, response_id: str) -> tuple[str, list[str], list[str]] | None:
         """(arm, prompt of each choice, text of each choice) of a remembered completion."""
@@ -157,3 +199,40 @@ def export_preferences(db_path: str | Path, out: str | Path, threshold: float = 
         store.close()
     atomic_write_text(out, "".join(json.dumps(p) + "\n" for p in pairs))
     return len(pairs)
+
+
+def conversation_rows(conversations: list[dict]) -> list[dict]:
+    """One training row per recorded choice: ``messages`` (the conversation plus the assistant message,
+    its ``tool_calls`` included) and ``tools`` in TRL's conversational-with-tools format, and ``prompt`` /
+    ``completion``, the exact text the model read and wrote (what ``tandem sft`` trains on), plus
+    ``response_id``, ``arm`` and ``finish_reason``. Cancelled choices are skipped."""
+    rows = []
+    for conv in conversations:
+        for choice in conv["choices"]:
+            if choice.get("finish_reason") == "cancelled":
+                continue
+            message = {k: v for k, v in choice["message"].items() if v is not None and k != "refusal"}
+            rows.append(
+                {
+                    "messages": [*conv["messages"], message],
+                    "tools": conv["tools"],
+                    "prompt": conv["prompt"],
+                    "completion": choice["completion"],
+                    "response_id": conv["id"],
+                    "arm": conv["arm"],
+                    "finish_reason": choice.get("finish_reason"),
+                }
+            )
+    return rows
+
+
+def export_conversations(db_path: str | Path, out: str | Path) -> int:
+    """Write the recorded chat conversations of ``db_path`` to ``out`` as JSONL (atomically, see
+    :func:`conversation_rows`); returns the number of rows."""
+    store = FeedbackStore(db_path)
+    try:
+        rows = conversation_rows(store.conversations())
+    finally:
+        store.close()
+    atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    return len(rows)

@@ -13,6 +13,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
@@ -151,9 +152,9 @@ class ServedModel:
         """Prompt token ids (with the tokenizer's special tokens, as in training)."""
         return list(self.tokenizer(text)["input_ids"])
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
-        """The prompt text of a conversation: the tokenizer's chat template when it has one, else
-        ``role: content`` lines followed by ``assistant:``.
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        """The prompt text of a conversation: the tokenizer's chat template when it has one (given the
+        ``tools`` declarations when not None), else ``role: content`` lines followed by ``assistant:``.
 
         The template runs in transformers' Jinja sandbox. A template error (the template's own
         ``raise_exception``, e.g. "roles must alternate", or an operation the sandbox blocks) is the
@@ -162,8 +163,9 @@ class ServedModel:
             from jinja2 import TemplateError
 
             try:
+                extra = {"tools": tools} if tools is not None else {}
                 return self.tokenizer.apply_chat_template(
-                    messages, tokenize=False, add_generation_prompt=True
+                    messages, tokenize=False, add_generation_prompt=True, **extra
                 )
             except TemplateError as err:
                 raise ApiError(

@@ -9,6 +9,7 @@ values are 400 errors that name the field in ``param``; ``null`` means the defau
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import (
@@ -70,8 +71,6 @@ class StreamOptions(BaseModel):
 # OpenAI fields this server refuses unless they carry their no-op value: field -> (no-op values, why).
 _REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "suffix": ((None, ""), "a causal LM cannot insert text before a suffix"),
-    "tools": ((None, []), "no tool calling"),
-    "tool_choice": ((None, "none"), "no tool calling"),
     "functions": ((None, []), "no function calling"),
     "function_call": ((None, "none"), "no function calling"),
     "audio": ((None,), "text only"),
@@ -213,14 +212,58 @@ class CompletionRequest(GenerationRequest):
             raise ApiError(400, "best_of > n cannot be streamed", param="best_of")
 
 
+class FunctionCall(BaseModel):
+    """``function`` of an assistant message's tool call: a name and the arguments as a JSON string."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(..., min_length=1)
+    arguments: str
+
+    @field_validator("arguments")
+    @classmethod
+    def _json_object(cls, value: str) -> str:
+        try:
+            parsed = json.loads(value) if value.strip() else {}
+        except json.JSONDecodeError as err:
+            raise ValueError(f"arguments are not valid JSON ({err.msg})") from None
+        if not isinstance(parsed, dict):
+            raise ValueError("arguments must encode a JSON object")
+        return value
+
+
+class ToolCallIn(BaseModel):
+    """One tool call of an earlier assistant message (``messages[i].tool_calls[j]``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
-    """One chat message: text content, or a list of text parts (joined with newlines)."""
+    """One chat message: text content, or a list of text parts (joined with newlines). An assistant
+    message may carry ``tool_calls`` (then ``content`` may be null); a ``tool`` message answers one by
+    ``tool_call_id``."""
 
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[dict[str, Any]]
+    content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _roles(self) -> ChatMessage:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the 'tool_call_id' it answers")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required (null only for an assistant message with tool_calls)")
+        return self
 
     @field_validator("content")
     @classmethod
@@ -235,14 +278,27 @@ class ChatMessage(BaseModel):
 
     def text(self) -> str:
         """The message text (text parts joined with newlines, as vLLM does)."""
-        if isinstance(self.content, str):
-            return self.content
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
         return "\n".join(part["text"] for part in self.content)
 
-    def for_template(self) -> dict[str, str]:
-        """The message as the chat template expects it."""
-        out = {"role": self.role, "content": self.text()}
+    def for_template(self) -> dict[str, Any]:
+        """The message as chat templates expect it (tool-call arguments as objects, as Hugging Face
+        templates read them)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.function.name,
+                 "arguments": json.loads(c.function.arguments or "{}")}}
+                for c in self.tool_calls
+            ]  # fmt: skip
+        if self.tool_call_id:
+            out["tool_call_id"] = self.tool_call_id
         return out | ({"name": self.name} if self.name else {})
+
+    def for_record(self) -> dict[str, Any]:
+        """The message in OpenAI's shape (for recorded conversations)."""
+        return self.model_dump(exclude_none=True)
 
 
 class ChatRequest(GenerationRequest):
@@ -258,9 +314,16 @@ class ChatRequest(GenerationRequest):
         None,
         description="{'type': 'text'} only; json_object / json_schema are refused (no constrained decoding).",
     )
-    parallel_tool_calls: StrictBool | None = Field(None, description="Accepted; meaningful only with tools.")
-    tools: list[Any] | None = Field(None, description="Refused: no tool calling.")
-    tool_choice: Any = Field(None, description="Refused unless 'none'.")
+    parallel_tool_calls: StrictBool | None = Field(
+        None, description="False: at most one tool call per answer (the first the model wrote)."
+    )
+    tools: list[Any] | None = Field(
+        None,
+        description="Function tools (JSON-schema parameters) the model may call; see tandem.serve.tools.",
+    )
+    tool_choice: Any = Field(
+        None, description="'none', 'auto' (default with tools), 'required' or a function."
+    )
     functions: list[Any] | None = Field(None, description="Refused: no function calling.")
     function_call: Any = Field(None, description="Refused unless 'none'.")
     audio: Any = Field(None, description="Refused: text only.")

@@ -33,7 +33,8 @@ from tandem.serve.protocol import ApiError, ChatRequest, CompletionRequest, Gene
 from tandem.serve.router import Arm
 from tandem.serve.shapes import ChatShape, CompletionShape, Shape, usage
 from tandem.serve.state import ServerState
-from tandem.serve.streaming import sse
+from tandem.serve.streaming import buffered_sse, sse
+from tandem.serve.tools import chat_tools, template_messages, uses_tools
 
 
 @dataclass
@@ -292,8 +293,14 @@ async def _completions(state: ServerState, req: CompletionRequest, request: Requ
 async def _chat(state: ServerState, req: ChatRequest, request: Request):
     check_user_key(state, request)
     req.check()
+    tools = chat_tools(req, state.settings.tool_format)
     arm = _pick_arm(state, req, request)
-    text = arm.model.render_chat([m.for_template() for m in req.messages])
+    messages = [m.for_template() for m in req.messages]
+    if uses_tools(tools, messages):
+        messages, decls = template_messages(arm.model.tokenizer, tools, messages)
+        text = arm.model.render_chat(messages, decls) + tools.prefix()
+    else:
+        text = arm.model.render_chat(messages)
     top = (req.top_logprobs or 0) if req.logprobs else None
     plan = plan_request(
         state, req, [text], request, max_tokens=req.token_limit(), options=Options.of(req, top), arm=arm
@@ -306,25 +313,41 @@ async def _chat(state: ServerState, req: ChatRequest, request: Request):
         plan.arm.model.tokenizer,
         logprobs=req.logprobs,
         include_usage=req.include_usage(),
+        tools=tools,
     )
-    return await _respond(state, plan, shape, request, req.stream)
+    record = Conversation(
+        [m.for_record() for m in req.messages], tools.declarations() if tools.active else []
+    )
+    return await _respond(state, plan, shape, request, req.stream, record)
 
 
-async def _respond(state: ServerState, plan: Plan, shape: Shape, request: Request, stream: bool):
+async def _respond(
+    state: ServerState,
+    plan: Plan,
+    shape: Shape,
+    request: Request,
+    stream: bool,
+    record: Conversation | None = None,
+):
     """The shared tail of the completions and chat endpoints: an SSE stream, or one JSON body with a
-    choice per returned row and the usage; the answers are remembered for feedback."""
+    choice per returned row and the usage; the answers (and a chat's conversation, ``record``) are
+    remembered for feedback and export."""
     headers = {"x-tandem-arm": plan.arm.name}
     pending = _submit(state, plan, stream)
+    if stream and isinstance(shape, ChatShape) and shape.tools.active:
+        events = buffered_sse(shape, _wait_all(plan, pending, request), plan.ids, plan.cancel.set)
+        events = _remembered(state, shape.rid, plan, pending, events, record, shape)
+        return StreamingResponse(events, media_type="text/event-stream", headers=headers)
     if stream:
         events = sse(shape, pending, plan.n, plan.ids, plan.params.stop, plan.cancel.set)
-        events = _remembered(state, shape.rid, plan, pending, events)
+        events = _remembered(state, shape.rid, plan, pending, events, record, shape)
         return StreamingResponse(events, media_type="text/event-stream", headers=headers)
     results = await _wait_all(plan, pending, request)
     chosen = _best(plan, results)
     scores = [results[p * plan.samples].prompt_logprobs for p in range(len(plan.ids))]
     choices = [shape.choice(i, p, r, scores[p]) for i, (p, r) in enumerate(chosen)]
     body = {**shape.envelope(False), "choices": choices, "usage": usage(plan.ids, results)}
-    _remember(state, shape.rid, plan, [r for _, r in chosen])
+    _remember(state, shape.rid, plan, [r for _, r in chosen], record, shape)
     return JSONResponse(body, headers=headers)
 
 
@@ -341,21 +364,60 @@ def require_json(request: Request) -> None:
         )
 
 
-async def _remembered(state: ServerState, rid: str, plan: Plan, pending: list, events: AsyncIterator[bytes]):
+async def _remembered(
+    state: ServerState,
+    rid: str,
+    plan: Plan,
+    pending: list,
+    events: AsyncIterator[bytes],
+    record: Conversation | None,
+    shape: Shape,
+):
     """The ``events`` of a stream; its answers are remembered (for feedback) just before ``[DONE]``, so
     feedback sent as soon as the client sees the end finds them. A stream cut short is not stored."""
     async for chunk in events:
         if chunk.startswith(b"data: [DONE]"):
             results = [cached if cached is not None else job.future.result() for cached, job in pending]
-            _remember(state, rid, plan, results)
+            _remember(state, rid, plan, results, record, shape)
         yield chunk
 
 
-def _remember(state: ServerState, rid: str, plan: Plan, results: list[RowResult]) -> None:
-    """Keep the prompt and responses of ``rid`` so feedback can refer to it."""
-    if state.feedback is not None:
-        prompts = [plan.texts[i // plan.n] for i in range(len(results))]
-        state.feedback.remember(rid, plan.arm.name, prompts, [r.text for r in results])
+@dataclass
+class Conversation:
+    """What a chat request recorded for export: its messages and tool declarations (OpenAI shapes)."""
+
+    messages: list[dict]
+    tools: list[dict]
+
+
+def _remember(
+    state: ServerState,
+    rid: str,
+    plan: Plan,
+    results: list[RowResult],
+    record: Conversation | None = None,
+    shape: Shape | None = None,
+) -> None:
+    """Keep the prompt and responses of ``rid`` so feedback can refer to it; a chat's conversation too,
+    with each choice's assistant message (tool calls included) and exact prompt and completion text."""
+    if state.feedback is None:
+        return
+    prompts = [plan.texts[i // plan.n] for i in range(len(results))]
+    state.feedback.remember(rid, plan.arm.name, prompts, [r.text for r in results])
+    if record is not None and isinstance(shape, ChatShape):
+        prefix = shape.tools.prefix()
+        choices = [
+            {
+                "message": shape.message(r)[0],
+                "completion": prefix + r.text,
+                "finish_reason": shape.message(r)[1],
+            }
+            for r in results
+        ]
+        prompt = plan.texts[0][: len(plan.texts[0]) - len(prefix)] if prefix else plan.texts[0]
+        state.feedback.remember_conversation(
+            rid, plan.arm.name, prompt, record.messages, record.tools, choices
+        )
 
 
 async def _parse(request: Request, model: type[GenerationRequest] | type[PredictRequest]):

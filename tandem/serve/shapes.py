@@ -15,6 +15,7 @@ from transformers import PreTrainedTokenizerBase
 
 from tandem.serve.decode import RowResult, TokenLogprob
 from tandem.serve.logprobs import chat_logprobs, completion_logprobs, text_starts, visible_tokens
+from tandem.serve.tools import ChatTools
 
 
 def usage(prompt_ids: list[list[int]], results: list[RowResult]) -> dict:
@@ -129,10 +130,17 @@ class CompletionShape(Shape):
 
 @dataclass
 class ChatShape(Shape):
-    """Bodies and chunks of ``/v1/chat/completions``."""
+    """Bodies and chunks of ``/v1/chat/completions``; with active ``tools`` the text is parsed into
+    ``tool_calls`` (:mod:`tandem.serve.tools`)."""
 
     body_object: str = "chat.completion"
     chunk_object: str = "chat.completion.chunk"
+    tools: ChatTools = field(default_factory=ChatTools)
+
+    def message(self, result: RowResult) -> tuple[dict, str]:
+        """The assistant message of ``result`` and its finish reason (``tool_calls`` when it calls)."""
+        message, calls = self.tools.message(result.text)
+        return message, "tool_calls" if calls else result.finish_reason
 
     def prefix(self, prompt: int) -> str:
         """Chat never echoes."""
@@ -141,13 +149,26 @@ class ChatShape(Shape):
     def choice(self, index: int, prompt: int, result: RowResult, scores: list | None) -> dict:
         """One choice of the JSON body."""
         logprobs = chat_logprobs(self.tokenizer, self.reported(result)[1]) if self.logprobs else None
-        message = {"role": "assistant", "content": result.text, "refusal": None}
-        return {
-            "index": index,
-            "message": message,
-            "logprobs": logprobs,
-            "finish_reason": result.finish_reason,
-        }
+        message, finish = self.message(result)
+        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
+
+    def whole(self, index: int, result: RowResult) -> list[dict]:
+        """A finished choice as stream chunks: role, content (with every log-prob), one delta per tool
+        call (``index`` = its position, the whole arguments at once), then the finish chunk."""
+        message, finish = self.message(result)
+        logprobs = chat_logprobs(self.tokenizer, self.reported(result)[1]) if self.logprobs else None
+        chunks = self.opening(index, 0, None)
+        if message["content"] or logprobs is not None:
+            delta = {"content": message["content"] or ""}
+            chunks.append(
+                self.chunk({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None})
+            )
+        for i, call in enumerate(message.get("tool_calls", [])):
+            delta = {"tool_calls": [{"index": i, **call}]}
+            chunks.append(
+                self.chunk({"index": index, "delta": delta, "logprobs": None, "finish_reason": None})
+            )
+        return [*chunks, self.finish(index, finish)]
 
     def opening(self, index: int, prompt: int, scores: list | None) -> list[dict]:
         """The first chunk of a streamed choice says who speaks."""

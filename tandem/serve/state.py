@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.agents.tool_calls import get_format
 from tandem.errors import ConfigError
 from tandem.rollout.registry import DEFAULT_ENGINE
 from tandem.serve.metrics import Metrics
@@ -44,8 +45,10 @@ class ServeSettings:
     max_replicas: int = 1  # engine replicas per arm, at most (more than min: autoscaling)
     scale_up_queue: int | None = None  # rows waiting per replica that add one (None: max_batch_size)
     scale_down_idle_s: float = 60.0  # a replica idle this long is released (down to min_replicas)
+    tool_format: str = "hermes"  # how tool calls are written when the chat template does not render tools
 
     def __post_init__(self) -> None:
+        get_format(self.tool_format, key="--tool-format")
         for key in self.api_keys:
             check_key(key, "--api-key")
         if self.admin_key is not None:

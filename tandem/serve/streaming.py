@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 from tandem.serve.decode import PromptScores, RowResult, StreamEvent, TokenLogprob
@@ -136,6 +136,24 @@ async def sse(
                     results.append(result)
         if shape.include_usage:
             yield event(shape.usage_chunk(usage(prompt_ids, results)))
+        yield b"data: [DONE]\n\n"
+    finally:
+        on_close()
+
+
+async def buffered_sse(
+    shape: ChatShape, results: Awaitable[list[RowResult]], prompt_ids: list[list[int]], on_close: Any
+) -> AsyncIterator[bytes]:
+    """The event stream of a chat answer with tools: the whole answer is awaited first (a call can only
+    be told from text once it is complete), then each choice is sent as :meth:`ChatShape.whole` chunks,
+    the usage chunk when asked, and ``[DONE]``. ``on_close()`` runs however the stream ends."""
+    try:
+        done = await results
+        for index, result in enumerate(done):
+            for chunk in shape.whole(index, result):
+                yield event(chunk)
+        if shape.include_usage:
+            yield event(shape.usage_chunk(usage(prompt_ids, done)))
         yield b"data: [DONE]\n\n"
     finally:
         on_close()

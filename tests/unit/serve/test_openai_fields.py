@@ -177,8 +177,8 @@ def test_chat_content_parts_and_rules():
         ),
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"response_format": {"type": "yaml"}}, "response_format.type"),
-        ({"tools": [{"type": "function"}]}, "tools"),
-        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"functions": [{"name": "f"}]}, "functions"),  # legacy function calling (tools: tandem.serve.tools)
+        ({"function_call": "auto"}, "function_call"),
         ({"store": True}, "store"),
     ]:
         with pytest.raises(ApiError) as info:
