@@ -21,6 +21,7 @@ from tandem.cli import evaluate as _evaluate  # noqa: F401  (registers eval, abt
 from tandem.cli import export as _export  # noqa: F401  (registers export)
 from tandem.cli import rlhf as _rlhf  # noqa: F401  (registers rm, dpo, label)
 from tandem.cli import serve as _serve  # noqa: F401  (registers serve, loadtest, data export-feedback)
+from tandem.cli import plan as _plan  # noqa: F401  (registers plan)
 # isort: on
 
 __all__ = ["app", "main"]

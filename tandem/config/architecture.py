@@ -58,6 +58,21 @@ class AutoscaleConfig(Section):
     )
     patience: int = Field(3, ge=1, description="Consecutive steps a condition must hold before acting.")
     cooldown: int = Field(5, ge=0, description="Steps to wait after a scaling action before the next.")
+    target: Literal["signals", "planner"] = Field(
+        "signals",
+        description="How the worker count is chosen: signals (add when the learner starves, retire when the "
+        "channel is full) or planner (every planner_window steps, fit the run's phase times and move one "
+        "worker towards the count the planner's simulator predicts fastest; see docs/planning.md).",
+    )
+    planner_window: int = Field(
+        5, ge=2, description="target planner: steps of timings fitted before each decision."
+    )
+    planner_tolerance: float = Field(
+        0.05,
+        ge=0,
+        lt=1,
+        description="target planner: the fewest workers predicted within this share of the best samples/s.",
+    )
 
 
 class ChannelConfig(Section):

@@ -155,7 +155,11 @@ def train_decoupled(
 def _loop_setup(run: DecoupledRun, result: RunResult, progress: bool | None, hooks: RunHooks) -> LoopSetup:
     """The shared loop with the decoupled additions: worker and elastic-scaling metrics, the hooks."""
     arch = run.cfg.architecture
-    autoscaler = Autoscaler(arch.autoscale) if arch.autoscale.enabled else None
+    autoscaler = (
+        Autoscaler(arch.autoscale, staleness=arch.staleness, in_flight=arch.weight_sync == "in_flight")
+        if arch.autoscale.enabled
+        else None
+    )
 
     def extra_metrics(metrics: dict[str, float]) -> dict[str, float]:
         out = {
@@ -210,11 +214,17 @@ def _autoscale(run: DecoupledRun, autoscaler: Autoscaler, metrics: dict[str, flo
         rollout_idle=metrics.get("idle/rollout_ratio", 0.0),
         waiting=depth + int(metrics.get("channel/buffered", 0)),
         workers=run.supervisor.num_active,
+        metrics=metrics,
+    )
+    why = (
+        f"planner target {autoscaler.last_target} workers"
+        if autoscaler.cfg.target == "planner"
+        else ("learner starved" if decision > 0 else "channel full")
     )
     if decision > 0:
         slot = run.supervisor.add_worker()
-        log.info("autoscale: learner starved, added rollout worker %d", slot)
+        log.info("autoscale: %s, added rollout worker %d", why, slot)
     elif decision < 0:
         slot = run.supervisor.remove_worker()
-        log.info("autoscale: channel full, retiring rollout worker %d", slot)
+        log.info("autoscale: %s, retiring rollout worker %d", why, slot)
     return decision

@@ -109,9 +109,14 @@ def test_episode_rows_are_exactly_the_sampled_and_observation_ids(bpe_dir):
             model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask,
             micro_batch_tokens=64,
         )  # fmt: skip
+        shared, _ = response_logprobs(
+            model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask,
+            group_size=2,
+        )  # fmt: skip
     m = batch.response_mask
     assert torch.allclose(lp[m], batch.behavior_logprobs[m], atol=1e-4)
     assert torch.allclose(packed[m], lp[m], atol=1e-4)
+    assert torch.allclose(shared[m], lp[m], atol=1e-4)  # one prompt forward per group
     assert (lp[~m] == 0).all()
     assert runner.last.metrics["agent/turns_mean"] == 3
     assert runner.last.metrics["agent/tool_calls_mean"] == 3  # every action is stepped, the last too

@@ -1,0 +1,191 @@
+"""Fit per-phase times and throughputs from a run folder's timing metrics, and predict its step time.
+
+A run logs one ``metrics.jsonl`` row per step with ``timing/<phase>`` seconds (``timing/generate`` and
+``timing/reward`` are the rollout worker's in a decoupled run), ``timing/step`` (the learner's step,
+including its wait for data), ``idle/learner_ratio`` and ``worker/sync_s`` (decoupled), and the wall
+``time`` the row was written. :func:`read_run` turns the steady steps (the first ``skip`` left out: process
+start-up, first compilation) into :class:`~tandem.plan.cost.PhaseTimes` — the learner's untimed work
+(advantages, metrics, reading the channel) joins ``update``, the time between steps outside ``timing/step``
+(logging) is ``overhead`` — and the measured wall time per step. The simulator then predicts the step time
+of the run's own layout, or of another layout on the same machine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tandem.errors import ConfigError, DataError
+from tandem.plan.cost import PhaseTimes
+from tandem.plan.simulate import Layout, SimResult, simulate
+
+
+@dataclass(frozen=True)
+class RunTimings:
+    """What a run measured, reduced to the simulator's inputs and the figure to check against."""
+
+    run_dir: str
+    layout: Layout
+    samples_per_step: int
+    steps_used: int
+    phases: PhaseTimes
+    measured_step_s: float  # mean wall time per step (row-to-row)
+    gen_tokens_per_s: float  # completion tokens per second of generate
+    train_tokens_per_s: float  # tokens per second of update (as the learner logs it)
+    measured_lag: dict[int, float]
+
+
+@dataclass(frozen=True)
+class Check:
+    """Predicted against measured step time of one run."""
+
+    run: RunTimings
+    predicted: SimResult
+
+    @property
+    def error(self) -> float:
+        """Relative error of the predicted step time."""
+        return self.predicted.step_s / self.run.measured_step_s - 1.0
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise DataError(f"not JSON ({exc.msg})", where=f"{path}:{lineno}") from None
+    return rows
+
+
+def _get(cfg: dict[str, Any], dotted: str, default: Any) -> Any:
+    node: Any = cfg
+    for key in dotted.split("."):
+        if not isinstance(node, dict) or key not in node:
+            return default
+        node = node[key]
+    return node
+
+
+def _mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else 0.0
+
+
+def _cv(values: list[float]) -> float:
+    m = _mean(values)
+    return statistics.pstdev(values) / m if len(values) > 1 and m > 0 else 0.0
+
+
+def read_run(run_dir: str | Path, *, skip: int = 3) -> RunTimings:
+    """Fit a run folder's steady steps (see the module docstring); one-line errors for a folder that is
+    not a run or has too few timed steps."""
+    root = Path(run_dir)
+    cfg_path, metrics_path = root / "config.yaml", root / "metrics.jsonl"
+    for p in (cfg_path, metrics_path):
+        if not p.is_file():
+            raise ConfigError(f"{p.name} not found: not a run folder", where=str(root))
+    try:
+        cfg = yaml.safe_load(cfg_path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"unreadable YAML ({first_problem(exc)})", where=str(cfg_path)) from None
+    rows = [r for r in _rows(metrics_path) if "timing/step" in r and "time" in r]
+    if len(rows) < skip + 3:
+        raise DataError(
+            f"{len(rows)} timed steps; calibration needs at least {skip + 3} (the first {skip} are start-up)",
+            where=str(metrics_path),
+        )
+    prev, rows = rows[skip - 1] if skip > 0 else None, rows[skip:]
+    mode = _get(cfg, "architecture.mode", "colocated")
+    layout = Layout(
+        mode=mode,
+        workers=int(_get(cfg, "architecture.num_workers", 1)),
+        staleness=int(_get(cfg, "architecture.staleness", 0)),
+        in_flight=_get(cfg, "architecture.weight_sync", "between_generations") == "in_flight",
+    )
+    samples = int(_get(cfg, "data.prompts_per_step", 0)) * int(_get(cfg, "rollout.n", 1))
+
+    times = [float(r["time"]) for r in rows]
+    if prev is not None:
+        times.insert(0, float(prev["time"]))
+    steps_used = len(times) - 1
+    measured = (times[-1] - times[0]) / max(1, steps_used)
+    phases = fit_phases(rows, mode, wall_step_s=measured)
+
+    def col(key: str) -> list[float]:
+        return [float(r.get(key, 0.0)) for r in rows]
+
+    lengths = col("response/length_mean")
+    gen_tps = samples * _mean(lengths) / phases.generate if phases.generate > 0 else math.nan
+    last = rows[-1]
+    lag = {
+        int(k.removeprefix("staleness/lag_")): float(v)
+        for k, v in last.items()
+        if k.startswith("staleness/lag_")
+    } or {0: 1.0}
+    return RunTimings(
+        run_dir=str(root),
+        layout=layout,
+        samples_per_step=samples,
+        steps_used=steps_used,
+        phases=phases,
+        measured_step_s=measured,
+        gen_tokens_per_s=gen_tps,
+        train_tokens_per_s=_mean(col("perf/train_tokens_per_s")),
+        measured_lag=dict(sorted(lag.items())),
+    )
+
+
+def fit_phases(rows: list[dict[str, Any]], mode: str, *, wall_step_s: float | None = None) -> PhaseTimes:
+    """Phase means (and variation) of metric rows. The learner's untimed work joins ``update``: in a
+    decoupled run that is the step less its wait for data (``idle/learner_ratio``) less the timed learner
+    phases; colocated, the step less every timed phase. ``overhead`` is ``wall_step_s`` (wall time per
+    step, row to row) less the mean ``timing/step``, 0 when not given."""
+
+    def col(key: str) -> list[float]:
+        return [float(r.get(key, 0.0)) for r in rows]
+
+    gen, rew = col("timing/generate"), col("timing/reward")
+    logprob, update, sync = col("timing/logprob"), col("timing/update"), col("timing/weight_sync")
+    step = col("timing/step")
+    if mode == "decoupled":
+        busy = [s * (1.0 - float(r.get("idle/learner_ratio", 0.0))) for s, r in zip(step, rows, strict=True)]
+        residual = [b - lp - u - sy for b, lp, u, sy in zip(busy, logprob, update, sync, strict=True)]
+    else:
+        residual = [
+            s - g - rw - lp - u - sy
+            for s, g, rw, lp, u, sy in zip(step, gen, rew, logprob, update, sync, strict=True)
+        ]
+    learn = [lp + u + max(0.0, r) for lp, u, r in zip(logprob, update, residual, strict=True)]
+    return PhaseTimes(
+        generate=_mean(gen),
+        reward=_mean(rew),
+        logprob=_mean(logprob),
+        update=_mean(update) + max(0.0, _mean(residual)),
+        weight_sync=_mean(sync),
+        weight_load=_mean(col("worker/sync_s")) if mode == "decoupled" else 0.0,
+        overhead=max(0.0, wall_step_s - _mean(step)) if wall_step_s is not None else 0.0,
+        rollout_cv=_cv([g + r for g, r in zip(gen, rew, strict=True)]),
+        learn_cv=_cv(learn),
+    )
+
+
+def first_problem(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or type(exc).__name__
+    return f"{problem} at line {mark.line + 1}" if mark is not None else str(problem)
+
+
+def check(run: RunTimings, *, layout: Layout | None = None, steps: int = 400, seed: int = 0) -> Check:
+    """Simulate the run's fitted phases in its own layout (or ``layout``) and compare the step time."""
+    predicted = simulate(
+        run.phases, layout or run.layout, samples_per_step=run.samples_per_step, steps=steps, seed=seed
+    )
+    return Check(run, predicted)
