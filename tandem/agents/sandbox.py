@@ -4,7 +4,8 @@ Each run gets a fresh interpreter (``python -I -S``: no site-packages, no user s
 variables honoured, standard library only) in a new temporary working folder that is removed afterwards,
 with a scrubbed environment and stdin from ``/dev/null``. What each limit guarantees, by layer:
 
-Kernel (holds against any code, native included):
+Kernel (holds against any code, native included; the child sets its rlimits on itself before the code
+runs, and a process running as root could raise them again, which the interpreter layer refuses):
 - CPU time: ``RLIMIT_CPU`` (SIGXCPU at the limit, SIGKILL a second later) -> ``kill_reason="cpu_time"``.
 - Memory: ``RLIMIT_AS`` caps the address space; allocation fails (``MemoryError``) ->
   ``kill_reason="memory"``.
@@ -23,6 +24,7 @@ loaded from the working folder):
 - No processes: ``os.fork``, ``os.exec*``, ``os.system``, ``os.posix_spawn``, ``subprocess``,
   ``multiprocessing``, ``pty`` raise ``PermissionError``. (``RLIMIT_NPROC`` is not a usable limit here:
   it counts every process of the user and root ignores it.)
+- No raising of the rlimits (``resource.setrlimit``/``prlimit``) and no signals to other processes.
 - No sockets of any family (the namespace's second line, and the only one where it is unavailable).
 - No writes outside the working folder: opening a file for writing, creating, renaming, linking,
   removing or changing the mode of a path outside it raises ``PermissionError``, as does opening a
@@ -39,7 +41,6 @@ import asyncio
 import contextlib
 import functools
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -88,8 +89,8 @@ class SandboxResult:
         return self.exit_code == 0 and self.kill_reason is None
 
 
-# Run inside the child as `python -I -S -c _BOOT <workdir> <allow_network>`: installs the audit hook,
-# then runs main.py from the working folder as __main__.
+# Run inside the child as `python -I -S -c _BOOT <workdir> <allow_network> <hooks> <limits>`: sets its
+# rlimits, installs the audit hook, then runs main.py from the working folder as __main__.
 _BOOT = r"""
 import os, sys
 def _install(root, allow_net):
@@ -100,7 +101,8 @@ def _install(root, allow_net):
     wflags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
     blocked = {"os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
                "subprocess.Popen", "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "os.kill",
-               "os.killpg", "signal.pthread_kill", "os.setuid", "sys.remote_exec"}
+               "os.killpg", "signal.pthread_kill", "os.setuid", "sys.remote_exec",
+               "resource.setrlimit", "resource.prlimit"}
     # event -> (positions of path arguments that must lie inside the folder, positions of dir_fd arguments)
     paths = {"os.remove": ((0,), (1,)), "os.rmdir": ((0,), (1,)), "os.mkdir": ((0,), (2,)),
              "os.rename": ((0, 1), (2, 3)), "os.symlink": ((1,), (2,)), "os.link": ((0, 1), (2, 3)),
@@ -143,8 +145,15 @@ def _install(root, allow_net):
             if args[0] in ("_posixsubprocess", "_ctypes") or sys.path != path0:
                 deny(f"importing {args[0]}")
     sys.addaudithook(hook)
+import resource
 _root, _net, _hooks = sys.argv[1], sys.argv[2] == "1", sys.argv[3] == "1"
-del sys.argv[1:]
+_cpu, _mem, _fsize, _nofile = (int(x) for x in sys.argv[4].split(","))
+resource.setrlimit(resource.RLIMIT_CPU, (_cpu, _cpu + 1))
+resource.setrlimit(resource.RLIMIT_AS, (_mem, _mem))
+resource.setrlimit(resource.RLIMIT_FSIZE, (_fsize, _fsize))
+resource.setrlimit(resource.RLIMIT_NOFILE, (_nofile, _nofile))
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+del sys.argv[1:], resource, _cpu, _mem, _fsize, _nofile
 sys.argv[0] = "main.py"
 with open(os.path.join(_root, "main.py"), encoding="utf-8") as _f:
     _code = compile(_f.read(), "main.py", "exec")
@@ -168,20 +177,18 @@ def network_namespace_available() -> bool:
     return done.returncode == 0
 
 
-def _preexec(limits: SandboxLimits) -> None:
-    cpu = max(1, int(-(-limits.cpu_s // 1)))  # whole seconds, rounded up
-    memory = limits.memory_mb * _MIB
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.max_file_bytes, limits.max_file_bytes))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (limits.max_open_files, limits.max_open_files))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+def _limit_args(limits: SandboxLimits) -> str:
+    """The rlimits the child sets on itself first thing (CPU seconds rounded up, bytes), comma-joined.
+    Set in the child rather than in a ``preexec_fn``, which is unsafe in a process with threads."""
+    cpu = max(1, int(-(-limits.cpu_s // 1)))
+    return f"{cpu},{limits.memory_mb * _MIB},{limits.max_file_bytes},{limits.max_open_files}"
 
 
 def _command(
     workdir: str, limits: SandboxLimits, python: str, namespace: bool | None, hooks: bool
 ) -> list[str]:
-    cmd = [python, "-I", "-S", "-c", _BOOT, workdir, "1" if limits.network else "0", "1" if hooks else "0"]
+    flags = ["1" if limits.network else "0", "1" if hooks else "0", _limit_args(limits)]
+    cmd = [python, "-I", "-S", "-c", _BOOT, workdir, *flags]
     if namespace is None:
         namespace = not limits.network and network_namespace_available()
     if namespace:
@@ -245,7 +252,6 @@ async def _run(
         cwd=workdir,
         env=env,
         start_new_session=True,
-        preexec_fn=functools.partial(_preexec, limits),
     )
     over = asyncio.Event()
     assert proc.stdout is not None and proc.stderr is not None

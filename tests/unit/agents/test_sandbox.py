@@ -33,9 +33,21 @@ def test_exit_status_and_stderr():
     assert r.exit_code == 1 and "ZeroDivisionError" in r.stderr and r.kill_reason is None
 
 
-def test_infinite_loop_hits_the_cpu_limit():
-    r = run_python("while True:\n    pass", SandboxLimits(cpu_s=1, wall_s=30))
+RAISE_AND_LOOP = """
+import resource
+try:
+    resource.setrlimit(resource.RLIMIT_CPU, (100, 100))
+except PermissionError as err:
+    print(err, flush=True)
+while True:
+    pass
+"""
+
+
+def test_infinite_loop_hits_the_cpu_limit_which_cannot_be_raised():
+    r = run_python(RAISE_AND_LOOP, SandboxLimits(cpu_s=1, wall_s=30))
     assert r.kill_reason == "cpu_time" and r.exit_code < 0
+    assert r.stdout == "sandbox: resource.setrlimit is not allowed\n"
 
 
 def test_sleeping_code_hits_the_wall_clock_limit():
