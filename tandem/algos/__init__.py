@@ -28,6 +28,7 @@ from tandem.algos.core import (
 from tandem.algos.corrections import CORRECTIONS, correction_weights
 from tandem.algos.curriculum import CURRICULA, CurriculumOptions, PromptStats
 from tandem.algos.dapo import degeneracy_metrics, filter_groups, group_outcomes, overlong_penalty
+from tandem.algos.distill import topk_forward_kl
 from tandem.algos.kl import KL_ESTIMATORS, AdaptiveKL, FixedKL, kl_penalty
 from tandem.algos.mismatch import logprob_mismatch
 from tandem.algos.policy import policy_loss
@@ -89,5 +90,6 @@ __all__ = [
     "reward_model_loss",
     "selective_log_softmax",
     "sequence_sum",
+    "topk_forward_kl",
     "value_loss",
 ]

@@ -20,6 +20,7 @@ from tandem.cli import data as _data  # noqa: F401  (registers data validate|sta
 from tandem.cli import evaluate as _evaluate  # noqa: F401  (registers eval, abtest, report)
 from tandem.cli import export as _export  # noqa: F401  (registers export)
 from tandem.cli import rlhf as _rlhf  # noqa: F401  (registers rm, dpo, label)
+from tandem.cli import distill as _distill  # noqa: F401  (registers distill)
 from tandem.cli import serve as _serve  # noqa: F401  (registers serve, loadtest, data export-feedback)
 from tandem.cli import plan as _plan  # noqa: F401  (registers plan)
 # isort: on
