@@ -137,8 +137,6 @@ def settings_for(c: Candidate) -> list[str]:
     ]
     if eta >= 2:
         out += ["algorithm.name=decoupled_ppo"]  # behaviour-vs-proximal token importance weight
-    if eta >= 1 and c.phases.generate > 4 * max(c.phases.weight_load, 1e-9):
-        out += ["architecture.weight_sync=in_flight"]
     return out
 
 
