@@ -22,8 +22,9 @@ class LearnerResources(RoleResources):
     world_size: int = Field(
         1,
         ge=1,
-        description="Data-parallel learner processes (torch.distributed); gradients equal one process "
-        "training on the same global batch.",
+        exclude=True,  # saved configs hold trainer.world_size only
+        description="Data-parallel learner processes: the same setting as trainer.world_size (either "
+        "key sets both; saved configs write trainer.world_size).",
     )
     dist_backend: Literal["auto", "gloo", "nccl"] = Field(
         "auto", description="torch.distributed backend: auto = NCCL on GPU, gloo on CPU."

@@ -197,23 +197,40 @@ def _check_architecture(cfg: CheckedConfig) -> None:
     _warn_off_policy(cfg)
 
 
+def unify_world_size(cfg: CheckedConfig) -> None:
+    """``trainer.world_size`` and ``architecture.learner.world_size`` are one setting: whichever is above 1
+    gives both its value (1 is the default and yields; two different values above 1 are an error)."""
+    t, learner = cfg.trainer, cfg.architecture.learner
+    if t.world_size > 1 and learner.world_size > 1 and t.world_size != learner.world_size:
+        raise CrossFieldError(
+            "trainer.world_size",
+            f"trainer.world_size={t.world_size} and architecture.learner.world_size={learner.world_size} "
+            "are the same setting; set one of them",
+        )
+    ws = max(t.world_size, learner.world_size)
+    if t.world_size != ws:
+        t.world_size = ws
+    if learner.world_size != ws:
+        learner.world_size = ws
+
+
+def _world_size_key(cfg: CheckedConfig) -> str:
+    """The key errors about the learner's ranks name: each architecture's usual spelling."""
+    decoupled = cfg.architecture.mode == "decoupled"
+    return "architecture.learner.world_size" if decoupled else "trainer.world_size"
+
+
 def _check_data_parallel(cfg: CheckedConfig) -> None:
-    """``architecture.learner.world_size > 1``: decoupled, and every rank gets a share of each mini-batch
+    """``trainer.world_size > 1`` (either architecture): every rank gets a share of each mini-batch
     (whole groups when the loss needs them, else samples; a critic's update splits the same way)."""
-    ws, key = cfg.architecture.learner.world_size, "architecture.learner.world_size"
+    ws, key = cfg.trainer.world_size, _world_size_key(cfg)
     strategy = cfg.trainer.strategy
     if ws == 1:
         if strategy in ("ddp", "fsdp2"):
-            raise CrossFieldError(
-                "trainer.strategy", f"{strategy} needs architecture.learner.world_size >= 2 (it is 1)"
-            )
+            raise CrossFieldError("trainer.strategy", f"{strategy} needs {key} >= 2 (it is 1)")
         return
     if strategy == "single":
         raise CrossFieldError("trainer.strategy", f"single runs one learner process; world_size is {ws}")
-    if cfg.architecture.mode != "decoupled":
-        raise CrossFieldError(
-            key, f"world_size={ws} needs architecture.mode=decoupled (the colocated trainer is one process)"
-        )
     from tandem.algos import POLICY_LOSSES  # lazily, as in _check_algorithm
 
     whole = POLICY_LOSSES.get(cfg.algorithm.policy_loss).needs_whole_groups
@@ -231,7 +248,8 @@ def _check_data_parallel(cfg: CheckedConfig) -> None:
 
 def _check_fsdp2(cfg: CheckedConfig, ws: int, units: int, what: str) -> None:
     """Every FSDP2 forward is a collective, so every rank must run as many forwards: equal shares of
-    every mini-batch, row-count micro-batches, no data-dependent prefix sharing; the critic, LoRA adapters
+    every mini-batch, row-count micro-batches; prefix sharing (data-dependent passes) is turned off by
+    the learner (:meth:`~tandem.config.trainer.TrainerConfig.prefix_sharing`); the critic, LoRA adapters
     and the shared head are not sharded yet."""
     t, key = cfg.trainer, "trainer.strategy"
     mini = t.mini_batch_size or cfg.samples_per_step
@@ -243,7 +261,6 @@ def _check_fsdp2(cfg: CheckedConfig, ws: int, units: int, what: str) -> None:
         )
     for bad, why in (
         (t.micro_batch_tokens is not None, "trainer.micro_batch_tokens (ranks would run unequal passes)"),
-        (t.shared_prefix, "trainer.shared_prefix (set it to false)"),
         (cfg.critic is not None, "a critic (ppo's value model is not sharded yet)"),
         (cfg.model.lora.r > 0, "model.lora (adapters are not sharded yet)"),
     ):

@@ -22,7 +22,7 @@ from tandem.config.architecture import (
 )
 from tandem.config.base import CrossFieldError, Section
 from tandem.config.checkpoint import CheckpointConfig
-from tandem.config.checks import check_config
+from tandem.config.checks import check_config, unify_world_size
 from tandem.config.data import DataConfig
 from tandem.config.env import EnvConfig
 from tandem.config.model import ModelConfig, WarmStartConfig
@@ -85,6 +85,7 @@ class TandemConfig(Section):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> TandemConfig:
+        unify_world_size(self)
         check_config(self)
         return self
 

@@ -50,10 +50,19 @@ class FsdpConfig(Section):
 class TrainerConfig(Section):
     strategy: Literal["auto", "single", "ddp", "fsdp2"] = Field(
         "auto",
-        description="How the learner's ranks (architecture.learner.world_size) share the policy: single "
+        description="How the learner's ranks (trainer.world_size) share the policy: single "
         "(one process), ddp (a full replica per rank, gradients all-reduced), fsdp2 (parameters, "
-        "gradients and optimiser state sharded over the ranks with torch fully_shard; see "
-        "docs/architectures.md). auto: ddp when world_size > 1, else single.",
+        "gradients and optimiser state sharded over the ranks with torch fully_shard; turns off "
+        "shared_prefix; see docs/architectures.md). auto: ddp when world_size > 1, else single.",
+    )
+    world_size: int = Field(
+        1,
+        ge=1,
+        description="Learner processes (torch.distributed ranks, gloo on CPU, NCCL on GPU), started by "
+        "tandem train itself; gradients equal one process training on the same global batch. Colocated: "
+        "rank 0 generates the step's batch, the learner phases are split over the ranks. "
+        "architecture.learner.world_size is the same setting (either key sets both; two different values "
+        "above 1 are an error).",
     )
     fsdp: FsdpConfig = Field(default_factory=FsdpConfig, description="FSDP2 options (strategy fsdp2).")
     total_steps: int = Field(100, ge=1, description="Training steps (one rollout batch each).")
@@ -88,5 +97,13 @@ class TrainerConfig(Section):
     shared_prefix: bool = Field(
         True,
         description="Score each group's shared prompt once (KV cache reused by its n responses); same "
-        "log-probs and gradients, less compute. Off: every row runs its own prompt.",
+        "log-probs and gradients, less compute. Off: every row runs its own prompt. Strategy fsdp2 "
+        "turns it off (every rank must run as many forwards).",
     )
+
+    @property
+    def prefix_sharing(self) -> bool:
+        """Whether the learner scores each group's prompt once: ``shared_prefix`` unless the strategy is
+        fsdp2 (each forward all-gathers parameters, so every rank must run as many of them; prompt passes
+        per rank depend on which groups its rows come from)."""
+        return self.shared_prefix and self.strategy != "fsdp2"

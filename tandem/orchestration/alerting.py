@@ -49,16 +49,17 @@ class AlertTarget(Protocol):
 
 
 def check_rollback_support(cfg: TandemConfig) -> None:
-    """ConfigError naming the first ``rollback`` rule of a decoupled run with a data-parallel learner."""
-    if cfg.architecture.mode != "decoupled" or cfg.architecture.learner.world_size <= 1:
+    """ConfigError naming the first ``rollback`` rule of a run with a data-parallel learner (either
+    architecture)."""
+    if cfg.trainer.world_size <= 1:
         return
     for i, rule in enumerate(cfg.monitor.alerts):
         if rule.action == "rollback":
             raise ConfigError(
                 f"alert rule '{rule_label(rule)}': action 'rollback' is not supported with a data-parallel "
-                "learner (architecture.learner.world_size > 1): its other ranks would keep the faulty weights",
+                "learner (trainer.world_size > 1): its other ranks would keep the faulty weights",
                 where=f"monitor.alerts[{i}].action",
-                hint="use warn, skip or stop, or architecture.learner.world_size=1",
+                hint="use warn, skip or stop, or trainer.world_size=1",
             )
 
 

@@ -20,6 +20,8 @@ import torch
 from tandem.config.schema import TandemConfig
 from tandem.models.lora import engine_state_dict
 from tandem.monitor import PhaseTimer
+from tandem.orchestration.alerting import check_rollback_support
+from tandem.orchestration.dp_learner import DataParallelLearner
 from tandem.orchestration.loop import KEY_METRICS, LoopSetup, run_loop
 from tandem.orchestration.parts import (
     RunParts,
@@ -121,8 +123,17 @@ class ColocatedTrainer(Trainer):
 
 def train_colocated(cfg: TandemConfig, *, resume: bool = False, progress: bool | None = None) -> RunResult:
     """Train with the colocated architecture. Model folders given as URLs are used from this machine's
-    copies; the run's config keeps the URLs."""
+    copies; the run's config keeps the URLs.
+
+    ``trainer.world_size`` > 1: this process is rank 0 and does everything a one-process run does
+    (generation with its engine, rewards, evaluation, logging, the run folder and checkpoints); ranks
+    1..M-1 are started on this machine (:class:`~tandem.orchestration.dp_learner.DataParallelLearner`)
+    and join every step's learner phases — log-prob passes split by rows, the update by mini-batch rows
+    (whole groups when the loss needs them), losses normalised by the mini-batch's global token and
+    sequence counts, so the update equals this run on one process up to fp32 summation order. They start
+    after a resume's checkpoint is loaded and receive rank 0's weights, optimiser and learner state."""
     check_run_dir(cfg, resume=resume)
+    check_rollback_support(cfg)
     parts = build_parts(local_models(cfg))  # fails on a bad model or reward before anything is written
     run_dir = prepare_run_dir(cfg, resume=resume)  # only now: a failed pre-flight leaves no folder behind
     trainer = ColocatedTrainer(parts)
@@ -135,6 +146,11 @@ def train_colocated(cfg: TandemConfig, *, resume: bool = False, progress: bool |
         log.info("resumed from %s at step %d", latest, trainer.step)
     else:
         trainer.publish()
-    run_loop(LoopSetup(cfg, parts, trainer, result, KEY_METRICS, progress=progress))
+    ranks = DataParallelLearner.start(cfg, trainer.learn) if cfg.trainer.world_size > 1 else None
+    try:
+        run_loop(LoopSetup(cfg, parts, trainer, result, KEY_METRICS, progress=progress))
+    finally:
+        if ranks is not None:
+            ranks.close()  # never raises
     result.steps = trainer.step
     return finish_run(result, run_dir / "checkpoints", **trainer.summary())

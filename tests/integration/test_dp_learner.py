@@ -108,7 +108,6 @@ def test_two_rank_ppo_trains_its_critic_in_sync(tiny_model_dir, tmp_path, critic
 @pytest.mark.parametrize(
     ("overrides", "match"),
     [
-        ({"architecture": {"mode": "colocated", "learner": {"world_size": 2}}}, "mode=decoupled"),
         ({"architecture": {"mode": "decoupled", "learner": {"world_size": 9}}}, "exceeds the 8 samples"),
         (
             {"algorithm": {"name": "agro"}, "architecture": {"learner": {"world_size": 3}}},

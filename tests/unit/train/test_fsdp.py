@@ -244,8 +244,8 @@ def test_dcp_checkpoint_restores_same_and_one_process(fsdp_results, tiny_model_d
 
 
 def test_fsdp2_config_rules(tiny_model_dir):
-    with pytest.raises(ConfigError, match="trainer.strategy"):  # shared prefix on
-        _cfg(tiny_model_dir, {"algorithm": {"name": "rloo"}, "trainer": {"shared_prefix": True}})
+    shared = _cfg(tiny_model_dir, {"algorithm": {"name": "rloo"}, "trainer": {"shared_prefix": True}})
+    assert not shared.trainer.prefix_sharing  # fsdp2 turns prefix sharing off (equal forwards per rank)
     with pytest.raises(ConfigError, match="trainer.strategy"):  # 3 groups over 2 ranks (whole groups)
         _cfg(tiny_model_dir, {"algorithm": {"name": "agro"}, "trainer": {"mini_batch_size": 9}})
     with pytest.raises(ConfigError, match="trainer.strategy"):  # a critic is not sharded yet

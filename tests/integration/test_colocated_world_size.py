@@ -1,0 +1,153 @@
+"""Colocated runs with several learner ranks (``trainer.world_size: 2``, gloo on CPU): rank 0 generates,
+scores, logs and checkpoints as a one-process run does; rank 1 joins each step's learner phases.
+
+* a 2-rank FSDP2 run's first update equals a one-process run's (loss and gradient norm within 1e-5
+  relative, the weights after two steps within 1e-6: fp32 summation order is all that differs);
+* 2 steps + resume + 2 steps on 2 ranks gives the same metrics and bitwise the same weights as 4 steps
+  straight (the run checkpoint holds the optimiser state gathered from the shards);
+* one process resumes the 2-rank run's step-2 checkpoint (another world size): close to the 2-rank run,
+  not bitwise (gradient sums in another order);
+* impossible combinations are one-line ConfigErrors before anything is written.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import safetensors.torch
+import torch
+from run_checks import step_rows
+
+from tandem.config import build_config
+from tandem.errors import ConfigError
+from tandem.orchestration.colocated import train_colocated
+from tandem.train.checkpoint import checkpoint_dir
+
+DIGITS = f"{Path(__file__).parents[1] / 'e2e' / 'digits_reward.py'}:digit_share"
+# Wall clock and host metrics differ between any two runs; a leg's last step also evaluates.
+VOLATILE = ("time", "timing/", "perf/", "system/", "eval/")
+
+
+def _cfg(model_dir, out, world_size, total_steps, **overrides):
+    cfg = {
+        "run": {"output_dir": str(out), "seed": 5},
+        "model": {"path": str(model_dir)},
+        "data": {"task": "arith", "prompts_per_step": 2, "eval_size": 2, "train_size": 16},
+        "rollout": {"n": 4, "max_new_tokens": 4},
+        "algorithm": {"name": "grpo"},
+        "reward": {"task_reward": False, "functions": [{"path": DIGITS}]},
+        "trainer": {
+            "total_steps": total_steps,
+            "lr": 3e-3,
+            "lr_schedule": "constant",  # the same schedule whatever total_steps a leg of a resumed run has
+            "world_size": world_size,
+            "strategy": "fsdp2" if world_size > 1 else "single",
+            "micro_batch_size": 2,
+        },
+        "checkpoint": {"every": 2, "keep_last": 9},
+        "monitor": {"eval_every": 0, "sample_every": 0, "tensorboard": False, "progress": False},
+    }
+    for key, value in overrides.items():
+        cfg[key] = {**cfg.get(key, {}), **value}
+    return build_config(cfg)
+
+
+def _weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
+    return safetensors.torch.load_file(
+        checkpoint_dir(run_dir / "checkpoints", step) / "model" / "model.safetensors"
+    )
+
+
+def _stable(row: dict) -> dict:
+    return {k: v for k, v in row.items() if not k.startswith(VOLATILE)}
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model_dir, tmp_path_factory):
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("colocated_ws")
+    one = train_colocated(_cfg(tiny_model_dir, root / "one", 1, 2))
+    straight = train_colocated(_cfg(tiny_model_dir, root / "straight", 2, 4))
+    train_colocated(_cfg(tiny_model_dir, root / "halves", 2, 2))
+    shutil.copytree(root / "halves", root / "to_one")
+    halves = train_colocated(_cfg(tiny_model_dir, root / "halves", 2, 4), resume=True)
+    to_one = train_colocated(_cfg(tiny_model_dir, root / "to_one", 1, 4), resume=True)
+    assert not torch.distributed.is_initialized()
+    return {"one": one, "straight": straight, "halves": halves, "to_one": to_one}
+
+
+def test_two_fsdp2_ranks_update_as_one_process(runs):
+    one, two = step_rows(runs["one"].run_dir), step_rows(runs["straight"].run_dir)
+    assert one[0]["reward/mean"] == two[0]["reward/mean"]  # rank 0 sampled the same batch
+    for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy"):
+        assert two[0][key] == pytest.approx(one[0][key], rel=1e-5, abs=1e-7), key
+    assert one[0]["actor/grad_norm"] > 0
+    w1, w2 = _weights(runs["one"].run_dir, 2), _weights(runs["straight"].run_dir, 2)
+    assert w1.keys() == w2.keys()
+    for name in w1:
+        torch.testing.assert_close(w2[name], w1[name], rtol=0, atol=1e-6)
+
+
+def test_resume_on_the_same_world_size_is_exact(runs):
+    straight, halves = step_rows(runs["straight"].run_dir), step_rows(runs["halves"].run_dir)
+    assert [r["step"] for r in halves] == [1, 2, 3, 4]
+    assert [_stable(r) for r in halves] == [_stable(r) for r in straight]
+    ws, wh = _weights(runs["straight"].run_dir, 4), _weights(runs["halves"].run_dir, 4)
+    assert all(torch.equal(ws[name], wh[name]) for name in ws)
+
+
+def test_one_process_resumes_a_two_rank_run(runs):
+    """2 -> 1: the same samples and state, gradients summed in another order: close, not bitwise."""
+    straight, to_one = step_rows(runs["straight"].run_dir), step_rows(runs["to_one"].run_dir)
+    assert [r["step"] for r in to_one] == [1, 2, 3, 4]
+    for a, b in zip(straight[2:], to_one[2:], strict=True):
+        assert b["reward/mean"] == a["reward/mean"]
+        assert b["actor/grad_norm"] == pytest.approx(a["actor/grad_norm"], rel=1e-4)
+    ws, w1 = _weights(runs["straight"].run_dir, 4), _weights(runs["to_one"].run_dir, 4)
+    for name in ws:
+        torch.testing.assert_close(w1[name], ws[name], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "match"),
+    [
+        ({"trainer": {"world_size": 9, "strategy": "ddp"}}, "trainer.world_size", "exceeds the 8 samples"),
+        ({"trainer": {"world_size": 3}}, "trainer.strategy", "split evenly"),
+        (
+            {"trainer": {"world_size": 2}, "architecture": {"learner": {"world_size": 3}}},
+            "trainer.world_size",
+            "same setting",
+        ),
+        ({"trainer": {"world_size": 2, "strategy": "single"}}, "trainer.strategy", "one learner process"),
+        ({"trainer": {"world_size": 1, "strategy": "fsdp2"}}, "trainer.strategy", "needs trainer.world_size"),
+        ({"critic": {"lr": 1e-3}, "algorithm": {"name": "ppo"}}, "trainer.strategy", "critic"),
+    ],
+)
+def test_impossible_combinations_are_one_line_config_errors(tiny_model_dir, tmp_path, overrides, key, match):
+    with pytest.raises(ConfigError, match=key) as err:
+        _cfg(tiny_model_dir, tmp_path, 2, 1, **overrides)
+    assert match in str(err.value) and "\n" not in str(err.value)
+
+
+def test_world_size_keys_are_one_setting(tiny_model_dir, tmp_path):
+    cfg = _cfg(
+        tiny_model_dir,
+        tmp_path,
+        1,
+        1,
+        trainer={"strategy": "ddp"},
+        architecture={"learner": {"world_size": 2}},
+    )
+    assert cfg.trainer.world_size == cfg.architecture.learner.world_size == 2
+    assert "world_size" not in cfg.model_dump()["architecture"]["learner"]  # saved configs: trainer's key
+    assert build_config(cfg.model_dump()).architecture.learner.world_size == 2
+
+
+def test_rollback_with_two_colocated_ranks_is_refused_before_writing(tiny_model_dir, tmp_path):
+    rule = {"metric": "actor/kl", "kind": "above", "threshold": 1.0, "action": "rollback"}
+    cfg = _cfg(tiny_model_dir, tmp_path / "run", 2, 1, monitor={"alerts": [rule]})
+    with pytest.raises(ConfigError, match=r"monitor.alerts\[0\].action"):
+        train_colocated(cfg)
+    assert not (tmp_path / "run").exists()
