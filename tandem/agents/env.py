@@ -78,13 +78,16 @@ class ToolEnv:
     error message is an observation too, counted in ``tool_errors``, never an exception; a turn without
     calls is the final answer, scored by :meth:`answer`. Subclasses set the tools and implement
     :meth:`reset` and :meth:`answer`; ``result_suffix`` is appended to every observation (e.g. a newline
-    so the model's next turn starts on a fresh line)."""
+    so the model's next turn starts on a fresh line). ``observation_template`` wraps the results for a
+    chat model, e.g. ChatML's ``"\n<|im_start|>user\n{results}<|im_end|>\n<|im_start|>assistant\n"``
+    (the model's turn ended with ``<|im_end|>``); the default is the results as they are."""
 
     tools: Sequence[ToolSpec] = ()
     fmt: str = "hermes"
     tool_timeout_s: float | None = 10.0
     max_result_chars: int | None = 1024
     result_suffix: str = "\n"
+    observation_template: str = "{results}"
     row: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -108,7 +111,8 @@ class ToolEnv:
             "tool_errors": sum(r.error for r in results),
             "sandbox_kills": sum(r.kill_reason is not None for r in results),
         }
-        return observation(results, self.fmt) + self.result_suffix, 0.0, False, info
+        text = self.observation_template.format(results=observation(results, self.fmt) + self.result_suffix)
+        return text, 0.0, False, info
 
     def answer(self, action: str) -> float:
         """The reward of a final answer (a turn without tool calls)."""
