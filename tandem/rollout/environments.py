@@ -10,6 +10,7 @@ option, a missing ``reset``/``step`` or an import error is one line naming the k
 from __future__ import annotations
 
 import importlib
+from dataclasses import replace
 from typing import Any
 
 from tandem.agents.env import ENVIRONMENTS, SingleTurn
@@ -77,4 +78,22 @@ def episode_runner(cfg: EnvConfig | None, engine: RolloutEngine, *, tokenizer: A
             "does not",
             where="rollout.backend",
         )
-    return EpisodeRunner(engine, env_factory(cfg), episode_settings(cfg), tokenizer=tokenizer)
+    settings = replace(episode_settings(cfg), max_context_tokens=context_limit(engine))
+    return EpisodeRunner(engine, env_factory(cfg), settings, tokenizer=tokenizer)
+
+
+def context_limit(engine: RolloutEngine) -> int | None:
+    """The tokens an engine's model attends to at most (an HF model's ``max_position_embeddings``, a
+    vLLM engine's ``max_model_len``), or None when the engine does not say."""
+    for owner, name in ((getattr(engine, "llm", None), None), (getattr(engine, "model", None), "config")):
+        if owner is None:
+            continue
+        if name is None:  # vLLM: the engine's model config
+            limit = getattr(
+                getattr(getattr(owner, "llm_engine", None), "model_config", None), "max_model_len", None
+            )
+        else:
+            limit = getattr(getattr(owner, name, None), "max_position_embeddings", None)
+        if isinstance(limit, int) and limit > 0:
+            return limit
+    return None

@@ -66,6 +66,7 @@ class EpisodeSettings:
     max_observation_tokens: int | None = None
     concurrent: bool = True
     where: str = "env"  # config key named in errors
+    max_context_tokens: int | None = None  # the model's positions: an episode that would pass them ends
 
 
 @dataclass
@@ -84,6 +85,7 @@ class Episode:
     done: bool = False  # ended by the environment
     live: bool = True
     timed_out: bool = False
+    context_full: bool = False  # ended because the next turn would pass the model's positions
     counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(INFO_COUNTERS, 0))
 
 
@@ -178,7 +180,12 @@ class EpisodeRunner:
             t0 = time.perf_counter()
             self._gather(loop, [self._step(episodes[r], turn) for r in live_rows])
             env_s += time.perf_counter() - t0
-            live_rows = [r for r in live_rows if episodes[r].live]
+            live_rows = [
+                r
+                for r in live_rows
+                if episodes[r].live
+                and self._fits(int(first.prompt_mask[r].sum()), episodes[r], each[owner[r]].max_new_tokens)
+            ]
             if not live_rows:
                 break
             turn += 1
@@ -190,6 +197,14 @@ class EpisodeRunner:
         if all(not e.pieces[1:] for e in episodes):  # single-turn: the engine's batch, unchanged
             return first
         return _assemble(first, episodes, self.tokenizer.pad_token_id)
+
+    def _fits(self, prompt_len: int, e: Episode, max_new_tokens: int) -> bool:
+        """Whether ``e``'s next turn fits the model's positions; if not, the episode ends here."""
+        limit = self.settings.max_context_tokens
+        if limit is None or prompt_len + len(e.ids) + max_new_tokens <= limit:
+            return True
+        e.live, e.context_full = False, True
+        return False
 
     def _new_env(self) -> Any:
         try:
@@ -380,6 +395,7 @@ def _stats(episodes: list[Episode], env_s: float) -> EpisodeStats:
         "agent/tool_error_rate": errors / calls if calls else 0.0,
         "agent/sandbox_kills": float(sum(e.counters["sandbox_kills"] for e in episodes)),
         "agent/timeouts": float(sum(e.timed_out for e in episodes)),
+        "agent/context_full": float(sum(e.context_full for e in episodes)),
         "agent/unfinished_frac": sum(not e.done for e in episodes) / B,
         "agent/return_mean": sum(e.ret for e in episodes) / B,
         "timing/env": env_s,

@@ -266,3 +266,15 @@ def test_env_config_errors_are_one_line():
     with pytest.raises(ConfigError, match="env.path"):
         env_factory(EnvConfig(path="math:pi"))
     assert isinstance(env_factory(EnvConfig(name="calculator"))(), Calculator)
+
+
+def test_an_episode_that_would_pass_the_models_positions_ends(tiny_model_dir):
+    tok = load_tokenizer(tiny_model_dir)
+    # prompt 1 + reply 2 + observation 17 = 20 tokens; the next turn needs 4 more: 24 > 22
+    runner = EpisodeRunner(
+        Scripted(tok, lambda c: "y\n"), Echo, EpisodeSettings(max_turns=5, max_context_tokens=22)
+    )
+    runner.generate(["a"], SamplingParams(max_new_tokens=4, n=2))
+    assert runner.last.metrics["agent/context_full"] == 2 and runner.last.metrics["agent/turns_mean"] == 1
+    engine, _, _ = _hf(tiny_model_dir)
+    assert episode_runner(EnvConfig(name="guess"), engine).settings.max_context_tokens == 256
