@@ -16,6 +16,7 @@ import math
 import sqlite3
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from tandem.utils.io import atomic_write_text
@@ -53,6 +54,20 @@ def check_pair(response_id: str, other_id: str, chosen: str, rejected: str) -> N
         raise ValueError("the two responses have the same text; there is nothing to prefer")
 
 
+@dataclass(frozen=True)
+class Conversation:
+    """A chat request as recorded: the rendered ``prompt`` text, the request's ``messages`` and ``tools``
+    (OpenAI shapes), and per choice ``{"message", "completion", "finish_reason"}``."""
+
+    prompt: str
+    messages: list[dict]
+    tools: list[dict]
+    choices: list[dict]
+
+    def columns(self) -> tuple[str, str, str, str]:
+        return self.prompt, json.dumps(self.messages), json.dumps(self.tools), json.dumps(self.choices)
+
+
 class FeedbackStore:
     """SQLite-backed store; one connection guarded by a lock (requests come from one event loop)."""
 
@@ -65,38 +80,32 @@ class FeedbackStore:
         self._db.executescript(_SCHEMA)
         self._lock = threading.Lock()
 
-    def remember(self, response_id: str, arm: str, prompts: list[str], responses: list[str]) -> None:
-        """Store a completion: the prompt and text of each of its choices."""
-        with self._lock:
-            self._db.execute(
-                "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?)",
-                (response_id, arm, json.dumps(prompts), json.dumps(responses), time.time()),
-            )
-
-    def remember_conversation(
+    def remember(
         self,
         response_id: str,
         arm: str,
-        prompt: str,
-        messages: list[dict],
-        tools: list[dict],
-        choices: list[dict],
+        prompts: list[str],
+        responses: list[str],
+        conversation: Conversation | None = None,
     ) -> None:
-        """Store a chat request's conversation: the rendered ``prompt`` text, the request's ``messages``
-        and ``tools`` (OpenAI shapes), and per choice ``{"message", "completion", "finish_reason"}``."""
+        """Store a completion: the prompt and text of each of its choices, and a chat request's
+        ``conversation`` in the same transaction (one durable commit per request)."""
         with self._lock:
-            self._db.execute(
-                "INSERT OR REPLACE INTO conversations VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (
-                    response_id,
-                    arm,
-                    prompt,
-                    json.dumps(messages),
-                    json.dumps(tools),
-                    json.dumps(choices),
-                    time.time(),
-                ),
-            )
+            self._db.execute("BEGIN")
+            try:
+                self._db.execute(
+                    "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?)",
+                    (response_id, arm, json.dumps(prompts), json.dumps(responses), time.time()),
+                )
+                if conversation is not None:
+                    self._db.execute(
+                        "INSERT OR REPLACE INTO conversations VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (response_id, arm, *conversation.columns(), time.time()),
+                    )
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
 
     def conversations(self) -> list[dict]:
         """Every recorded conversation, oldest first (JSON columns decoded)."""

@@ -27,7 +27,7 @@ from tandem.serve.batcher import QueueFullError
 from tandem.serve.cache import cache_key
 from tandem.serve.decode import RowRequest, RowResult
 from tandem.serve.engines import check_request
-from tandem.serve.feedback import check_pair, check_rating
+from tandem.serve.feedback import Conversation, check_pair, check_rating
 from tandem.serve.model import ServedModel
 from tandem.serve.protocol import ApiError, ChatRequest, CompletionRequest, GenerationRequest, PredictRequest
 from tandem.serve.router import Arm
@@ -315,9 +315,7 @@ async def _chat(state: ServerState, req: ChatRequest, request: Request):
         include_usage=req.include_usage(),
         tools=tools,
     )
-    record = Conversation(
-        [m.for_record() for m in req.messages], tools.declarations() if tools.active else []
-    )
+    record = ChatRecord([m.for_record() for m in req.messages], tools.declarations() if tools.active else [])
     return await _respond(state, plan, shape, request, req.stream, record)
 
 
@@ -327,7 +325,7 @@ async def _respond(
     shape: Shape,
     request: Request,
     stream: bool,
-    record: Conversation | None = None,
+    record: ChatRecord | None = None,
 ):
     """The shared tail of the completions and chat endpoints: an SSE stream, or one JSON body with a
     choice per returned row and the usage; the answers (and a chat's conversation, ``record``) are
@@ -370,7 +368,7 @@ async def _remembered(
     plan: Plan,
     pending: list,
     events: AsyncIterator[bytes],
-    record: Conversation | None,
+    record: ChatRecord | None,
     shape: Shape,
 ):
     """The ``events`` of a stream; its answers are remembered (for feedback) just before ``[DONE]``, so
@@ -383,8 +381,8 @@ async def _remembered(
 
 
 @dataclass
-class Conversation:
-    """What a chat request recorded for export: its messages and tool declarations (OpenAI shapes)."""
+class ChatRecord:
+    """What a chat request records for export: its messages and tool declarations (OpenAI shapes)."""
 
     messages: list[dict]
     tools: list[dict]
@@ -395,7 +393,7 @@ def _remember(
     rid: str,
     plan: Plan,
     results: list[RowResult],
-    record: Conversation | None = None,
+    record: ChatRecord | None = None,
     shape: Shape | None = None,
 ) -> None:
     """Keep the prompt and responses of ``rid`` so feedback can refer to it; a chat's conversation too,
@@ -403,21 +401,16 @@ def _remember(
     if state.feedback is None:
         return
     prompts = [plan.texts[i // plan.n] for i in range(len(results))]
-    state.feedback.remember(rid, plan.arm.name, prompts, [r.text for r in results])
+    conversation = None
     if record is not None and isinstance(shape, ChatShape):
         prefix = shape.tools.prefix()
-        choices = [
-            {
-                "message": shape.message(r)[0],
-                "completion": prefix + r.text,
-                "finish_reason": shape.message(r)[1],
-            }
-            for r in results
-        ]
+        choices = []
+        for r in results:
+            message, finish = shape.message(r)
+            choices.append({"message": message, "completion": prefix + r.text, "finish_reason": finish})
         prompt = plan.texts[0][: len(plan.texts[0]) - len(prefix)] if prefix else plan.texts[0]
-        state.feedback.remember_conversation(
-            rid, plan.arm.name, prompt, record.messages, record.tools, choices
-        )
+        conversation = Conversation(prompt, record.messages, record.tools, choices)
+    state.feedback.remember(rid, plan.arm.name, prompts, [r.text for r in results], conversation)
 
 
 async def _parse(request: Request, model: type[GenerationRequest] | type[PredictRequest]):
