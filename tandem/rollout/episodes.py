@@ -409,7 +409,7 @@ def mean_stats(stats: list[EpisodeStats]) -> dict[str, float]:
     total = sum(int(s.returns.numel()) for s in stats)
     if not total:
         return {}
-    summed = {"agent/sandbox_kills", "agent/timeouts", "timing/env"}
+    summed = {"agent/sandbox_kills", "agent/timeouts", "agent/context_full", "timing/env"}
     out: dict[str, float] = {}
     for key in stats[0].metrics:
         if key in summed:

@@ -55,6 +55,8 @@ def test_user_env_trains(tiny_model_dir, tmp_path, algo, architecture):
     assert all(r["agent/turns_mean"] == 2 for r in step_rows)  # the env ends every episode at turn 2
     assert all(r["agent/tool_calls_mean"] == 1 for r in step_rows)
     assert all("timing/env" in r for r in step_rows)
+    evals = [r for r in rows if "eval/agent/turns_mean" in r]  # held-out episodes, greedy
+    assert evals and all(r["eval/agent/turns_mean"] == 2 for r in evals)
     after = load_causal_lm(latest_checkpoint(result.run_dir / "checkpoints") / "model")
     assert any(not torch.equal(before[k], v) for k, v in after.state_dict().items())
     samples = (result.run_dir / "samples.jsonl").read_text()
