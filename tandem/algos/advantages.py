@@ -274,7 +274,8 @@ def _opd(inp: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """Each sampled token's advantage is the negative of its reverse-KL sample estimate,
     ``A_t = -(log pi_student(y_t) - log pi_teacher(y_t))``: positive where the teacher likes the token more
     than the student, so maximising it minimises KL(student || teacher) on the student's own samples. No
-    discount: a token's advantage is its own term (gamma and lam are not used). With ``reward_weight`` w,
+    discount: a token's advantage is its own term (gamma, lam and norm_by_std are not used). With
+    ``reward_weight`` w,
     ``w * (R - mean of R over the group)`` is added to every token of the sample (0 for a group of one)."""
     assert inp.logprobs is not None and inp.teacher_logprobs is not None
     adv = inp.teacher_logprobs - inp.logprobs  # [B, T]

@@ -15,6 +15,7 @@ TEACHER = torch.tensor([[-0.5, -2.5, float("nan")], [-2.0, -0.6, -1.0]])  # NaN 
 def _opd(**kw):
     kw.setdefault("scores", torch.tensor([1.0, 0.0]))
     kw.setdefault("group_ids", torch.tensor([0, 0]))
+    kw.setdefault("norm_by_std", False)
     return compute_advantages("opd", response_mask=MASK, logprobs=STUDENT, teacher_logprobs=TEACHER, **kw)
 
 
@@ -78,3 +79,81 @@ def test_wrong_shape_is_named():
             logprobs=STUDENT,
             teacher_logprobs=TEACHER[:, :2],
         )
+
+
+# ---------------------------------------------------------------- config rules
+
+
+def _cfg(algorithm: dict, n: int = 4):
+    from tandem.config import build_config
+
+    return build_config(
+        {
+            "model": {"path": "unused"},
+            "data": {"task": "arith", "prompts_per_step": 2},
+            "rollout": {"n": n},
+            "algorithm": algorithm,
+        }
+    )
+
+
+def test_opd_preset_and_its_teacher():
+    a = _cfg({"name": "opd", "opd": {"teacher": "models/t"}}).algorithm
+    assert (a.advantage, a.policy_loss, a.aggregation, a.norm_by_std) == (
+        "opd",
+        "ppo_clip",
+        "token-mean",
+        False,
+    )
+    assert a.opd.teacher == "models/t" and a.opd.reward_weight == 0.0
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "n", "message"),
+    [
+        ({"name": "opd"}, 4, r"algorithm.opd.teacher: advantage 'opd' distils from a teacher"),
+        (
+            {"name": "grpo", "opd": {"teacher": "t"}},
+            4,
+            r"algorithm.opd.teacher: advantage 'grpo' does not use",
+        ),
+        (
+            {"name": "opd", "opd": {"teacher": "t", "reward_weight": 0.5}},
+            1,
+            r"algorithm.opd.reward_weight: the task-reward term is centred on the group mean",
+        ),
+        ({"name": "opd", "opd": {"teacher": "t", "reward_weight": -1}}, 4, r"algorithm.opd.reward_weight"),
+    ],
+)
+def test_config_errors_name_the_key(algorithm, n, message):
+    from tandem.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message) as info:
+        _cfg(algorithm, n)
+    assert "\n" not in str(info.value)
+
+
+def test_opd_with_one_sample_per_prompt_and_no_reward_weight_is_fine():
+    assert _cfg({"name": "opd", "opd": {"teacher": "t"}}, n=1).rollout.n == 1
+
+
+def test_a_missing_teacher_folder_is_one_config_error(tmp_path):
+    from tandem.errors import ConfigError
+    from tandem.orchestration.build import build_teacher
+
+    cfg = _cfg({"name": "opd", "opd": {"teacher": str(tmp_path / "nope")}})
+    with pytest.raises(ConfigError, match=r"^algorithm.opd.teacher: no teacher model folder at .*nope"):
+        build_teacher(cfg, tokenizer=None)
+
+
+def test_vocab_mismatch_names_the_first_difference():
+    from tandem.models import build_char_tokenizer
+    from tandem.models.vocab import vocab_mismatch
+
+    a, b = build_char_tokenizer("0123"), build_char_tokenizer("0123")
+    assert vocab_mismatch(a, b) is None
+    assert vocab_mismatch(a, build_char_tokenizer("01234")) == "vocabularies of 8 and 9 tokens"
+    assert (
+        vocab_mismatch(a, build_char_tokenizer("1023"))
+        == "token '0' is id 4 for the student, 5 for the teacher"
+    )
