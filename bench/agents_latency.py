@@ -11,7 +11,9 @@ latency) and answers with a short observation. Arms (same seed, same episodes):
 - ``concurrent``: ``env.concurrent=true`` (the default): a turn's steps overlap.
 
 The ideal concurrent cost over generation alone is ``latency x turns`` (steps of a turn overlap fully);
-serial costs ``latency x turns x episodes``. The machine is shared: the load average is printed beside.
+serial costs ``latency x turns x episodes``. ``env wait`` is the step's ``timing/env`` (seconds the
+loop waited on environments), which generation noise does not blur. The machine is shared: the load
+average is printed beside.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/agents_latency.py [--repeats 3]
 """
@@ -64,6 +66,7 @@ def main() -> None:
     params = SamplingParams(max_new_tokens=8, temperature=1.0, n=args.n, stop=["\n"], seed=0)
     arms = {"no env": (0.0, True), "serial": (args.latency, False), "concurrent": (args.latency, True)}
     times: dict[str, list[float]] = {a: [] for a in arms}
+    waits: dict[str, list[float]] = {a: [] for a in arms}  # timing/env: seconds waiting on the environment
     for _ in range(args.repeats):
         for arm, (latency, concurrent) in arms.items():
             env = type("T", (Tool,), {"latency": latency})
@@ -71,23 +74,26 @@ def main() -> None:
             t0 = time.perf_counter()
             runner.generate(prompts, params)
             times[arm].append(time.perf_counter() - t0)
+            waits[arm].append(runner.last.metrics["timing/env"])
             assert runner.last.metrics["agent/turns_mean"] == args.turns
     episodes = args.prompts * args.n
     print(
         f"{episodes} episodes x {args.turns} turns, tool latency {args.latency * 1000:.0f} ms, "
         f"load average {os.getloadavg()[0]:.2f}"
     )
-    print(f"{'arm':<12} {'median s/step':>14} {'over no env':>12}")
+    print(f"{'arm':<12} {'median s/step':>14} {'over no env':>12} {'env wait s':>11}")
     base = statistics.median(times["no env"])
     for arm in arms:
         med = statistics.median(times[arm])
-        print(f"{arm:<12} {med:>14.3f} {med - base:>12.3f}")
+        print(f"{arm:<12} {med:>14.3f} {med - base:>12.3f} {statistics.median(waits[arm]):>11.3f}")
     serial, conc = statistics.median(times["serial"]), statistics.median(times["concurrent"])
     print(
         f"ideal env cost: serial {args.latency * args.turns * episodes:.2f} s, concurrent "
         f"{args.latency * args.turns:.2f} s"
     )
     print(f"ratio serial / concurrent wall time per step: {serial / conc:.1f}x")
+    wait_s, wait_c = statistics.median(waits["serial"]), statistics.median(waits["concurrent"])
+    print(f"ratio serial / concurrent environment wait per step: {wait_s / wait_c:.1f}x")
 
 
 if __name__ == "__main__":
