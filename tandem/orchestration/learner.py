@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -127,10 +128,16 @@ class LearnerStep:
 
     def state_dict(self) -> dict[str, Any]:
         """Learner state a checkpoint must keep for an exact resume (β, steps taken). Data-parallel rank 0:
-        first brings the optimiser and schedule up to date (FSDP2 gathers its shards into them)."""
+        first brings the schedule up to date (FSDP2 copies its sharded schedule's position; its optimiser
+        state is written as shards, :meth:`shard_writer`)."""
         if self.dp is not None and self.dp.rank == 0:
             self.dp.before_checkpoint(self.optimizer, self.scheduler)
         return {"kl_coef": None if self.kl_ctl is None else self.kl_ctl.value, "steps_done": self.steps_done}
+
+    def shard_writer(self) -> Callable[[Path], None] | None:
+        """Rank 0 of a learner whose ranks shard the optimiser state (FSDP2): what writes it into a run
+        checkpoint (every rank its shards); None when rank 0's optimiser holds the whole state."""
+        return None if self.dp is None else self.dp.shard_writer()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.steps_done = int(state.get("steps_done", 0))

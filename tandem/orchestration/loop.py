@@ -122,7 +122,8 @@ def checkpoint(setup: LoopSetup) -> None:
     """Save the parts and the trainer's state at its step; then the batch source may acknowledge."""
     trainer = setup.trainer
     extra = {trainer.source.state_key: trainer.state_dict(), "eval_before": setup.result.eval_before}
-    save_run_checkpoint(setup.result.run_dir / "checkpoints", trainer.step, setup.parts, setup.cfg, extra)
+    root, shards = setup.result.run_dir / "checkpoints", trainer.learn.shard_writer()
+    save_run_checkpoint(root, trainer.step, setup.parts, setup.cfg, extra, sharded=shards)
     trainer.source.checkpointed()  # only now is every update so far durable
 
 

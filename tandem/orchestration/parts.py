@@ -8,6 +8,7 @@ swap any of them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,11 +128,17 @@ def load_run_checkpoint(path: Path, parts: RunParts) -> dict[str, Any]:
 
 
 def save_run_checkpoint(
-    ckpt_root: Path, step: int, parts: RunParts, cfg: TandemConfig, extra_state: dict[str, Any]
+    ckpt_root: Path,
+    step: int,
+    parts: RunParts,
+    cfg: TandemConfig,
+    extra_state: dict[str, Any],
+    sharded: Callable[[Path], None] | None = None,
 ) -> Path:
     """The counterpart of :func:`load_run_checkpoint`: policy, tokenizer, critic, their optimisers, the
     scheduler, ``extra_state`` (the loop's own state) and the config, atomically; then copied to
-    ``checkpoint.remote_dir`` when set."""
+    ``checkpoint.remote_dir`` when set. ``sharded``: the learner ranks write the optimiser state as
+    shards (FSDP2, :meth:`~tandem.orchestration.learner.LearnerStep.shard_writer`)."""
     folder = save_checkpoint(
         ckpt_root,
         step,
@@ -144,6 +151,7 @@ def save_run_checkpoint(
         keep_last=cfg.checkpoint.keep_last,
         critic=parts.critic,
         critic_optimizer=parts.critic_optimizer,
+        sharded=sharded,
     )
     mirror_checkpoint(cfg, folder)  # checkpoint.remote_dir: a copy in object storage
     return folder

@@ -5,6 +5,9 @@ Layout of ``<ckpt_root>/step-<step:08d>/``::
     model/          Hugging Face folder (save_pretrained, safetensors) plus the tokenizer; for a LoRA policy
                     the adapter only (PEFT's adapter_model.safetensors + adapter_config.json naming the base)
     optimizer.pt    optimizer.state_dict()            (torch.save of tensors/numbers only)
+    sharded/        instead of optimizer.pt when the optimiser state is sharded over ranks (FSDP2): a
+                    torch.distributed.checkpoint folder of the policy and optimiser state, each rank's
+                    shards written by that rank; read back on any world size (one process reads it whole)
     scheduler.pt    lr scheduler state_dict, if any
     rng.pt          tandem.utils.seed.rng_state()
     state.json      {"step", "extra_state" (data position, metric history, …), "versions", "format"}
@@ -26,7 +29,7 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -46,6 +49,7 @@ FORMAT_VERSION = 1
 COMPLETE_MARKER = "COMPLETE"
 CRITIC_WEIGHTS = "critic/model.safetensors"
 CRITIC_OPTIMIZER = "critic/optimizer.pt"
+SHARDED_STATE = "sharded"  # a DCP folder of the policy and optimiser state (FSDP2 learners)
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 # Hidden folders a save or prune leaves when its process dies mid-way (see atomic_dir, prune_checkpoints).
 _LEFTOVER = re.compile(r"^\.(step-\d+)\.(tmp|old|deleting)-(\d+)$")
@@ -75,6 +79,7 @@ def save_checkpoint(
     keep_last: int | None = 3,
     critic: Any | None = None,
     critic_optimizer: torch.optim.Optimizer | None = None,
+    sharded: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write a complete checkpoint for ``step`` atomically and prune old ones; return its folder.
 
@@ -83,7 +88,9 @@ def save_checkpoint(
     numpy/torch scalars are converted.
     ``keep_last`` complete checkpoints are kept (``None`` keeps all). Saving the same step again
     replaces that checkpoint. A ``critic`` (with ``save(path)``, e.g. a ValueModel) and its optimiser are
-    written to ``critic/`` beside the policy.
+    written to ``critic/`` beside the policy. ``sharded``: writes the optimiser state (and the policy)
+    into the folder it is given, ``sharded/``, in place of ``optimizer.pt`` (an FSDP2 learner's ranks
+    each write their shards; ``optimizer`` is then not read).
     """
     if step < 0:
         raise ValueError(f"step must be ≥ 0, got {step}")
@@ -94,7 +101,10 @@ def save_checkpoint(
     started = time.perf_counter()
     with atomic_dir(final) as tmp:
         _save_model(tmp / "model", model, tokenizer)
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        if sharded is None:
+            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        else:
+            sharded(tmp / SHARDED_STATE)
         if scheduler is not None:
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         torch.save(rng_state(), tmp / "rng.pt")
@@ -211,7 +221,11 @@ def load_checkpoint(
             hint="use latest_checkpoint() to find the newest complete one",
         )
     load_model_weights(folder / "model", model)
-    if optimizer is not None:
+    if optimizer is not None and not (folder / "optimizer.pt").exists() and (folder / SHARDED_STATE).is_dir():
+        from tandem.train.fsdp import load_sharded  # torch.distributed, only for sharded checkpoints
+
+        load_sharded(folder / SHARDED_STATE, model, optimizer, whole=True)
+    elif optimizer is not None:
         optimizer.load_state_dict(_load_pt(folder / "optimizer.pt"))
     if scheduler is not None:
         scheduler.load_state_dict(_load_pt(folder / "scheduler.pt"))

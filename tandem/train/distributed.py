@@ -24,6 +24,7 @@ import logging
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -239,7 +240,12 @@ class DataParallel:
         self, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler | None
     ) -> None:
         """Rank 0, before a run checkpoint reads ``optimizer``/``scheduler``: nothing to do for replicas
-        (FSDP2 gathers its sharded state into them)."""
+        (FSDP2 copies its sharded schedule's position into them)."""
+
+    def shard_writer(self) -> Callable[[Path], None] | None:
+        """What writes the ranks' shares of a run checkpoint into a folder (FSDP2: its DCP shards of the
+        policy and optimiser state); None for replicas, whose rank 0 optimiser is the whole state."""
+        return None
 
     # -- replicas -----------------------------------------------------------------------------------------
     def broadcast_replica(

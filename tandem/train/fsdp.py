@@ -15,15 +15,16 @@ row split therefore has to give every rank the same number of rows per mini-batc
 same length.
 
 Rank 0 keeps a plain, unsharded copy of the policy (``full``): the rollout engine, weight publishing,
-evaluation and the run checkpoint read it as in a single-process run. After each step every rank takes part
-in gathering the parameters into it (one ``full_tensor`` per parameter); before a run checkpoint the
-optimiser state is gathered into rank 0's plain optimiser the same way, so a run checkpoint keeps the
-single-process format and resumes on any world size. :func:`save_sharded` / :func:`load_sharded` write and
-read a sharded ``torch.distributed.checkpoint`` (DCP) folder directly (each rank writes its shards).
+evaluation and the run checkpoint's ``model/`` folder read it as in a single-process run. After each step
+every rank takes part in gathering the parameters into it (one ``full_tensor`` per parameter). The
+optimiser state is never gathered: a run checkpoint holds it as a ``torch.distributed.checkpoint`` (DCP)
+folder that every rank writes its shards into (:meth:`FullyShardedDataParallel.save_shards`,
+:func:`save_sharded`); :func:`load_sharded` reads it back on any world size (one process reads it whole).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -172,30 +173,30 @@ class FullyShardedDataParallel(DataParallel):
     def before_checkpoint(
         self, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler | None
     ) -> None:
-        """Rank 0: the run checkpoint reads the plain ``optimizer``/``scheduler``; fill them from the shards."""
-        self.gather_optimizer(optimizer, scheduler)
+        """Rank 0: the run checkpoint's schedule is the sharded optimiser's (a few numbers, copied); the
+        optimiser state itself goes into the checkpoint as DCP shards (:meth:`save_shards`), never
+        gathered, so rank 0's plain ``optimizer`` stays unused."""
+        if scheduler is not None and self.scheduler is not None:
+            scheduler.load_state_dict(self.scheduler.state_dict())
 
-    def gather_optimizer(
-        self,
-        full_optimizer: torch.optim.Optimizer | None = None,
-        full_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
-    ) -> None:
-        """Rank 0: ask every rank to gather the sharded optimiser state into ``full_optimizer`` (and the
-        schedule into ``full_scheduler``); ranks 1.. join from :meth:`receive`."""
+    def shard_writer(self) -> Callable[[Path], None] | None:
+        """What writes this learner's share of a run checkpoint: :meth:`save_shards`."""
+        return self.save_shards
+
+    def save_shards(self, folder: Path) -> None:
+        """Rank 0: every rank writes its shards of the policy and its AdamW state into the DCP ``folder``
+        (ranks 1.. join from :meth:`receive`). The folder must be reachable by every rank (local ranks,
+        or a file system shared by the nodes)."""
         if self.rank == 0:
-            dist.broadcast_object_list([{"cmd": "gather_optimizer"}], src=0)
-        state = gather_optimizer_state(self.optimizer)
-        if self.rank == 0 and full_optimizer is not None:
-            full_optimizer.load_state_dict(state)
-            if full_scheduler is not None and self.scheduler is not None:
-                full_scheduler.load_state_dict(self.scheduler.state_dict())
+            dist.broadcast_object_list([{"cmd": "save_shards", "folder": str(folder)}], src=0)
+        save_sharded(folder, self.module, self.optimizer)
 
     def receive(self) -> StepInputs | None:
         while True:
             header = self._receive_header()
-            if header["cmd"] != "gather_optimizer":
+            if header["cmd"] != "save_shards":
                 return self._receive_step(header)
-            self.gather_optimizer()
+            save_sharded(header["folder"], self.module, self.optimizer)
 
 
 def gather_full(sharded: torch.nn.Module, full: torch.nn.Module | None) -> None:
@@ -246,10 +247,15 @@ def save_sharded(folder: str | Path, model: torch.nn.Module, optimizer: torch.op
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(folder), no_dist=no_dist)
 
 
-def load_sharded(folder: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def load_sharded(
+    folder: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, whole: bool = False
+) -> None:
     """Read a :func:`save_sharded` folder into ``model`` and ``optimizer``, resharding to this run's world
-    size (a plain model without a process group loads the whole tensors)."""
+    size (a plain model without a process group loads the whole tensors). ``whole``: this process alone
+    reads every tensor whole into its plain model, even with a process group up (no collective)."""
     msd, osd = get_state_dict(model, optimizer)
     state = {"model": msd, "optim": osd}
-    dcp.load(state, checkpoint_id=str(folder), no_dist=not dist.is_initialized())
+    with warnings.catch_warnings():  # reading whole in one process is what was asked for
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.load(state, checkpoint_id=str(folder), no_dist=whole or not dist.is_initialized())
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])

@@ -4,9 +4,9 @@ scores, logs and checkpoints as a one-process run does; rank 1 joins each step's
 * a 2-rank FSDP2 run's first update equals a one-process run's (loss and gradient norm within 1e-5
   relative, the weights after two steps within 1e-6: fp32 summation order is all that differs);
 * 2 steps + resume + 2 steps on 2 ranks gives the same metrics and bitwise the same weights as 4 steps
-  straight (the run checkpoint holds the optimiser state gathered from the shards);
-* one process resumes the 2-rank run's step-2 checkpoint (another world size): close to the 2-rank run,
-  not bitwise (gradient sums in another order);
+  straight (the run checkpoint holds the optimiser state as the ranks' DCP shards);
+* one process resumes the 2-rank run's step-2 checkpoint (another world size, the DCP shards read whole):
+  close to the 2-rank run, not bitwise (gradient sums in another order);
 * impossible combinations are one-line ConfigErrors before anything is written.
 """
 
@@ -91,6 +91,9 @@ def test_two_fsdp2_ranks_update_as_one_process(runs):
 
 
 def test_resume_on_the_same_world_size_is_exact(runs):
+    """The checkpoint holds the optimiser state as DCP shards (one file per rank), no gathered copy."""
+    ckpt = checkpoint_dir(runs["halves"].run_dir / "checkpoints", 2)
+    assert len(list((ckpt / "sharded").glob("*.distcp"))) == 2 and not (ckpt / "optimizer.pt").exists()
     straight, halves = step_rows(runs["straight"].run_dir), step_rows(runs["halves"].run_dir)
     assert [r["step"] for r in halves] == [1, 2, 3, 4]
     assert [_stable(r) for r in halves] == [_stable(r) for r in straight]

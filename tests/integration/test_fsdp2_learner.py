@@ -1,6 +1,6 @@
 """A decoupled run with a two-rank FSDP2 learner (``trainer.strategy: fsdp2``): it trains 3 steps with the
 policy sharded over the ranks, publishes the gathered weights, writes run checkpoints whose optimiser state
-was gathered from the shards (the single-process format), and a one-process learner resumes from them.
+is a DCP folder of the ranks' shards, and a one-process learner resumes from them.
 Mechanism only: what a step computes is checked against one process in tests/unit/train/test_fsdp.py."""
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ import torch
 from run_checks import step_rows
 
 from tandem.config import build_config
+from tandem.orchestration.build import build_policy
 from tandem.orchestration.decoupled.runtime import RunHooks, train_decoupled
 from tandem.train.checkpoint import latest_checkpoint
-from tandem.train.fsdp import FullyShardedDataParallel
+from tandem.train.fsdp import FullyShardedDataParallel, load_sharded
+from tandem.train.optim import build_optimizer
 
 DIGITS = f"{Path(__file__).parents[1] / 'e2e' / 'digits_reward.py'}:digit_share"
 
@@ -59,8 +61,8 @@ def fsdp2_run(tiny_model_dir, tmp_path_factory):
     return out, res, seen, strategies
 
 
-def test_fsdp2_learner_trains_three_steps_and_checkpoints(fsdp2_run):
-    _, res, seen, strategies = fsdp2_run
+def test_fsdp2_learner_trains_three_steps_and_checkpoints(fsdp2_run, tiny_model_dir):
+    out, res, seen, strategies = fsdp2_run
     assert res.steps == 3
     assert strategies == [FullyShardedDataParallel.__name__] * 3
     assert len(seen) == 1
@@ -71,13 +73,18 @@ def test_fsdp2_learner_trains_three_steps_and_checkpoints(fsdp2_run):
     rows = step_rows(res.run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["actor/grad_norm"] > 0 for r in rows)
-    # The run checkpoint's optimiser state was gathered from the shards (rank 0's plain optimiser never
-    # steps itself): 3 AdamW steps, non-zero moments for every parameter.
+    # The run checkpoint holds the optimiser state as DCP shards, one file per rank (rank 0's plain
+    # optimiser never steps and is not saved); read whole in one process: 3 AdamW steps, non-zero moments.
     ckpt = latest_checkpoint(res.run_dir / "checkpoints")
-    assert ckpt is not None
-    state = torch.load(ckpt / "optimizer.pt", weights_only=False)["state"]
-    assert state and all(float(s["step"]) == 3.0 for s in state.values())
-    assert all(float(s["exp_avg"].abs().max()) > 0 for s in state.values())
+    assert ckpt is not None and not (ckpt / "optimizer.pt").exists()
+    assert len(list((ckpt / "sharded").glob("*.distcp"))) == 2
+    cfg = _cfg(tiny_model_dir, out, 1, "auto", 3)
+    model, _ = build_policy(cfg.model, seed=0)
+    optimizer = build_optimizer(model, cfg.trainer)
+    load_sharded(ckpt / "sharded", model, optimizer, whole=True)
+    state = list(optimizer.state.values())
+    assert len(state) == len(list(model.parameters())) and all(float(s["step"]) == 3.0 for s in state)
+    assert all(float(s["exp_avg"].abs().max()) > 0 for s in state)
 
 
 def test_one_process_resumes_an_fsdp2_run(fsdp2_run, tiny_model_dir):
