@@ -61,7 +61,10 @@ class Environment(Protocol):
 
 class SingleTurn:
     """The one-step environment: the prompt is the row's ``prompt``; the first answer ends the episode
-    with reward 0 (the run's reward functions score it)."""
+    with reward 0 (the run's reward functions score it). ``inline``: its methods never block, so the
+    episode loop calls them directly instead of in worker threads."""
+
+    inline = True
 
     def reset(self, row: Mapping[str, Any]) -> Prompt:
         return row["prompt"]

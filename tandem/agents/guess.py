@@ -21,6 +21,7 @@ class GuessNumber:
 
     penalty: float = 0.1
     min_reward: float = 0.1
+    inline = True  # never blocks: stepped without a worker thread
 
     def reset(self, row: Mapping[str, Any]) -> Prompt:
         if "secret" not in row:

@@ -294,9 +294,12 @@ class EpisodeRunner:
 
 
 async def _call(fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)``: awaited when async, in a worker thread when plain (so blocking steps overlap)."""
+    """``fn(*args)``: awaited when async, in a worker thread when plain (so blocking steps overlap),
+    inline when its environment says its plain methods never block (``inline = True``)."""
     if inspect.iscoroutinefunction(fn):
         return await fn(*args)
+    if getattr(getattr(fn, "__self__", None), "inline", False):
+        return fn(*args)
     out = await asyncio.to_thread(fn, *args)
     return await out if inspect.isawaitable(out) else out
 
