@@ -1,0 +1,401 @@
+"""Outside-style warm starts: small models partially SFT-trained the way a user might, not the shipped way.
+
+The shipped quickstart warm start (``checkpoints/quickstart-warmstart``) is one model, one seed, one SFT
+recipe on ``a+b=`` prompts from the built-in task. A user's model differs. Each warm start here is built
+differently — its own initialisation seed, size, SFT budget, SFT data (a fixed JSONL written here, never
+the built-in task) and prompt format — with the repository's own tools only:
+
+    tandem init-model BASE --seed S [--hidden-size H --num-layers L]
+    tandem sft BASE --data sft.jsonl --steps N --lr LR --seed S --out MODEL
+    tandem eval MODEL --eval-file eval.jsonl --reward bench/warm_starts.py:reward --samples 8 --json ...
+
+=============  ===========================================  ====================================
+name           prompts (answer column = the reference)     model / SFT
+=============  ===========================================  ====================================
+add2           ``add: 37+58=`` (2-digit operands)           128x4, seed 11, 250 steps, lr 3e-3
+add3           ``add: 371+589=`` (3-digit operands)         128x4, seed 12, 300 steps, lr 4e-3
+sub2           ``sub: 37-58=`` (2-digit, answers may be <0)  96x3, seed 13, 300 steps, lr 4e-3
+countdown      ``nums 3 5 7 target 22:`` (3 numbers <= 9)    128x4, seed 14, 300 steps, lr 3e-3
+=============  ===========================================  ====================================
+
+Every warm start gets a fixed 512-row training prompt file (``train.jsonl``: ``prompt``, ``answer``, and
+for countdown ``nums``/``target``) and a disjoint 300-row held-out file (``eval.jsonl``); the SFT rows are
+disjoint from both. The reward (:func:`reward`, TRL signature) is 1 when the completion's first integer
+equals ``answer`` (countdown: the first line is an expression using each number once that equals
+``target``). The table gives held-out greedy accuracy, sampled accuracy (pass@1) and pass@8; an outside
+warm start is useful when pass@8 is well above pass@1 (RL has something to sharpen).
+
+``--train`` then runs ``tandem train`` on each warm start with the default GRPO recipe and with each
+``--variant`` (dotted overrides, e.g. ``--variant curriculum=data.curriculum.kind=frontier``), for
+``--steps`` steps and ``--seeds`` seeds, and prints held-out greedy accuracy before/after, the best
+evaluation, wall time and the run's diagnostics (share of all-equal groups, entropy, repetition).
+
+    .venv/bin/python bench/warm_starts.py --out /tmp/warm [--only add2 sub2] [--rebuild]
+    .venv/bin/python bench/warm_starts.py --out /tmp/warm --train --steps 100 --seeds 0 \\
+        --variant frontier=data.curriculum.kind=frontier
+    .venv/bin/python bench/warm_starts.py --out /tmp/warm --plot docs/img/x.png --runs /tmp/warm/runs/a ...
+
+A variant's override may say ``LARGE`` for ``train_large.jsonl`` (the 512 training prompts plus new
+ones up to 4096, none held out), e.g. ``--variant pool4096=data.train_file=LARGE``: the prompt-pool size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+TANDEM = Path(sys.executable).parent / "tandem"
+REWARD = f"{Path(__file__).resolve()}:reward"
+TRAIN_ROWS, EVAL_ROWS = 512, 300
+_INT = re.compile(r"-?\d+")
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """How one outside-style warm start is built."""
+
+    name: str
+    kind: str  # add | sub | countdown
+    digits: int
+    seed: int
+    sft_steps: int
+    sft_lr: float
+    sft_rows: int
+    max_new_tokens: int
+    model_args: tuple[str, ...] = field(default=())
+
+
+WARM_STARTS: dict[str, WarmStart] = {
+    w.name: w
+    for w in (
+        WarmStart("add2", "add", 2, 11, 250, 3e-3, 2048, 6),
+        WarmStart("add3", "add", 3, 12, 300, 4e-3, 4096, 6),
+        WarmStart("sub2", "sub", 2, 13, 300, 4e-3, 2048, 6, ("--hidden-size", "96", "--num-layers", "3")),
+        WarmStart("countdown", "countdown", 1, 14, 300, 3e-3, 4096, 12),
+    )
+}
+
+
+def reward(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
+    """TRL-signature reward: countdown rows (``nums``/``target`` columns) score a valid expression;
+    others score 1.0 when the completion's first integer equals the ``answer`` column."""
+    if "target" in columns:
+        from tandem.rewards.tasks.countdown import is_solution
+
+        return [
+            float(is_solution(c.split("\n", 1)[0].strip(), list(n), int(t)))
+            for c, n, t in zip(completions, columns["nums"], columns["target"], strict=True)
+        ]
+    out = []
+    for c, a in zip(completions, columns["answer"], strict=True):
+        m = _INT.search(c)
+        out.append(float(m is not None and m.group(0) == str(a)))
+    return out
+
+
+def make_row(w: WarmStart, rng: random.Random) -> dict[str, Any]:
+    """One prompt row of warm start ``w`` (prompt, answer and, for countdown, nums/target)."""
+    if w.kind == "countdown":
+        from tandem.rewards.tasks import get_task
+
+        task = get_task("countdown", num_numbers=3, max_number=9)
+        return task.sample_row(rng)  # type: ignore[attr-defined]
+    hi = 10**w.digits - 1
+    a, b = rng.randint(0, hi), rng.randint(0, hi)
+    op = "+" if w.kind == "add" else "-"
+    return {"prompt": f"{w.kind}: {a}{op}{b}=", "answer": str(a + b if op == "+" else a - b)}
+
+
+def make_files(w: WarmStart, folder: Path) -> None:
+    """Disjoint train (512), held-out (300) and SFT prompt files of ``w``, from its seed."""
+    rng = random.Random(w.seed)
+    seen: set[str] = set()
+    splits: dict[str, list[dict[str, Any]]] = {"train": [], "eval": [], "sft": []}
+    sizes = {"train": TRAIN_ROWS, "eval": EVAL_ROWS, "sft": w.sft_rows}
+    for split in ("eval", "train", "sft"):
+        tries = 0
+        while len(splits[split]) < sizes[split] and tries < 200_000:
+            tries += 1
+            row = make_row(w, rng)
+            if row["prompt"] not in seen:
+                seen.add(row["prompt"])
+                splits[split].append(row)
+    for split, rows in splits.items():
+        if split == "sft":  # prompt + completion (the reference answer), what `tandem sft --data` reads
+            rows = [{"prompt": r["prompt"], "completion": r["answer"]} for r in rows]
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def large_pool(w: WarmStart, folder: Path, n: int = 4096) -> Path:
+    """``train_large.jsonl``: the 512 training prompts plus new ones up to ``n`` rows (none held out or
+    used by SFT), to measure what the size of the prompt pool does (variant ``data.train_file=LARGE``)."""
+    path = folder / "train_large.jsonl"
+    if path.is_file():
+        return path
+    read = lambda name: [json.loads(x) for x in (folder / name).read_text().splitlines() if x.strip()]  # noqa: E731
+    rows = read("train.jsonl")
+    seen = {r["prompt"] for name in ("train.jsonl", "eval.jsonl", "sft.jsonl") for r in read(name)}
+    rng = random.Random(w.seed + 1)
+    tries = 0
+    while len(rows) < n and tries < 200_000:
+        tries += 1
+        row = make_row(w, rng)
+        if row["prompt"] not in seen:
+            seen.add(row["prompt"])
+            rows.append(row)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _run(cmd: list[str], log: Path) -> None:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    with log.open("a") as fh:
+        fh.write("$ " + " ".join(cmd) + "\n")
+        fh.flush()
+        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    if proc.returncode != 0:
+        raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}; see {log}")
+
+
+def evaluate(w: WarmStart, model: Path, folder: Path, out: Path, samples: int = 8) -> dict[str, float]:
+    """``tandem eval`` on the held-out file: greedy accuracy, sampled accuracy (pass@1), pass@k."""
+    cmd = [str(TANDEM), "eval", str(model), "--eval-file", str(folder / "eval.jsonl"), "--reward", REWARD]
+    cmd += ["--samples", str(samples), "--size", str(EVAL_ROWS), "--max-new-tokens", str(w.max_new_tokens)]
+    cmd += ["--seed", "0", "--json", str(out)]
+    _run(cmd, folder / "log.txt")
+    return json.loads(out.read_text())
+
+
+def build(w: WarmStart, root: Path, rebuild: bool) -> dict[str, Any]:
+    """Build (or reuse) warm start ``w`` under ``root/w.name`` and return its held-out metrics."""
+    folder = root / w.name
+    folder.mkdir(parents=True, exist_ok=True)
+    result = folder / "eval.json"
+    if result.is_file() and not rebuild:
+        return {"metrics": json.loads(result.read_text()), "build_s": None}
+    t0 = time.perf_counter()
+    make_files(w, folder)
+    _run(
+        [str(TANDEM), "init-model", str(folder / "base"), "--seed", str(w.seed), *w.model_args],
+        folder / "log.txt",
+    )
+    sft = [str(TANDEM), "sft", str(folder / "base"), "--data", str(folder / "sft.jsonl")]
+    sft += [
+        "--steps",
+        str(w.sft_steps),
+        "--lr",
+        str(w.sft_lr),
+        "--seed",
+        str(w.seed),
+        "--out",
+        str(folder / "model"),
+    ]
+    _run(sft, folder / "log.txt")
+    build_s = time.perf_counter() - t0
+    return {"metrics": evaluate(w, folder / "model", folder, result), "build_s": build_s}
+
+
+def _metric(metrics: dict[str, Any], *names: str) -> float:
+    """The first of ``names`` found in a ``tandem eval --json`` result (flat, or per model)."""
+    flat: dict[str, Any] = {}
+    stack: list[Any] = [metrics]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for k, v in item.items():
+                (stack.append(v) if isinstance(v, dict) else flat.setdefault(k, v))
+    for n in names:
+        if n in flat:
+            return float(flat[n])
+    return float("nan")
+
+
+def build_table(rows: list[tuple[str, dict[str, Any]]]) -> None:
+    print(f"load average {os.getloadavg()}")
+    print("| warm start | held-out greedy | pass@1 (sampled) | pass@8 | build s |")
+    print("|---|---|---|---|---|")
+    for name, res in rows:
+        m = res["metrics"]
+        g = _metric(m, "eval/accuracy")
+        p1 = _metric(m, "sampled/pass@1", "sampled/accuracy")
+        p8 = _metric(m, "sampled/pass@8")
+        bs = "reused" if res["build_s"] is None else f"{res['build_s']:.0f}"
+        print(f"| {name} | {g:.1%} | {p1:.1%} | {p8:.1%} | {bs} |")
+
+
+# -- RL runs on the warm starts --------------------------------------------------------------------------
+
+
+def train_config(w: WarmStart, folder: Path) -> dict[str, Any]:
+    """The default GRPO recipe (the quickstart's settings) on warm start ``w``'s files."""
+    return {
+        "run": {"name": w.name, "seed": 0},
+        "model": {"path": str(folder / "model")},
+        "data": {
+            "train_file": str(folder / "train.jsonl"),
+            "eval_file": str(folder / "eval.jsonl"),
+            "prompts_per_step": 16,
+            "eval_size": EVAL_ROWS,
+        },
+        "reward": {"task_reward": False, "functions": [{"path": REWARD, "name": "correct"}]},
+        "rollout": {"n": 8, "max_new_tokens": w.max_new_tokens, "temperature": 1.0},
+        "algorithm": {"name": "grpo"},
+        "trainer": {"total_steps": 100, "lr": 6e-4, "warmup_steps": 5},
+        "monitor": {"eval_every": 25, "sample_every": 1000},
+        "checkpoint": {"every": 100000},
+    }
+
+
+def train_run(
+    w: WarmStart, root: Path, label: str, overrides: list[str], seed: int, steps: int
+) -> dict[str, Any]:
+    """One ``tandem train`` run; returns its evals, wall time and mean diagnostics."""
+    import yaml
+
+    folder = root / w.name
+    cfg_path = folder / "train.yaml"
+    cfg_path.write_text(yaml.safe_dump(train_config(w, folder), sort_keys=False))
+    run_dir = root / "runs" / f"{w.name}-{label}-s{seed}"
+    cmd = [str(TANDEM), "train", str(cfg_path), f"run.output_dir={run_dir}", "run.overwrite=true"]
+    large = str(large_pool(w, folder))
+    cmd += [
+        f"run.seed={seed}",
+        f"trainer.total_steps={steps}",
+        *(o.replace("LARGE", large) for o in overrides),
+    ]
+    t0 = time.perf_counter()
+    _run(cmd, root / "runs" / "log.txt")
+    wall = time.perf_counter() - t0
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
+
+    def mean(key: str) -> float:
+        vals = [r[key] for r in rows if key in r]
+        return sum(vals) / len(vals) if vals else float("nan")
+
+    return {
+        "before": summary["eval_before"].get("eval/accuracy", float("nan")),
+        "after": summary["eval_after"].get("eval/accuracy", float("nan")),
+        "best": max(evals) if evals else float("nan"),
+        "wall": wall,
+        "zero_var": mean("groups/all_equal_frac"),
+        "entropy": mean("actor/entropy"),
+        "length": mean("response/length_mean"),
+        "repeat": mean("prompts/seen_before_mean"),
+        "reward": mean("reward/mean"),
+    }
+
+
+def train_table(results: list[tuple[str, str, int, dict[str, Any]]]) -> None:
+    print(f"load average {os.getloadavg()}")
+    print(
+        "| warm start | variant | seed | before | after | best | train reward | all-equal groups | entropy | "
+        "length | times seen | wall s |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, label, seed, r in results:
+        print(
+            f"| {name} | {label} | {seed} | {r['before']:.1%} | {r['after']:.1%} | {r['best']:.1%} | "
+            f"{r['reward']:.3f} | {r['zero_var']:.1%} | {r['entropy']:.3f} | {r['length']:.2f} | "
+            f"{r['repeat']:.2f} | {r['wall']:.0f} |"
+        )
+
+
+def plot(runs: list[Path], out: Path) -> None:
+    """Curves of the given run folders: held-out accuracy, train reward, all-equal groups, entropy,
+    times seen (moving averages over 10 steps) as one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [
+        ("eval/accuracy", "held-out greedy accuracy"),
+        ("reward/mean", "train reward (sampled)"),
+        ("groups/all_equal_frac", "groups with all-equal rewards"),
+        ("actor/entropy", "policy entropy (nats/token)"),
+        ("prompts/seen_before_mean", "times this step's prompts were seen"),
+    ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2))
+    for run in runs:
+        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        for ax, (key, title) in zip(axes, panels, strict=True):
+            pts = [(r["step"], r[key]) for r in rows if key in r]
+            if key != "eval/accuracy":  # smooth the per-step metrics
+                pts = [
+                    (s, sum(v for _, v in pts[max(0, i - 9) : i + 1]) / len(pts[max(0, i - 9) : i + 1]))
+                    for i, (s, _) in enumerate(pts)
+                ]
+            ax.plot(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                label=run.name,
+                marker="o" if key == "eval/accuracy" else None,
+            )
+            ax.set_title(title, fontsize=9)
+            ax.set_xlabel("step", fontsize=8)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True, help="Folder for the warm starts and runs.")
+    ap.add_argument("--only", nargs="*", default=list(WARM_STARTS), choices=list(WARM_STARTS))
+    ap.add_argument("--rebuild", action="store_true", help="Rebuild warm starts that already exist.")
+    ap.add_argument("--train", action="store_true", help="Also run GRPO on each warm start.")
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--seeds", type=int, nargs="*", default=[0])
+    ap.add_argument("--no-default", action="store_true", help="Skip the default-recipe runs.")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="LABEL=key=value[,key=value...]: overrides of a variant.",
+    )
+    ap.add_argument("--plot", type=Path, help="Only plot --runs (run folders) to this PNG.")
+    ap.add_argument("--runs", type=Path, nargs="*", default=[])
+    args = ap.parse_args()
+    if args.plot is not None:
+        plot(args.runs, args.plot)
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    built = [(name, build(WARM_STARTS[name], args.out, args.rebuild)) for name in args.only]
+    build_table(built)
+    if not args.train:
+        return
+    (args.out / "runs").mkdir(exist_ok=True)
+    variants = [] if args.no_default else [("default", [])]
+    for spec in args.variant:
+        label, _, rest = spec.partition("=")
+        variants.append((label, [o for o in rest.split(",") if o]))
+    results = []
+    for seed in args.seeds:
+        for name in args.only:
+            for label, overrides in variants:  # interleaved: variants of one warm start run back to back
+                results.append(
+                    (
+                        name,
+                        label,
+                        seed,
+                        train_run(WARM_STARTS[name], args.out, label, overrides, seed, args.steps),
+                    )
+                )
+                train_table(results[-1:])
+    train_table(results)
+
+
+if __name__ == "__main__":
+    main()
