@@ -1,0 +1,209 @@
+"""Distillation on the quickstart task: a quarter-size student after on-policy distillation (OPD) from the
+GRPO-trained quickstart teacher, against the same student trained by SFT alone and by GRPO alone, from
+the same start and with the same budget; optionally serving QPS of the INT8 student vs the teacher.
+
+Budgets (CPU, shared machine: keep them small): every arm starts from the student warm start of
+configs/opd.yaml (0.27M params, hidden 64) and trains ``--steps`` steps.
+- OPD: configs/opd.yaml (32 prompts x 4 samples per step, lr 1e-3).
+- GRPO: the same student and steps with the quickstart's GRPO settings (16 prompts x 8 samples, lr 6e-4,
+  the task reward only): the same samples per step as OPD.
+- SFT: the task's reference answers, batch 64, lr 3e-3 (the warm start's recipe), 2 x ``--steps`` steps
+  (the same number of sequences as 128 samples per RL step).
+- KD: ``tandem distill``'s loss (forward KL to the teacher's top-20 logits, tau 1) on the teacher's own
+  greedy answers, same steps and batch as SFT.
+Held-out accuracy: greedy, the quickstart's 200 test prompts (what training's eval reports). Wall time is
+each arm's own training (and teacher passes for KD), printed with the load average since the machine is
+shared.
+
+Needs the teacher: ``tandem train configs/quickstart.yaml`` (runs/quickstart/checkpoints/step-00000300).
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/distill.py --steps 30 [--serve-seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+TEACHER = REPO / "runs/quickstart/checkpoints/step-00000300/model"
+TASK = {"digits": 2, "ops": "+"}
+
+
+def heldout(model_dir: str | Path) -> float:
+    """Greedy held-out accuracy on the quickstart's 200 test prompts (seed 0), as training evaluates."""
+    from tandem.data import rows_from_task
+    from tandem.evaluate import evaluate_prompts
+    from tandem.models import load_causal_lm, load_tokenizer
+    from tandem.rewards import RewardSet, get_task
+    from tandem.rewards.functions import RewardFunction
+    from tandem.rollout import EngineSpec, build_engine
+    from tandem.rollout.base import SamplingParams
+
+    task = get_task("arith", **TASK)
+    rows = rows_from_task(task, "test", 200, 0).rows
+    engine = build_engine(
+        "hf", EngineSpec(model=load_causal_lm(model_dir), tokenizer=load_tokenizer(model_dir))
+    )
+    rewards = RewardSet([RewardFunction(name=task.name, fn=task.reward, weight=1.0)], on_error="raise")
+    metrics = evaluate_prompts(engine, rows, rewards, SamplingParams(max_new_tokens=6, temperature=0.0))
+    engine.close()
+    return metrics["eval/accuracy"]
+
+
+def rl_arm(name: str, steps: int, out: Path, overrides: list[str]) -> tuple[float, float, float]:
+    """(accuracy before, after, training seconds) of configs/opd.yaml with ``overrides``."""
+    from tandem.config import load_config
+    from tandem.orchestration.runner import train
+
+    base = [f"trainer.total_steps={steps}", f"run.output_dir={out / name}", "monitor.eval_every=0"]
+    base += ["monitor.tensorboard=false", "monitor.sample_every=0"]
+    cfg = load_config(REPO / "configs/opd.yaml", base + overrides)
+    start = time.perf_counter()
+    result = train(cfg, progress=False)
+    seconds = time.perf_counter() - start
+    return result.eval_before["eval/accuracy"], result.eval_after["eval/accuracy"], seconds
+
+
+def sft_arm(start_dir: Path, steps: int, out: Path) -> tuple[float, float]:
+    from tandem.data import rows_from_task
+    from tandem.models import load_causal_lm, load_tokenizer, save_pretrained_atomic
+    from tandem.rewards import get_task
+    from tandem.train.sft import SFTSettings, run_sft, sft_pair
+
+    rows = rows_from_task(get_task("arith", **TASK), "train", 4096, 0).rows
+    pairs = [sft_pair(r, "arith") for r in rows]
+    model, tok = load_causal_lm(start_dir), load_tokenizer(start_dir)
+    t0 = time.perf_counter()
+    run_sft(model, tok, pairs, SFTSettings(steps=steps, lr=3e-3, batch_size=64, weight_decay=0.1, seed=1))
+    seconds = time.perf_counter() - t0
+    save_pretrained_atomic(model, tok, out / "sft", created_by="bench/distill.py")
+    return heldout(out / "sft"), seconds
+
+
+def kd_arm(start_dir: Path, steps: int, out: Path) -> tuple[float, float]:
+    from tandem.data import rows_from_task
+    from tandem.models import load_causal_lm, load_tokenizer, save_pretrained_atomic
+    from tandem.rewards import get_task
+    from tandem.train.distill import DistillSettings, run_distill, teacher_completions, teacher_targets
+
+    prompts = rows_from_task(get_task("arith", **TASK), "train", 4096, 0).prompts
+    teacher, tok = load_causal_lm(TEACHER), load_tokenizer(TEACHER)
+    model = load_causal_lm(start_dir)
+    t0 = time.perf_counter()
+    pairs = teacher_completions(teacher, tok, [p for p in prompts if isinstance(p, str)], max_new_tokens=6)
+    targets = teacher_targets(teacher, tok, pairs, top_k=20)
+    settings = DistillSettings(steps=steps, lr=3e-3, batch_size=64, weight_decay=0.1, seed=1)
+    run_distill(model, tok, pairs, targets, settings)
+    seconds = time.perf_counter() - t0
+    save_pretrained_atomic(model, tok, out / "kd", created_by="bench/distill.py")
+    return heldout(out / "kd"), seconds
+
+
+def serve_qps(student_dir: Path, seconds: float, out: Path) -> tuple[float, float]:
+    """QPS of the INT8 student and of the fp32 teacher under bench/serve.py's load (32 clients)."""
+    import asyncio
+    import signal
+    import subprocess
+
+    import httpx
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from serve import _free_port, load
+
+    def start_server(model: str) -> tuple[subprocess.Popen, str]:
+        """bench/serve.py's server (batch 32, one thread, no cache), with a start-up allowance for a
+        loaded machine."""
+        port = _free_port()
+        cmd = [str(Path(sys.executable).parent / "tandem"), "serve", model, "--port", str(port)]
+        cmd += ["--max-batch-size", "32", "--max-wait-ms", "20", "--max-queue", "1024", "--threads", "1"]
+        cmd += ["--cache-size", "0"]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        url, deadline = f"http://127.0.0.1:{port}", time.time() + 300
+        while time.time() < deadline:
+            try:
+                if httpx.get(url + "/ready", timeout=1).status_code == 200:
+                    return proc, url
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        proc.kill()
+        raise RuntimeError(f"server for {model} did not start in 300 s")
+
+    from tandem.export.api import export_model
+
+    export_model(student_dir, out / "int8", "int8", task="arith", eval_size=8)
+    qps = []
+    for model in (out / "int8", TEACHER):
+        proc, url = start_server(str(model))
+        try:
+            asyncio.run(load(url, 32, 2.0, 16))  # warm-up
+            qps.append(asyncio.run(load(url, 32, seconds, 16))["qps"])
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=30)
+    return qps[0], qps[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--arms", default="opd,grpo,sft,kd", help="comma-separated; 'none' runs no arm")
+    parser.add_argument("--serve-seconds", type=float, default=0.0, help="0 skips the serving comparison")
+    args = parser.parse_args()
+    if not TEACHER.exists():
+        sys.exit(f"no teacher at {TEACHER}: run `tandem train configs/quickstart.yaml` first")
+    torch.set_num_threads(1)
+    arms = args.arms.split(",")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        teacher_acc = heldout(TEACHER)
+        rows: list[tuple[str, float, float, float]] = []
+        start_dir = REPO / "runs/cache/opd-student-warmstart"
+        if "opd" in arms:
+            before, after, secs = rl_arm("opd", args.steps, out, [])
+            rows.append(("OPD", before, after, secs))
+        if not start_dir.exists():
+            sys.exit(f"no student warm start at {start_dir}: run the opd arm first (it builds it)")
+        if "grpo" in arms:
+            grpo = ["algorithm.name=grpo", "algorithm.opd.teacher=null", "data.prompts_per_step=16"]
+            grpo += ["rollout.n=8", "trainer.lr=6e-4"]
+            before, after, secs = rl_arm("grpo", args.steps, out, grpo)
+            rows.append(("GRPO", before, after, secs))
+        start_acc = heldout(start_dir)
+        if "sft" in arms:
+            acc, secs = sft_arm(start_dir, 2 * args.steps, out)
+            rows.append(("SFT only", start_acc, acc, secs))
+        if "kd" in arms:
+            acc, secs = kd_arm(start_dir, 2 * args.steps, out)
+            rows.append(("offline KD (teacher answers, top-20)", start_acc, acc, secs))
+        print(f"teacher (1.06M params, GRPO quickstart): held-out greedy accuracy {teacher_acc:.3f}")
+        print(f"load average at the end: {os.getloadavg()}")
+        print("| student (0.27M params) | accuracy before → after | × teacher | train s | points / minute |")
+        print("|---|---|---|---|---|")
+        for name, before, after, secs in rows:
+            ppm = 100 * (after - before) / (secs / 60)
+            print(
+                f"| {name} | {before:.3f} → {after:.3f} | {after / teacher_acc:.2f} | {secs:.0f} | {ppm:+.1f} |"
+            )
+        if rows:
+            best = max(rows, key=lambda r: r[2])
+            print(
+                f"ratio: best student ({best[0]}) reaches {best[2] / teacher_acc:.2f}x the teacher's accuracy"
+            )
+        if args.serve_seconds > 0:  # QPS depends on the student's size, not its weights: the warm start
+            student_qps, teacher_qps = serve_qps(start_dir, args.serve_seconds, out)
+            print(
+                f"serving: INT8 student {student_qps:.1f} QPS vs fp32 teacher {teacher_qps:.1f} QPS "
+                f"({student_qps / teacher_qps:.2f}x; 32 clients, {args.serve_seconds:.0f} s each, max_tokens 16)"
+            )
+
+
+if __name__ == "__main__":
+    main()
