@@ -144,7 +144,6 @@ def test_reserved_column_name_and_mismatched_batch():
 @pytest.mark.parametrize(
     ("build", "message"),
     [
-        (lambda: RewardSet([]), "at least one"),
         (lambda: RewardSet([RewardFunction("a", length_reward)] * 2), "duplicate reward name(s): a"),
         (lambda: RewardSet([RewardFunction("a", length_reward)], on_error="ignore"), "on_error must be"),
         (lambda: RewardFunction("a", 3), "not a callable"),
@@ -156,6 +155,12 @@ def test_reserved_column_name_and_mismatched_batch():
 def test_construction_errors(build, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         build()
+
+
+def test_an_empty_set_scores_zero():
+    # A run whose rewards all come from its environment's episodes has no reward functions.
+    result = RewardSet([])(PROMPTS, COMPLETIONS)
+    assert result.scores.tolist() == [0.0] * len(COMPLETIONS) and result.per_function == {}
 
 
 def test_from_spec_and_task_reward_in_a_set():
