@@ -246,8 +246,10 @@ def sharded_rank(
     f = cfg.trainer.fsdp
     shard_module(module, cpu_offload=f.cpu_offload, param_dtype=f.param_dtype, reduce_dtype=f.reduce_dtype)
     optimizer = build_optimizer(module, cfg.trainer)
-    shard_optimizer_state(extra["optimizer"], optimizer)
+    # The schedule first: building it sets each group's lr to the schedule's start, which the loaded
+    # state must overwrite (a resumed run in warm-up would otherwise take its next step at lr 0).
     scheduler = build_scheduler(optimizer, cfg.trainer, optimizer_steps(cfg))
+    shard_optimizer_state(extra["optimizer"], optimizer)
     if "scheduler" in extra:
         scheduler.load_state_dict(extra["scheduler"])
     return FullyShardedDataParallel(

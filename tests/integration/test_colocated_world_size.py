@@ -42,6 +42,7 @@ def _cfg(model_dir, out, world_size, total_steps, **overrides):
             "total_steps": total_steps,
             "lr": 3e-3,
             "lr_schedule": "constant",  # the same schedule whatever total_steps a leg of a resumed run has
+            "warmup_steps": 4,  # a resume inside the warm-up must take its next step at the warm-up's lr
             "world_size": world_size,
             "strategy": "fsdp2" if world_size > 1 else "single",
             "micro_batch_size": 2,
