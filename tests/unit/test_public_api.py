@@ -47,6 +47,7 @@ def test_algos_exports():
         "reward_model_loss",
         "value_loss",
         "explained_variance",
+        "topk_forward_kl",
     }
     assert expected <= set(tandem.algos.__all__)
     assert tandem.algos.ADVANTAGE_ESTIMATORS.names() == [
@@ -57,6 +58,7 @@ def test_algos_exports():
         "reinforce_pp",
         "reinforce_pp_baseline",
         "remax",
+        "opd",
     ]
     assert tandem.algos.POLICY_LOSSES.names() == [
         "ppo_clip",
