@@ -15,6 +15,7 @@ from tandem.evaluate.suite import EvalSettings, evaluate_suite
 from tandem.evaluate.targets import Target, eval_data, resolve_target
 from tandem.models import load_causal_lm, load_tokenizer
 from tandem.rollout import DEFAULT_ENGINE, EngineSpec, RolloutEngine, build_engine
+from tandem.rollout.environments import episode_runner
 
 
 def load_target(target: Target) -> tuple[torch.nn.Module, Any]:
@@ -125,6 +126,8 @@ def run_eval(
         model=policy,
         tokenizer=tokenizer,
     )
+    if target.config is not None and target.config.env is not None:  # the run's episodes, not single turns
+        sampler = episode_runner(target.config.env, sampler)
     ref_model = load_reference(ref, policy) if ref is not None else None
     try:
         metrics = evaluate_suite(

@@ -124,6 +124,10 @@ class EpisodeRunner:
     def version(self) -> int:
         return self.engine.version
 
+    def close(self) -> None:
+        """Close the engine (what a caller that owns it does when it is done)."""
+        self.engine.close()
+
     def generate(
         self,
         prompts: list[str],
