@@ -172,6 +172,7 @@ class DataParallelLearner:
             dp.broadcast_replica(learn.policy, extra)
             if cfg.trainer.strategy == "fsdp2":  # rank 0 keeps its plain policy and trains a sharded copy
                 dp = sharded_rank(cfg, dp, learn.policy, extra)
+                learn.optimizer.state.clear()  # the plain optimiser never steps: drop what a resume loaded
             if learn.critic is not None:  # after the policy, in the order the ranks receive (_serve)
                 separate = learn.critic_optimizer is not learn.optimizer  # a shared head's is the policy's
                 critic_extra = {"optimizer": learn.critic_optimizer.state_dict()} if separate else {}
