@@ -85,7 +85,7 @@ class ModelConfig(Section):
     warm_start_sft: WarmStartConfig | None = Field(
         None,
         description="If set and model.path does not exist, build it by `tandem sft` with these options "
-        "(task, steps, lr, base) and cache it there.",
+        "(task, steps, lr; base, or model_options for a new one: arch, tokenizer, sizes) and cache it there.",
     )
     lora: LoraConfig = Field(
         default_factory=LoraConfig,
