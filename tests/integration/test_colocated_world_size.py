@@ -3,9 +3,10 @@ scores, logs and checkpoints as a one-process run does; rank 1 joins each step's
 
 * a 2-rank FSDP2 run's first update equals a one-process run's (loss and gradient norm within 1e-5
   relative, the weights after two steps within 1e-6: fp32 summation order is all that differs);
-* 2 steps + resume + 2 steps on 2 ranks gives the same metrics and bitwise the same weights as 4 steps
-  straight (the run checkpoint holds the optimiser state as the ranks' DCP shards);
-* one process resumes the 2-rank run's step-2 checkpoint (another world size, the DCP shards read whole):
+* a 4-step run on 2 ranks resumed from its step-2 checkpoint (as after a crash; inside the LR warm-up)
+  logs the same metrics and ends with bitwise the same weights (the checkpoint holds the optimiser state
+  as the ranks' DCP shards);
+* one process resumes that step-2 checkpoint (another world size, the DCP shards read whole):
   close to the 2-rank run, not bitwise (gradient sums in another order);
 * impossible combinations are one-line ConfigErrors before anything is written.
 """
@@ -71,14 +72,17 @@ def runs(tiny_model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("colocated_ws")
     one = train_colocated(_cfg(tiny_model_dir, root / "one", 1, 2))
     straight = train_colocated(_cfg(tiny_model_dir, root / "straight", 2, 4))
-    train_colocated(_cfg(tiny_model_dir, root / "halves", 2, 2))
-    shutil.copytree(root / "halves", root / "to_one")
+    for name in ("halves", "to_one"):  # the run as if it had died right after its step-2 checkpoint
+        shutil.copytree(root / "straight", root / name)
+        shutil.rmtree(checkpoint_dir(root / name / "checkpoints", 4))
+        (root / name / "summary.json").unlink()
     halves = train_colocated(_cfg(tiny_model_dir, root / "halves", 2, 4), resume=True)
     to_one = train_colocated(_cfg(tiny_model_dir, root / "to_one", 1, 4), resume=True)
     assert not torch.distributed.is_initialized()
     return {"one": one, "straight": straight, "halves": halves, "to_one": to_one}
 
 
+@pytest.mark.slow  # the module fixture trains four runs, two of them with a spawned rank
 def test_two_fsdp2_ranks_update_as_one_process(runs):
     one, two = step_rows(runs["one"].run_dir), step_rows(runs["straight"].run_dir)
     assert one[0]["reward/mean"] == two[0]["reward/mean"]  # rank 0 sampled the same batch
@@ -91,6 +95,7 @@ def test_two_fsdp2_ranks_update_as_one_process(runs):
         torch.testing.assert_close(w2[name], w1[name], rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_resume_on_the_same_world_size_is_exact(runs):
     """The checkpoint holds the optimiser state as DCP shards (one file per rank), no gathered copy."""
     ckpt = checkpoint_dir(runs["halves"].run_dir / "checkpoints", 2)
@@ -102,6 +107,7 @@ def test_resume_on_the_same_world_size_is_exact(runs):
     assert all(torch.equal(ws[name], wh[name]) for name in ws)
 
 
+@pytest.mark.slow
 def test_one_process_resumes_a_two_rank_run(runs):
     """2 -> 1: the same samples and state, gradients summed in another order: close, not bitwise."""
     straight, to_one = step_rows(runs["straight"].run_dir), step_rows(runs["to_one"].run_dir)
