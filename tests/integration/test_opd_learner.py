@@ -33,7 +33,7 @@ def _cfg(student, teacher, out, mode="colocated", **algo):
         {
             "run": {"output_dir": str(out), "seed": 3},
             "model": {"path": str(student)},
-            "data": {"task": "arith", "prompts_per_step": 2, "eval_size": 4, "train_size": 32},
+            "data": {"task": "arith", "prompts_per_step": 2, "eval_size": 0, "train_size": 32},
             "rollout": {"n": 2, "max_new_tokens": 4},
             "algorithm": {"name": "opd", "opd": {"teacher": str(teacher), **algo}},
             "trainer": {"total_steps": 2, "lr": 3e-3},
