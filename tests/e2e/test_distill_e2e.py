@@ -103,3 +103,10 @@ def test_the_teacher_folder_is_never_the_output(tiny_model_dir):
         "distill", str(tiny_model_dir), "--student", "hidden_size=16", *TASK, "--out", str(tiny_model_dir)
     )
     assert result.exit_code == 2 and "--out" in result.output
+
+
+def test_help_names_the_options():
+    result = _run("distill", "--help")
+    assert result.exit_code == 0
+    for option in ("--student", "--top-k", "--temperature", "--sft-weight", "--generate", "--targets"):
+        assert option in result.output
