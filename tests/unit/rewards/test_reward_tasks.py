@@ -30,13 +30,14 @@ def score(task, rows: list[dict], completions: list[str]) -> list[float | None]:
 
 
 def test_registry_lists_builtin_tasks():
-    assert TASKS.names() == ["arith", "countdown", "reverse", "safety"]
-    assert "arith" in TASKS and len(TASKS) == 4
+    assert TASKS.names() == ["arith", "countdown", "reverse", "safety", "calculator", "guess"]
+    assert "arith" in TASKS and len(TASKS) == 6
 
 
 def test_unknown_task_lists_valid_names():
     with pytest.raises(
-        ConfigError, match=r"^unknown task 'arithmetic'; valid names: arith, countdown, reverse, safety$"
+        ConfigError,
+        match=r"^unknown task 'arithmetic'; valid names: arith, countdown, reverse, safety, calculator, guess$",
     ):
         get_task("arithmetic")
 
