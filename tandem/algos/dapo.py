@@ -44,14 +44,13 @@ def degeneracy_metrics(scores: torch.Tensor, group_ids: torch.Tensor, eps: float
 
     ``groups/all_equal_frac``: share of groups whose scores are all equal (zero GRPO/RLOO advantage:
     the update learns nothing from them); split into ``groups/all_equal_high_frac`` (the shared score is
-    the batch's highest: for a 0/1 reward, every sample solved it) and ``groups/all_equal_low_frac`` (the
-    rest: for a 0/1 reward, none did). Empty batch -> ``{}``.
+    above 0: for a 0/1 verifier, every sample solved it) and ``groups/all_equal_low_frac`` (at or below
+    0: for a 0/1 verifier, none did). Empty batch -> ``{}``.
     """
     if scores.numel() == 0:
         return {}
     _, _, mean, all_equal = group_outcomes(scores, group_ids, eps)
-    top = float(scores.float().max())
-    high = all_equal & (mean >= top - eps)
+    high = all_equal & (mean > eps)
     g = float(all_equal.numel())
     return {
         "groups/all_equal_frac": float(all_equal.sum()) / g,

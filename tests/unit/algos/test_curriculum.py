@@ -45,6 +45,8 @@ def test_degeneracy_metrics_split_all_solved_from_all_failed() -> None:
         "groups/all_equal_low_frac": 0.5,
     }
     assert degeneracy_metrics(scores[:0], gid[:0]) == {}
+    # a batch where nothing was solved: every group is all-equal and none counts as solved
+    assert degeneracy_metrics(torch.zeros(4), torch.tensor([0, 0, 1, 1]))["groups/all_equal_low_frac"] == 1.0
 
 
 def test_prompt_stats_streaks_frontier_and_state() -> None:
