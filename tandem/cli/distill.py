@@ -95,7 +95,9 @@ def distill(
     if targets is not None and targets.suffix != ".safetensors":
         raise ConfigError(f"{targets} must end in .safetensors", where="--targets")
     options = {".".join(key): value for key, value in map(parse_override, task_option or [])}
-    pairs = sft_pairs(data=data, task=task, train_size=train_size, seed=seed, task_options=options)
+    pairs = sft_pairs(
+        data=data, task=task, train_size=train_size, seed=seed, task_options=options, conversational=False
+    )
     teacher_model, tok = load_causal_lm(teacher), load_tokenizer(teacher)
     if student_dir is not None:
         check_same_vocab(load_tokenizer(student_dir), tok, where="--student")

@@ -5,14 +5,34 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tandem.data.chat import ChatRow
 from tandem.errors import ConfigError, DataError
-from tandem.train.sft import sft_pair
+from tandem.train.sft import SFTRow, sft_pair
 
 
 def sft_pairs(
-    *, data: Path | None, task: str | None, train_size: int, seed: int, task_options: dict | None = None
-) -> list[tuple[str, str]]:
-    """(prompt, completion) pairs from ``--data`` (JSONL/Parquet) or ``--task`` (reference answers)."""
+    *,
+    data: Path | None,
+    task: str | None,
+    train_size: int,
+    seed: int,
+    task_options: dict | None = None,
+    conversational: bool = True,
+) -> list[SFTRow]:
+    """(prompt, completion) pairs from ``--data`` (JSONL/Parquet) or ``--task`` (reference answers);
+    conversational rows as :class:`ChatRow` (DataError at the first one when ``conversational`` is False)."""
+    pairs = _rows(data=data, task=task, train_size=train_size, seed=seed, task_options=task_options)
+    chat = next((p for p in pairs if isinstance(p, ChatRow)), None)
+    if chat is not None and not conversational:
+        raise DataError(
+            "conversational rows are not supported here; use string prompt/completion rows", where=chat.where
+        )
+    return pairs
+
+
+def _rows(
+    *, data: Path | None, task: str | None, train_size: int, seed: int, task_options: dict | None
+) -> list[SFTRow]:
     if (data is None) == (task is None):
         raise ConfigError("give exactly one of --data or --task")
     if task is not None:

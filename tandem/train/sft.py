@@ -1,6 +1,10 @@
 """Supervised fine-tuning (warm start): cross-entropy on completion tokens only.
 
-Rows are TRL's prompt-completion (``prompt`` + ``completion``) or language-modelling (``text``) format.
+Rows are TRL's prompt-completion (``prompt`` + ``completion``) or language-modelling (``text``) format,
+or its conversational format: ``messages`` (every assistant turn trained) or ``prompt`` / ``completion``
+message lists (the completion's assistant turns trained). Conversations go through the model's chat
+template (:func:`tandem.data.chat.render_training`); only assistant tokens count in the loss, and the
+trained tokens end with the template's end-of-turn marker (no EOS is appended to them).
 The loss reuses the RL forward (:func:`response_logprobs`), so SFT and RL score tokens identically.
 """
 
@@ -14,6 +18,7 @@ from typing import Any
 
 import torch
 
+from tandem.data.chat import ChatRow, RenderedChat, chat_row, render_training
 from tandem.errors import DataError
 from tandem.models.forward import response_logprobs
 from tandem.utils.seed import seed_everything
@@ -30,8 +35,15 @@ class SFTSettings:
     seed: int = 0
 
 
-def sft_pair(row: dict[str, Any], where: str) -> tuple[str, str]:
-    """(prompt, completion) of a row in prompt-completion or text format."""
+SFTRow = tuple[str, str] | ChatRow  # (prompt, completion) text, or a conversation for the chat template
+
+
+def sft_pair(row: dict[str, Any], where: str) -> SFTRow:
+    """(prompt, completion) of a row in prompt-completion or text format, or the :class:`ChatRow` of a
+    conversational row (``messages``, or ``prompt`` / ``completion`` message lists)."""
+    chat = chat_row(row, where)
+    if chat is not None:
+        return chat
     if "text" in row and "completion" not in row:
         if not isinstance(row["text"], str) or not row["text"]:
             raise DataError("'text' must be a non-empty string", where=where)
@@ -42,32 +54,56 @@ def sft_pair(row: dict[str, Any], where: str) -> tuple[str, str]:
     return prompt, completion
 
 
-def encode_pairs(tokenizer: Any, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor, ...]:
+def encode_chat(tokenizer: Any, chat: RenderedChat) -> tuple[list[int], list[int], list[bool]]:
+    """``(prompt_ids, response_ids, trained)`` of a rendered conversation: each piece tokenised on its
+    own; the prompt is every piece before the first trained one, the response runs to the last trained
+    piece, and ``trained`` marks its assistant tokens (the other response tokens are attended context)."""
+    ids = [(tokenizer(t, add_special_tokens=False)["input_ids"], trained) for t, trained in chat.pieces]
+    first = next(i for i, (_, trained) in enumerate(ids) if trained)
+    last = max(i for i, (_, trained) in enumerate(ids) if trained)
+    prompt = [t for piece, _ in ids[:first] for t in piece]
+    response = [t for piece, _ in ids[first : last + 1] for t in piece]
+    mask = [trained for piece, trained in ids[first : last + 1] for _ in piece]
+    return prompt, response, mask
+
+
+def encode_pairs(tokenizer: Any, pairs: list[tuple[str, str] | RenderedChat]) -> tuple[torch.Tensor, ...]:
     """Left-padded prompts and right-padded completions (+ EOS): ``(prompt_ids, prompt_mask,
-    response_ids, response_mask)``, each ``[B, P]`` / ``[B, R]``. An empty prompt becomes the BOS token."""
+    response_ids, response_mask)``, each ``[B, P]`` / ``[B, R]``. An empty prompt becomes the BOS token.
+    A :class:`RenderedChat` row is :func:`encode_chat`'s (no EOS; its mask has holes at non-assistant
+    turns, which stay attended, see :func:`tandem.models.packing.attended`)."""
     pad = tokenizer.pad_token_id
     bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-    prompts = [tokenizer(p, add_special_tokens=False)["input_ids"] or [bos] for p, _ in pairs]
-    comps = [tokenizer(c, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for _, c in pairs]
-    P, R = max(map(len, prompts)), max(map(len, comps))
-    prompt_ids = torch.tensor([[pad] * (P - len(p)) + p for p in prompts])
-    prompt_mask = torch.tensor([[False] * (P - len(p)) + [True] * len(p) for p in prompts])
-    response_ids = torch.tensor([c + [pad] * (R - len(c)) for c in comps])
-    response_mask = torch.tensor([[True] * len(c) + [False] * (R - len(c)) for c in comps])
+    rows: list[tuple[list[int], list[int], list[bool]]] = []
+    for pair in pairs:
+        if isinstance(pair, RenderedChat):
+            p, c, m = encode_chat(tokenizer, pair)
+        else:
+            p = tokenizer(pair[0], add_special_tokens=False)["input_ids"]
+            c = tokenizer(pair[1], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            m = [True] * len(c)
+        rows.append((p or [bos], c, m))
+    P, R = max(len(p) for p, _, _ in rows), max(len(c) for _, c, _ in rows)
+    prompt_ids = torch.tensor([[pad] * (P - len(p)) + p for p, _, _ in rows])
+    prompt_mask = torch.tensor([[False] * (P - len(p)) + [True] * len(p) for p, _, _ in rows])
+    response_ids = torch.tensor([c + [pad] * (R - len(c)) for _, c, _ in rows])
+    response_mask = torch.tensor([m + [False] * (R - len(m)) for _, _, m in rows])
     return prompt_ids, prompt_mask, response_ids, response_mask
 
 
 def run_sft(
     model: torch.nn.Module,
     tokenizer: Any,
-    pairs: list[tuple[str, str]],
+    rows: list[SFTRow],
     settings: SFTSettings,
     *,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
 ) -> dict[str, float]:
-    """Train ``model`` in place on (prompt, completion) pairs; returns the last step's metrics."""
-    if not pairs:
+    """Train ``model`` in place on (prompt, completion) pairs and conversations (rendered through the
+    chat template before the first step, so a bad row fails fast); returns the last step's metrics."""
+    if not rows:
         raise DataError("SFT dataset is empty")
+    pairs = [render_training(tokenizer, r) if isinstance(r, ChatRow) else r for r in rows]
     seed_everything(settings.seed)
     rng = random.Random(settings.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
