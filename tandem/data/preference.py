@@ -1,6 +1,8 @@
 """Preference datasets: read, normalise and validate pairs in TRL's field names.
 
-Accepted row shapes (TRL conventions, plain strings or conversational ``[{role, content}]`` lists):
+Accepted row shapes (TRL conventions, plain strings or conversational ``[{role, content}]`` lists; roles
+are :data:`tandem.data.chat.ROLES`; training renders conversations through the chat template, see
+:mod:`tandem.train.preference_batch`):
 
 - explicit prompt: ``prompt`` + ``chosen`` + ``rejected``;
 - implicit prompt: ``chosen`` + ``rejected`` only — the shared leading messages (conversational) or the
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tandem.data.chat import message_problem
 from tandem.data.jsonl import MAX_DEPTH, row_problem
 from tandem.errors import DataError, MissingDependencyError
 
@@ -181,12 +184,7 @@ def _check_text(value: Any, name: str) -> str | None:
     if isinstance(value, list):
         if not value:
             return f"empty field '{name}'"
-        for i, msg in enumerate(value):
-            if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
-                return f"field '{name}' message {i} is not a {{role, content}} object"
-            if not isinstance(msg.get("content"), str):
-                return f"field '{name}' message {i} has no string 'content'"
-        return None
+        return message_problem(value, name)
     return f"field '{name}' must be a string or a list of messages, got {type(value).__name__}"
 
 

@@ -1,9 +1,13 @@
 """Turn preference pairs into token tensors for the reward model and DPO.
 
-A conversational pair goes through the tokenizer's chat template when it has one (prompt with the
-generation prompt; completion = the assistant contents); without a template, and for plain strings, the
-text is used as is. Prompts are left padded and completions right padded and closed with EOS, the same
-layout as :func:`tandem.train.sft.encode_pairs` and the rollout engine, so log-probs agree.
+A conversational side (prompt and completion both message lists) goes through the tokenizer's chat
+template when it has one, as TRL renders it (:func:`tandem.data.chat.render_completion`): the prompt with
+the generation prompt, the completion the rest of ``template(prompt + completion)`` — the assistant
+content and the template's end-of-turn marker (``<|im_end|>\\n`` in ChatML). Without a template (an
+encoder reward model's tokenizer, a char-level model), and for plain strings, the text is used as is
+(``role: content`` lines for a prompt, the assistant contents for a completion). Prompts are left padded
+and completions right padded and closed with EOS, the same layout as
+:func:`tandem.train.sft.encode_pairs` and the rollout engine, so log-probs agree.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import Any
 
 import torch
 
+from tandem.data.chat import render_completion
 from tandem.data.preference import PreferencePair, Text, render
 from tandem.train.sft import encode_pairs
 
@@ -32,13 +37,24 @@ def completion_text(completion: Text) -> str:
     return "\n".join(m["content"] for m in completion)
 
 
+def side_texts(tokenizer: Any, prompt: Text, completion: Text, where: str = "data") -> tuple[str, str]:
+    """``(prompt, completion)`` of one side of a pair as strings ready to tokenise: through the chat
+    template when both are message lists and the tokenizer has one, else :func:`prompt_text` and
+    :func:`completion_text`."""
+    if (
+        isinstance(prompt, list)
+        and isinstance(completion, list)
+        and getattr(tokenizer, "chat_template", None)
+    ):
+        return render_completion(tokenizer, prompt, completion, where)
+    return prompt_text(tokenizer, prompt), completion_text(completion)
+
+
 def pair_texts(tokenizer: Any, pair: PreferencePair) -> tuple[str, str, str]:
     """``(prompt, chosen, rejected)`` as strings ready to tokenise."""
-    return (
-        prompt_text(tokenizer, pair.prompt),
-        completion_text(pair.chosen),
-        completion_text(pair.rejected),
-    )
+    prompt, chosen = side_texts(tokenizer, pair.prompt, pair.chosen, pair.where)
+    _, rejected = side_texts(tokenizer, pair.prompt, pair.rejected, pair.where)
+    return prompt, chosen, rejected
 
 
 def encode_preference_batch(
@@ -47,5 +63,5 @@ def encode_preference_batch(
     """Chosen rows then rejected rows, stacked: ``(prompt_ids [2B, P], prompt_mask [2B, P],
     response_ids [2B, R], response_mask [2B, R])``; row ``i`` is pair i's chosen, ``B + i`` its rejected."""
     texts = [pair_texts(tokenizer, p) for p in pairs]
-    rows = [(p, c) for p, c, _ in texts] + [(p, r) for p, _, r in texts]
+    rows: list = [(p, c) for p, c, _ in texts] + [(p, r) for p, _, r in texts]
     return encode_pairs(tokenizer, rows)

@@ -31,7 +31,7 @@ from tandem.data.outputs import REWARD_MARKER, check_output_dir
 from tandem.data.preference import PreferencePair
 from tandem.errors import DataError, ModelError
 from tandem.models.forward import positions_from_mask
-from tandem.train.preference_batch import completion_text, prompt_text
+from tandem.train.preference_batch import pair_texts, side_texts
 from tandem.utils.io import atomic_write_json
 from tandem.utils.seed import seed_everything
 
@@ -142,9 +142,13 @@ def score_texts(
     scores: list[float] = []
     with torch.no_grad():
         for i in range(0, len(prompts), batch_size):
-            ps = [prompt_text(tokenizer, p) for p in prompts[i : i + batch_size]]
-            cs = [completion_text(c) for c in completions[i : i + batch_size]]
-            scores.extend(score_pairs(model, tokenizer, ps, cs).tolist())
+            texts = [
+                side_texts(tokenizer, p, c)
+                for p, c in zip(prompts[i : i + batch_size], completions[i : i + batch_size], strict=True)
+            ]
+            scores.extend(
+                score_pairs(model, tokenizer, [p for p, _ in texts], [c for _, c in texts]).tolist()
+            )
     return scores
 
 
@@ -152,8 +156,9 @@ def _pair_rewards(
     model: torch.nn.Module, tokenizer: Any, pairs: Sequence[PreferencePair]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rewards of chosen and rejected ``([B], [B])`` in one forward of ``2B`` rows."""
-    prompts = [prompt_text(tokenizer, p.prompt) for p in pairs]
-    comps = [completion_text(p.chosen) for p in pairs] + [completion_text(p.rejected) for p in pairs]
+    texts = [pair_texts(tokenizer, p) for p in pairs]
+    prompts = [p for p, _, _ in texts]
+    comps = [c for _, c, _ in texts] + [r for _, _, r in texts]
     r = score_pairs(model, tokenizer, prompts + prompts, comps)  # [2B]
     return r[: len(pairs)], r[len(pairs) :]
 
