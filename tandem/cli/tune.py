@@ -45,7 +45,9 @@ def tune(
     budget: Annotated[int, typer.Option(help="Training steps over all runs together.")] = 300,
     space: Annotated[
         list[str] | None,
-        typer.Option(help="KEY=V1,V2,... (repeatable); default: trainer.lr x data.curriculum.kind."),
+        typer.Option(
+            help="KEY=V1,V2,... (repeatable); default: trainer.lr x data.curriculum.kind (colocated)."
+        ),
     ] = None,
     eta: Annotated[int, typer.Option(help="Keep 1/eta of the candidates per rung; steps grow eta-fold.")] = 2,
     min_steps: Annotated[int, typer.Option(help="Fewest steps of a first-rung run.")] = 10,
@@ -70,7 +72,10 @@ def tune(
         raise ConfigError(
             "tuning needs a held-out set", where="data.eval_size", hint="set data.eval_size > 0"
         )
-    candidates = grid(parse_space(space))
+    grid_space = parse_space(space)
+    if not space and cfg.architecture.mode == "decoupled":  # a curriculum needs the colocated trainer
+        grid_space.pop("data.curriculum.kind")
+    candidates = grid(grid_space)
     for cand in candidates:  # every candidate must be a valid config before anything trains
         load_config(config, [*base, *cand])
     rungs = plan_rungs(len(candidates), cfg.trainer.total_steps, budget, eta, min_steps)

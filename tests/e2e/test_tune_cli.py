@@ -49,8 +49,11 @@ def test_tune_bad_space_and_small_budget_are_one_line(tiny_model_dir, tmp_path) 
     assert bad.exit_code == 2 and "--space 'trainer.lr' is not KEY=V1,V2" in bad.output
     small = CliRunner().invoke(app, ["tune", str(cfg), "--budget", "1", "--out", str(tmp_path / "b")])
     assert small.exit_code == 2 and "too small for 6 candidates" in small.output
+    decoupled = [str(cfg), "architecture.mode=decoupled", "--budget", "1", "--out", str(tmp_path / "d")]
+    dec = CliRunner().invoke(app, ["tune", *decoupled])  # the default space drops the curriculum there
+    assert dec.exit_code == 2 and "too small for 3 candidates" in dec.output
     key = CliRunner().invoke(
         app, ["tune", str(cfg), "--space", "trainer.lrr=1", "--out", str(tmp_path / "c")]
     )
     assert key.exit_code == 2 and "trainer.lrr" in key.output
-    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
+    assert not any((tmp_path / d).exists() for d in "abcd")
