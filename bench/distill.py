@@ -155,6 +155,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--arms", default="opd,grpo,sft,kd", help="comma-separated; 'none' runs no arm")
+    parser.add_argument("--start", default="runs/cache/opd-student-warmstart-1500", help="student start")
     parser.add_argument("--serve-seconds", type=float, default=0.0, help="0 skips the serving comparison")
     args = parser.parse_args()
     if not TEACHER.exists():
@@ -165,15 +166,15 @@ def main() -> None:
         out = Path(tmp)
         teacher_acc = heldout(TEACHER)
         rows: list[tuple[str, float, float, float]] = []
-        start_dir = REPO / "runs/cache/opd-student-warmstart"
+        start_dir = REPO / args.start
         if "opd" in arms:
-            before, after, secs = rl_arm("opd", args.steps, out, [])
+            before, after, secs = rl_arm("opd", args.steps, out, [f"model.path={start_dir}"])
             rows.append(("OPD", before, after, secs))
         if not start_dir.exists():
             sys.exit(f"no student warm start at {start_dir}: run the opd arm first (it builds it)")
         if "grpo" in arms:
             grpo = ["algorithm.name=grpo", "algorithm.opd.teacher=null", "data.prompts_per_step=16"]
-            grpo += ["rollout.n=8", "trainer.lr=6e-4"]
+            grpo += ["rollout.n=8", "trainer.lr=6e-4", f"model.path={start_dir}"]
             before, after, secs = rl_arm("grpo", args.steps, out, grpo)
             rows.append(("GRPO", before, after, secs))
         start_acc = heldout(start_dir)
