@@ -180,7 +180,7 @@ class EpisodeRunner:
         batch, live_rows, turn = first, list(range(first.batch_size)), 1
         while True:
             for k, r in enumerate(live_rows):
-                _append_turn(episodes[r], batch, k)
+                _append_turn(episodes[r], batch, k, self.tokenizer)
             t0 = time.perf_counter()
             self._gather(loop, [self._step(episodes[r], turn) for r in live_rows])
             env_s += time.perf_counter() - t0
@@ -342,14 +342,16 @@ def _prompt_row(batch: RolloutBatch, row: int) -> list[int]:
     return batch.prompt_ids[row][batch.prompt_mask[row]].tolist()
 
 
-def _append_turn(e: Episode, batch: RolloutBatch, row: int) -> None:
-    """Append row ``row`` of a turn's batch (sampled ids and their log-probs) to ``e``."""
+def _append_turn(e: Episode, batch: RolloutBatch, row: int, tokenizer: Any) -> None:
+    """Append row ``row`` of a turn's batch (sampled ids and their log-probs) to ``e``; the action is
+    the completion (stop string cut), the conversation shows the turn as sampled (stop string kept)."""
     n = int(batch.response_mask[row].sum())
-    e.ids += batch.response_ids[row, :n].tolist()
+    ids = batch.response_ids[row, :n].tolist()
+    e.ids += ids
     e.mask += [True] * n
     e.logprobs += batch.behavior_logprobs[row, :n].tolist()
     e.answer = batch.completions[row]
-    e.pieces.append(batch.completions[row])
+    e.pieces.append(tokenizer.decode(ids, skip_special_tokens=True))
     e.turns += 1
 
 
