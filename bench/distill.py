@@ -4,10 +4,11 @@ the same start and with the same budget; optionally serving QPS of the INT8 stud
 
 Budgets (CPU, shared machine: keep them small): every arm starts from the student warm start of
 configs/opd.yaml (0.27M params, hidden 64) and trains ``--steps`` steps.
-- OPD: configs/opd.yaml (32 prompts x 4 samples per step, lr 1e-3).
+- OPD: configs/opd.yaml (32 prompts x 4 samples per step, lr 1e-3); opd_reward adds the task reward
+  (algorithm.opd.reward_weight=1).
 - GRPO: the same student and steps with the quickstart's GRPO settings (16 prompts x 8 samples, lr 6e-4,
   the task reward only): the same samples per step as OPD.
-- SFT: the task's reference answers, batch 64, lr 3e-3 (the warm start's recipe), 2 x ``--steps`` steps
+- SFT: the task's reference answers, batch 64, lr ``--sup-lr`` (3e-3: the warm start's), 2 x ``--steps`` steps
   (the same number of sequences as 128 samples per RL step).
 - KD: ``tandem distill``'s loss (forward KL to the teacher's top-20 logits, tau 1) on the teacher's own
   greedy answers, same steps and batch as SFT.
@@ -71,7 +72,7 @@ def rl_arm(name: str, steps: int, out: Path, overrides: list[str]) -> tuple[floa
     return result.eval_before["eval/accuracy"], result.eval_after["eval/accuracy"], seconds
 
 
-def sft_arm(start_dir: Path, steps: int, out: Path) -> tuple[float, float]:
+def sft_arm(start_dir: Path, steps: int, out: Path, lr: float) -> tuple[float, float]:
     from tandem.data import rows_from_task
     from tandem.models import load_causal_lm, load_tokenizer, save_pretrained_atomic
     from tandem.rewards import get_task
@@ -81,13 +82,13 @@ def sft_arm(start_dir: Path, steps: int, out: Path) -> tuple[float, float]:
     pairs = [sft_pair(r, "arith") for r in rows]
     model, tok = load_causal_lm(start_dir), load_tokenizer(start_dir)
     t0 = time.perf_counter()
-    run_sft(model, tok, pairs, SFTSettings(steps=steps, lr=3e-3, batch_size=64, weight_decay=0.1, seed=1))
+    run_sft(model, tok, pairs, SFTSettings(steps=steps, lr=lr, batch_size=64, weight_decay=0.1, seed=1))
     seconds = time.perf_counter() - t0
     save_pretrained_atomic(model, tok, out / "sft", created_by="bench/distill.py")
     return heldout(out / "sft"), seconds
 
 
-def kd_arm(start_dir: Path, steps: int, out: Path) -> tuple[float, float]:
+def kd_arm(start_dir: Path, steps: int, out: Path, lr: float) -> tuple[float, float]:
     from tandem.data import rows_from_task
     from tandem.models import load_causal_lm, load_tokenizer, save_pretrained_atomic
     from tandem.rewards import get_task
@@ -99,7 +100,7 @@ def kd_arm(start_dir: Path, steps: int, out: Path) -> tuple[float, float]:
     t0 = time.perf_counter()
     pairs = teacher_completions(teacher, tok, [p for p in prompts if isinstance(p, str)], max_new_tokens=6)
     targets = teacher_targets(teacher, tok, pairs, top_k=20)
-    settings = DistillSettings(steps=steps, lr=3e-3, batch_size=64, weight_decay=0.1, seed=1)
+    settings = DistillSettings(steps=steps, lr=lr, batch_size=64, weight_decay=0.1, seed=1)
     run_distill(model, tok, pairs, targets, settings)
     seconds = time.perf_counter() - t0
     save_pretrained_atomic(model, tok, out / "kd", created_by="bench/distill.py")
@@ -154,7 +155,10 @@ def serve_qps(student_dir: Path, seconds: float, out: Path) -> tuple[float, floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--arms", default="opd,grpo,sft,kd", help="comma-separated; 'none' runs no arm")
+    parser.add_argument(
+        "--arms", default="opd,opd_reward,grpo,sft,kd", help="comma-separated; 'none' runs no arm"
+    )
+    parser.add_argument("--sup-lr", type=float, default=3e-3, help="learning rate of the SFT and KD arms")
     parser.add_argument("--start", default="runs/cache/opd-student-warmstart-1500", help="student start")
     parser.add_argument("--serve-seconds", type=float, default=0.0, help="0 skips the serving comparison")
     args = parser.parse_args()
@@ -170,6 +174,10 @@ def main() -> None:
         if "opd" in arms:
             before, after, secs = rl_arm("opd", args.steps, out, [f"model.path={start_dir}"])
             rows.append(("OPD", before, after, secs))
+        if "opd_reward" in arms:  # OPD plus the task reward: w (R - group mean) on every token, w = 1
+            extra = [f"model.path={start_dir}", "algorithm.opd.reward_weight=1.0"]
+            before, after, secs = rl_arm("opd_reward", args.steps, out, extra)
+            rows.append(("OPD + task reward (w = 1)", before, after, secs))
         if not start_dir.exists():
             sys.exit(f"no student warm start at {start_dir}: run the opd arm first (it builds it)")
         if "grpo" in arms:
@@ -179,11 +187,11 @@ def main() -> None:
             rows.append(("GRPO", before, after, secs))
         start_acc = heldout(start_dir)
         if "sft" in arms:
-            acc, secs = sft_arm(start_dir, 2 * args.steps, out)
-            rows.append(("SFT only", start_acc, acc, secs))
+            acc, secs = sft_arm(start_dir, 2 * args.steps, out, args.sup_lr)
+            rows.append((f"SFT only (lr {args.sup_lr:g})", start_acc, acc, secs))
         if "kd" in arms:
-            acc, secs = kd_arm(start_dir, 2 * args.steps, out)
-            rows.append(("offline KD (teacher answers, top-20)", start_acc, acc, secs))
+            acc, secs = kd_arm(start_dir, 2 * args.steps, out, args.sup_lr)
+            rows.append((f"offline KD (teacher answers, top-20, lr {args.sup_lr:g})", start_acc, acc, secs))
         print(f"teacher (1.06M params, GRPO quickstart): held-out greedy accuracy {teacher_acc:.3f}")
         print(f"load average at the end: {os.getloadavg()}")
         print("| student (0.27M params) | accuracy before → after | × teacher | train s | points / minute |")
