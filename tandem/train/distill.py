@@ -11,7 +11,6 @@ a new student that keeps its tokenizer.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +22,7 @@ from tandem.algos import topk_forward_kl
 from tandem.errors import ConfigError, DataError
 from tandem.models.forward import accepts_logits_to_keep, positions_from_mask
 from tandem.models.packing import attended
-from tandem.train.sft import encode_pairs
-from tandem.utils.seed import seed_everything
+from tandem.train.sft import encode_pairs, supervised_loop
 
 # init-model style names accepted in a student size, mapped to Hugging Face config attributes
 SIZE_KEYS = {
@@ -220,22 +218,9 @@ def run_distill(
     Returns the last step's metrics (``distill/kl``, ``distill/ce``, ``distill/loss``, ...)."""
     if not pairs:
         raise DataError("the distillation dataset is empty")
-    seed_everything(settings.seed)
-    rng = random.Random(settings.seed)
-    opt = torch.optim.AdamW(student.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / max(1, settings.warmup_steps))
-    )
-    student.train()
-    order: list[int] = []
-    metrics: dict[str, float] = {}
     w = settings.sft_weight
-    for step in range(1, settings.steps + 1):
-        if len(order) < settings.batch_size:
-            fresh = list(range(len(pairs)))
-            rng.shuffle(fresh)
-            order.extend(fresh)
-        idx, order = order[: settings.batch_size], order[settings.batch_size :]
+
+    def step_loss(idx: list[int]) -> tuple[torch.Tensor, dict[str, float]]:
         p_ids, p_mask, r_ids, r_mask = encode_pairs(tokenizer, [pairs[i] for i in idx])
         logits = completion_logits(student, p_ids, p_mask, r_ids, r_mask).float()  # [b, R, V]
         t_values, t_indices = targets.rows(idx, r_ids.shape[1])
@@ -244,18 +229,10 @@ def run_distill(
         logp = torch.log_softmax(logits, dim=-1).gather(-1, r_ids.unsqueeze(-1)).squeeze(-1)  # [b, R]
         ce = -(logp * r_mask).sum() / tokens
         loss = (1 - w) * kl + w * ce
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(student.parameters(), settings.max_grad_norm)
-        opt.step()
-        sched.step()
-        metrics = {
+        return loss, {
             "distill/loss": float(loss.detach()),
             "distill/kl": float(kl.detach()),
             "distill/ce": float(ce.detach()),
-            "distill/grad_norm": float(grad_norm),
-            "distill/lr": sched.get_last_lr()[0],
         }
-        if on_step is not None:
-            on_step(step, metrics)
-    return metrics
+
+    return supervised_loop(student, len(pairs), settings, step_loss, prefix="distill", on_step=on_step)

@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -104,6 +104,41 @@ def run_sft(
     if not rows:
         raise DataError("SFT dataset is empty")
     pairs = [render_training(tokenizer, r) if isinstance(r, ChatRow) else r for r in rows]
+
+    def step_loss(idx: list[int]) -> tuple[torch.Tensor, dict[str, float]]:
+        p_ids, p_mask, r_ids, r_mask = encode_pairs(tokenizer, [pairs[i] for i in idx])
+        logprobs, _ = response_logprobs(model, p_ids, p_mask, r_ids, r_mask)
+        loss = -(logprobs * r_mask).sum() / r_mask.sum()
+        return loss, {"sft/loss": float(loss.detach())}
+
+    return supervised_loop(model, len(pairs), settings, step_loss, prefix="sft", on_step=on_step)
+
+
+class LoopSettings(Protocol):
+    """What :func:`supervised_loop` reads from a command's settings (SFT, distillation)."""
+
+    steps: int
+    batch_size: int
+    lr: float
+    weight_decay: float
+    warmup_steps: int
+    max_grad_norm: float
+    seed: int
+
+
+def supervised_loop(
+    model: torch.nn.Module,
+    n_rows: int,
+    settings: LoopSettings,
+    step_loss: Callable[[list[int]], tuple[torch.Tensor, dict[str, float]]],
+    *,
+    prefix: str,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+) -> dict[str, float]:
+    """The supervised training loop SFT and offline distillation share: AdamW with linear warmup, batches of
+    ``settings.batch_size`` row indices drawn epoch by epoch in a seeded shuffle, ``step_loss(indices)`` →
+    (scalar loss, its metrics), gradient clipping. Adds ``<prefix>/grad_norm`` and ``<prefix>/lr`` to each
+    step's metrics; returns the last step's."""
     seed_everything(settings.seed)
     rng = random.Random(settings.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
@@ -115,23 +150,17 @@ def run_sft(
     metrics: dict[str, float] = {}
     for step in range(1, settings.steps + 1):
         if len(order) < settings.batch_size:
-            fresh = list(range(len(pairs)))
+            fresh = list(range(n_rows))
             rng.shuffle(fresh)
             order.extend(fresh)
         idx, order = order[: settings.batch_size], order[settings.batch_size :]
-        p_ids, p_mask, r_ids, r_mask = encode_pairs(tokenizer, [pairs[i] for i in idx])
-        logprobs, _ = response_logprobs(model, p_ids, p_mask, r_ids, r_mask)
-        loss = -(logprobs * r_mask).sum() / r_mask.sum()
+        loss, metrics = step_loss(idx)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
         opt.step()
         sched.step()
-        metrics = {
-            "sft/loss": float(loss.detach()),
-            "sft/grad_norm": float(grad_norm),
-            "sft/lr": sched.get_last_lr()[0],
-        }
+        metrics = {**metrics, f"{prefix}/grad_norm": float(grad_norm), f"{prefix}/lr": sched.get_last_lr()[0]}
         if on_step is not None:
             on_step(step, metrics)
     return metrics
