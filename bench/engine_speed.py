@@ -31,9 +31,13 @@ def time_tandem(engine: HFEngine, n: int, new_tokens: int, seed: int) -> tuple[f
 
 
 def time_hf(model, tokenizer, n: int, new_tokens: int, seed: int) -> tuple[float, int]:
+    """HF ``generate`` as TRL calls it; inputs go to the model's device, and CUDA is synchronised around it."""
+    cuda = model.device.type == "cuda"
     torch.manual_seed(seed)
+    if cuda:
+        torch.cuda.synchronize()
     start = time.perf_counter()
-    enc = tokenizer(PROMPTS, return_tensors="pt", padding=True)
+    enc = tokenizer(PROMPTS, return_tensors="pt", padding=True).to(model.device)
     with torch.inference_mode():
         out = model.generate(
             **enc,
@@ -45,6 +49,8 @@ def time_hf(model, tokenizer, n: int, new_tokens: int, seed: int) -> tuple[float
             num_return_sequences=n,
             pad_token_id=tokenizer.pad_token_id,
         )
+    if cuda:
+        torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
     response = out[:, enc.input_ids.shape[1] :]  # [B, R]
     # Count tokens up to and including the first EOS (HF pads after it).

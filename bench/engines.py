@@ -126,16 +126,10 @@ def build_timers(path: Path, device: str, kv_cache_gb: float | None) -> tuple[di
     vllm = build_engine("vllm", EngineSpec(path=str(path), tokenizer=tokenizer, options=options))
     print(f"  vllm engine start: {time.perf_counter() - t0:.1f} s", flush=True)
 
-    def trl(new_tokens: int, seed: int) -> tuple[float, int]:
-        enc_device = trl_model.device
-        if enc_device.type == "cpu":
-            return speed.time_hf(trl_model, tokenizer, SAMPLES, new_tokens, seed)
-        return _time_hf_on(trl_model, tokenizer, new_tokens, seed)
-
     timers: dict[str, Timer] = {
         "hf": lambda new, seed: speed.time_tandem(hf, SAMPLES, new, seed),
         "vllm": lambda new, seed: speed.time_tandem(vllm, SAMPLES, new, seed),
-        "trl": trl,
+        "trl": lambda new, seed: speed.time_hf(trl_model, tokenizer, SAMPLES, new, seed),
     }
     return {name: _with_cpu_time(timer) for name, timer in timers.items()}, vllm
 
@@ -150,31 +144,6 @@ def _with_cpu_time(timer: Timer) -> Timed:
         return seconds, tokens, time.process_time() - cpu
 
     return timed
-
-
-def _time_hf_on(model: Any, tokenizer: Any, new_tokens: int, seed: int) -> tuple[float, int]:
-    """``engine_speed.time_hf`` for a model on an accelerator (inputs moved there; CUDA synchronised)."""
-    torch.manual_seed(seed)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    enc = tokenizer(PROMPTS, return_tensors="pt", padding=True).to(model.device)
-    with torch.inference_mode():
-        out = model.generate(
-            **enc,
-            do_sample=True,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=new_tokens,
-            num_return_sequences=SAMPLES,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-    torch.cuda.synchronize()
-    elapsed = time.perf_counter() - start
-    response = out[:, enc.input_ids.shape[1] :]  # [B, R]
-    is_eos = response == tokenizer.eos_token_id
-    after_eos = (is_eos.long().cumsum(dim=1) - is_eos.long()) > 0
-    return elapsed, int((~after_eos).sum())
 
 
 def measure(timers: dict[str, Timed], new_tokens: int, repeats: int) -> dict[str, list[Run]]:
