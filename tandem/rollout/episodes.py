@@ -78,7 +78,9 @@ class Episode:
     ids: list[int] = field(default_factory=list)  # response row: sampled + observation ids
     mask: list[bool] = field(default_factory=list)  # True on sampled ids
     logprobs: list[float] = field(default_factory=list)  # behaviour log-prob, 0.0 on observation ids
-    pieces: list[str] = field(default_factory=list)  # the conversation after the prompt, for display
+    # the conversation after the prompt, for display: sampled turns as ids (decoded only when the batch is
+    # assembled from several turns), observations as text
+    pieces: list[list[int] | str] = field(default_factory=list)
     answer: str = ""  # the last action's text (what reward functions score)
     ret: float = 0.0  # sum of the environment's rewards
     turns: int = 0
@@ -180,7 +182,7 @@ class EpisodeRunner:
         batch, live_rows, turn = first, list(range(first.batch_size)), 1
         while True:
             for k, r in enumerate(live_rows):
-                _append_turn(episodes[r], batch, k, self.tokenizer)
+                _append_turn(episodes[r], batch, k)
             t0 = time.perf_counter()
             self._gather(loop, [self._step(episodes[r], turn) for r in live_rows])
             env_s += time.perf_counter() - t0
@@ -200,7 +202,7 @@ class EpisodeRunner:
             self.log.append(self.last)
         if all(not e.pieces[1:] for e in episodes):  # single-turn: the engine's batch, unchanged
             return first
-        return _assemble(first, episodes, self.tokenizer.pad_token_id)
+        return _assemble(first, episodes, self.tokenizer)
 
     def _fits(self, prompt_len: int, e: Episode, max_new_tokens: int) -> bool:
         """Whether ``e``'s next turn fits the model's positions; if not, the episode ends here."""
@@ -342,7 +344,7 @@ def _prompt_row(batch: RolloutBatch, row: int) -> list[int]:
     return batch.prompt_ids[row][batch.prompt_mask[row]].tolist()
 
 
-def _append_turn(e: Episode, batch: RolloutBatch, row: int, tokenizer: Any) -> None:
+def _append_turn(e: Episode, batch: RolloutBatch, row: int) -> None:
     """Append row ``row`` of a turn's batch (sampled ids and their log-probs) to ``e``; the action is
     the completion (stop string cut), the conversation shows the turn as sampled (stop string kept)."""
     n = int(batch.response_mask[row].sum())
@@ -351,7 +353,7 @@ def _append_turn(e: Episode, batch: RolloutBatch, row: int, tokenizer: Any) -> N
     e.mask += [True] * n
     e.logprobs += batch.behavior_logprobs[row, :n].tolist()
     e.answer = batch.completions[row]
-    e.pieces.append(tokenizer.decode(ids, skip_special_tokens=True))
+    e.pieces.append(ids)
     e.turns += 1
 
 
@@ -369,8 +371,9 @@ def _turn_params(
     return [replace(each[owner[r]], n=1, seed=turn_seed(each[owner[r]], r)) for r in live_rows]
 
 
-def _assemble(first: RolloutBatch, episodes: list[Episode], pad: int) -> RolloutBatch:
+def _assemble(first: RolloutBatch, episodes: list[Episode], tokenizer: Any) -> RolloutBatch:
     """The episodes as one batch: turn 1's prompts and labels, the episodes' response rows."""
+    pad = tokenizer.pad_token_id
     B, R = len(episodes), max(1, max(len(e.ids) for e in episodes))
     ids = torch.full((B, R), pad, dtype=torch.long)  # [B, R]
     mask = torch.zeros((B, R), dtype=torch.bool)  # [B, R]
@@ -388,9 +391,15 @@ def _assemble(first: RolloutBatch, episodes: list[Episode], pad: int) -> Rollout
         completions=[e.answer for e in episodes],
         finish_reasons=["stop" if e.done else "length" for e in episodes],
         extras=[
-            {**x, "conversation": "".join(e.pieces)} for x, e in zip(first.extras, episodes, strict=True)
+            {**x, "conversation": _conversation(e.pieces, tokenizer)}
+            for x, e in zip(first.extras, episodes, strict=True)
         ],
     )
+
+
+def _conversation(pieces: list[list[int] | str], tokenizer: Any) -> str:
+    """An episode's turns and observations as one text (sampled ids decoded, special tokens dropped)."""
+    return "".join(p if isinstance(p, str) else tokenizer.decode(p, skip_special_tokens=True) for p in pieces)
 
 
 def _stats(episodes: list[Episode], env_s: float) -> EpisodeStats:

@@ -33,9 +33,11 @@ import gc
 import logging
 import os
 import random
+import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -211,7 +213,8 @@ class VLLMEngine:
         rng = (random.getstate(), np.random.get_state(), torch.random.get_rng_state())
         cuda_rng = torch.cuda.get_rng_state_all() if self.cuda else None
         try:
-            return vllm.LLM(**kwargs)
+            with _context_proxies_parked():
+                return vllm.LLM(**kwargs)
         except (ValueError, RuntimeError, OSError) as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise ModelError(f"vLLM could not load {self.path}: {first}", where="rollout.backend") from None
@@ -431,6 +434,45 @@ def _seeds(params: SamplingParams | Sequence[SamplingParams], each: list[Samplin
         None if p.greedy else (p.seed if p.seed is not None else int(torch.randint(0, _SEED_MOD, (1,))))
         for p in each
     ]
+
+
+class _Parked:
+    """Stands in for a context-bound proxy while vLLM starts: falsy, with an ordinary ``__dict__``."""
+
+    def __bool__(self) -> bool:
+        return False
+
+
+_PARKED = _Parked()
+
+
+@contextmanager
+def _context_proxies_parked() -> Iterator[None]:
+    """Take context-bound proxies out of module namespaces while vLLM starts, then put them back.
+
+    On CPU, vLLM 0.32 rebinds its Triton kernel overrides by scanning every module's globals with
+    ``hasattr(value, "__dict__")``. A proxy bound to a context (Flask's ``request``/``g``/``current_app``,
+    any werkzeug ``LocalProxy``) raises ``RuntimeError`` there outside its context, which aborts ``LLM()``
+    with "Working outside of application context" in any process that imported Flask (e.g. through moto
+    or locust). Values whose ``hasattr`` raises are swapped for a falsy placeholder for the duration of the
+    start (falsy like an unbound proxy, so e.g. Flask's logging handler still falls back to stderr).
+    """
+    parked: list[tuple[dict, str, Any]] = []
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for attr, value in list(namespace.items()):
+            try:
+                hasattr(value, "__dict__")
+            except Exception:  # noqa: BLE001 - exactly the values vLLM's scan would trip on
+                parked.append((namespace, attr, value))
+                namespace[attr] = _PARKED
+    try:
+        yield
+    finally:
+        for namespace, attr, value in parked:
+            namespace[attr] = value
 
 
 def _check_cpu_head_size(path: str) -> None:

@@ -183,3 +183,27 @@ def test_tandem_eval_gives_the_same_greedy_accuracy_with_either_engine(tmp_path)
         metrics[engine] = json.loads(out.read_text())["metrics"]
     greedy = [k for k in metrics["hf"] if k.startswith("eval/") and "accuracy" in k]
     assert greedy and all(metrics["vllm"][k] == metrics["hf"][k] for k in greedy), metrics
+
+
+class _UnboundProxy:
+    """Like Flask's ``request`` outside a request: any attribute access raises ``RuntimeError``."""
+
+    def __getattribute__(self, name):
+        raise RuntimeError("Working outside of application context.")
+
+
+def test_the_engine_starts_in_a_process_holding_context_bound_proxies(models, monkeypatch):
+    """vLLM's CPU start scans every module's globals; a context-bound proxy there (a process that imported
+    Flask, e.g. through moto) made ``LLM()`` fail. The engine starts, and the proxy is back in place."""
+    import types
+
+    module = types.ModuleType("tandem_test_flask_like")
+    proxy = _UnboundProxy()
+    module.request = proxy
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    engine = build_engine("vllm", EngineSpec(path=str(models[0])))
+    try:
+        assert engine.generate(PROMPTS[:1], GREEDY).batch_size == 1
+    finally:
+        engine.close()
+    assert module.__dict__["request"] is proxy
