@@ -14,6 +14,15 @@ from tandem.errors import ConfigError
 RUNS = Path(__file__).parent / "recorded"
 
 
+@pytest.fixture(autouse=True)
+def wide_console(monkeypatch):
+    """The table at 200 columns whatever the worker's terminal (``COLUMNS`` alone did not reach the shared
+    console in a full xdist run, and rich wrapped the layout names)."""
+    import tandem.cli.plan as plan_cli
+
+    monkeypatch.setattr(plan_cli.out, "_width", 200)
+
+
 def invoke(*args: str):
     return CliRunner().invoke(app, ["plan", *args], env={"COLUMNS": "200"})
 

@@ -76,11 +76,16 @@ def test_built_encoder_loads_offline_with_the_auto_classes(encoder_dir):
 def test_encoder_scores_are_padding_invariant(encoder_dir):
     model, tok = rm.load_reward_model(encoder_dir, init_head=True)
     model.eval()
+    # A fresh head's small weights make every score nearly the same (seen: 1.6e-7 apart); a unit-scale head
+    # makes the scores depend on the text, so invariance to padding is not met by a constant.
+    head = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.out_features == 1][-1]
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(head.weight.shape, generator=torch.Generator().manual_seed(0)))
     alone = rm.score_texts(model, tok, ["question 1:"], ["good"])
     batch = rm.score_texts(
         model, tok, ["question 1:", "question 2: a much longer prompt"], ["good", "apple river stone good"]
     )
-    assert batch[0] == pytest.approx(alone[0], abs=1e-5) and batch[1] != pytest.approx(alone[0], abs=1e-6)
+    assert batch[0] == pytest.approx(alone[0], abs=1e-5) and abs(batch[1] - alone[0]) > 1e-4
 
 
 def test_bradley_terry_training_separates_marker_pairs(trained):
