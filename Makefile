@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test lint bench lock clean vllm
+.PHONY: setup demo test test-all lint bench lock clean vllm
 
 # Setup is stamped so repeated `make` calls are instant. Torch goes in first, as a CPU build on
 # machines without an NVIDIA driver, so no later requirement can pull a multi-GB CUDA wheel.
@@ -60,7 +60,12 @@ lint: $(VENV)/.dev
 
 # Two workers, one torch thread each: on a 2-core machine more threads than cores thrash (10x slower).
 # The suite ends with a table of what was skipped, why, and how to get it (tests/conftest.py).
+# `make test` leaves out the `heavy` scenarios (tests/conftest.py HEAVY) to stay under 15 minutes on 2 cores;
+# `make test-all` runs every test.
 test: lint
+	OMP_NUM_THREADS=1 $(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --timeout 600 -m "not heavy" tests
+
+test-all: lint
 	OMP_NUM_THREADS=1 $(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --timeout 600 tests
 
 bench: $(VENV)/.dev

@@ -101,3 +101,41 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             ((w, h) for key, w, h in _HOW_TO_GET if key in reason.lower()), ("", "see the reason")
         )
         terminalreporter.write_line(f"{n:4d} skipped  {reason}" + (f"  [{what}: {how}]" if what else ""))
+
+
+# The slowest scenarios (30-55 s each on 2 cores), marked `heavy`: `make test` leaves them out to stay under
+# 15 minutes on 2 cores, `make test-all` runs them. Every real component keeps tests in `make test`: Ray
+# (local run with actors, data-parallel learner actors), Redis (the channel suite), vLLM (both architectures),
+# FSDP2, PEFT; what moves here are further fault and scaling scenarios of the same components.
+HEAVY = {
+    "tests/integration/test_ray_runtime.py::test_learner_actor_ctrl_c_and_user_error_on_a_joined_cluster",
+    "tests/integration/test_ray_runtime.py::test_learner_actor_local_run_has_the_learner_resources_and_leaves_nothing",
+    "tests/integration/test_ray_runtime.py::test_join_cluster_ctrl_c_and_user_error_leave_the_cluster_running",
+    "tests/integration/test_ray_runtime.py::test_worker_actors_join_and_leave_mid_run",
+    "tests/integration/test_ray_runtime.py::test_killed_worker_actor_is_restarted_and_the_run_finishes",
+    "tests/e2e/test_rlhf_ppo_e2e.py::test_ppo_with_a_learned_reward_model_raises_refusals",
+    "tests/integration/test_redis_channel.py::test_learner_crash_redelivers_unacknowledged_samples",
+    "tests/integration/test_serve_hostile.py::test_admin_changes_reach_every_replica",
+    "tests/integration/test_decoupled_equivalence.py::test_eta0_ppo_with_critic_and_adaptive_kl_equals_colocated",
+    "tests/e2e/test_lora_e2e.py::test_two_rank_data_parallel_learner_trains_the_same_adapter",
+    "tests/integration/test_dp_learner.py::test_two_rank_ppo_trains_its_critic_in_sync[shared_head]",
+    "tests/integration/test_decoupled_faults.py::test_autoscaler_adds_a_worker_when_the_learner_starves",
+    "tests/integration/test_decoupled_faults.py::test_workers_join_and_leave_mid_run",
+    "tests/integration/test_decoupled_faults.py::test_keyboard_interrupt_stops_every_process",
+    "tests/integration/test_decoupled_faults.py::test_killed_worker_is_restarted_and_the_run_finishes",
+    "tests/integration/test_dp_learner.py::test_two_rank_learner_trains_in_sync_and_cleans_up",
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Mark the HEAVY scenarios; a name here that no longer exists is an error, so the list cannot rot."""
+    found = set()
+    for item in items:
+        if item.nodeid in HEAVY:
+            item.add_marker(pytest.mark.heavy)
+            found.add(item.nodeid)
+    collected_files = {item.nodeid.split("::")[0] for item in items}
+    missing = {n for n in HEAVY - found if n.split("::")[0] in collected_files}
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py HEAVY names tests that do not exist: {sorted(missing)}")
