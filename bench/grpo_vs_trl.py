@@ -132,6 +132,61 @@ def run_tandem(
 
 
 # -- TRL ---------------------------------------------------------------------------------------------------
+def grpo_config(
+    out: str,
+    *,
+    prompts_per_step: int,
+    samples: int,
+    new_tokens: int,
+    lr: float,
+    steps: int,
+    seed: int,
+    bf16: bool = False,
+    checkpointing: bool = False,
+    attn: str | None = None,
+    lr_schedule: str = "constant",
+    warmup_steps: int = 0,
+) -> Any:
+    """TRL ``GRPOConfig`` doing Tandem's ``grpo`` step: ``prompts_per_step`` × ``samples`` completions of at
+    most ``new_tokens`` at temperature 1 (no top-k/top-p), group-std-normalised advantages, PPO clip 0.2,
+    per-sequence mean (``loss_type="grpo"``), β = 0, the whole batch as one optimiser step, clip 1.0, no
+    weight decay, no logging/saving/eval (also used by ``bench/learning.py``)."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        output_dir=out,
+        per_device_train_batch_size=prompts_per_step * samples,
+        gradient_accumulation_steps=1,
+        num_generations=samples,
+        max_completion_length=new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        learning_rate=lr,
+        lr_scheduler_type=lr_schedule,
+        warmup_steps=warmup_steps,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        max_steps=steps,
+        beta=0.0,
+        num_iterations=1,
+        epsilon=0.2,
+        loss_type="grpo",
+        scale_rewards="group",
+        gradient_checkpointing=checkpointing,
+        bf16=bf16,
+        model_init_kwargs={"attn_implementation": attn} if attn else None,
+        use_cpu=True,
+        seed=seed,
+        report_to="none",
+        logging_steps=10**9,
+        save_strategy="no",
+        eval_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+
+
 def run_trl(
     model: str,
     steps: int,
@@ -145,7 +200,7 @@ def run_trl(
 ) -> dict[str, Any]:
     from datasets import Dataset
     from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     from tandem.data import rows_from_task
     from tandem.rewards import get_task
@@ -182,37 +237,17 @@ def run_trl(
 
     clock = StepClock()
     with tempfile.TemporaryDirectory() as out:
-        args = GRPOConfig(
-            output_dir=out,
-            per_device_train_batch_size=PROMPTS_PER_STEP * SAMPLES,
-            gradient_accumulation_steps=1,
-            num_generations=SAMPLES,
-            max_completion_length=NEW_TOKENS,
-            temperature=1.0,
-            top_p=1.0,
-            top_k=0,
-            learning_rate=lr,
-            lr_scheduler_type="constant",
-            warmup_steps=0,
-            weight_decay=0.0,
-            max_grad_norm=1.0,
-            max_steps=steps,
-            beta=0.0,
-            num_iterations=1,
-            epsilon=0.2,
-            loss_type="grpo",
-            scale_rewards="group",
-            gradient_checkpointing=checkpointing,
-            bf16=bf16,
-            model_init_kwargs={"attn_implementation": attn} if attn else None,
-            use_cpu=True,
+        args = grpo_config(
+            out,
+            prompts_per_step=PROMPTS_PER_STEP,
+            samples=SAMPLES,
+            new_tokens=NEW_TOKENS,
+            lr=lr,
+            steps=steps,
             seed=seed,
-            report_to="none",
-            logging_steps=10**9,
-            save_strategy="no",
-            eval_strategy="no",
-            disable_tqdm=True,
-            dataloader_num_workers=0,
+            bf16=bf16,
+            checkpointing=checkpointing,
+            attn=attn,
         )
         peft_config = None
         if lora:  # the same adapter as Tandem's model.lora: r, alpha 16, every linear layer but the LM head

@@ -1,0 +1,305 @@
+"""Issue 17's side by side: Tandem's default GRPO recipe vs TRL ``GRPOTrainer`` (3-point lr sweep) on the
+outside-style warm starts of ``bench/warm_starts.py``, with the issue's targets checked.
+
+Per warm start and seed, four runs, one at a time, interleaved (the order reverses every block):
+
+- **Tandem**, its default recipe exactly as ``bench/warm_starts.py --train`` runs it
+  (:func:`warm_starts.train_config`: ``grpo``, 16 prompts × 8 samples, lr 6e-4, cosine after 5 warm-up
+  steps; the rollout stops at ``"\\n"`` or ``max_new_tokens``);
+- **TRL** ``GRPOTrainer`` at each ``--lrs`` learning rate, with the same work per step as Tandem's recipe
+  (:func:`grpo_vs_trl.grpo_config`: 16 prompts × 8 generations, the warm start's ``max_new_tokens``,
+  temperature 1, group-std advantages, PPO clip 0.2, ``loss_type="grpo"``, β = 0, one optimiser step per
+  batch, clip 1.0) and the same schedule (cosine, 5 warm-up steps), fp32 without gradient checkpointing
+  (its fastest comparable setting on CPU, see docs/benchmarks.md); it stops at EOS or ``max_new_tokens``.
+
+Both train on the same 512-row prompt file with the same reward function (``warm_starts.reward``), from
+the same model folder, with one torch thread, each in a fresh interpreter. Every ``--every`` steps (and at
+step 0) the run pauses its clock and measures held-out greedy accuracy on the same 300 prompts with the
+same code (Tandem's ``evaluate_heldout``: greedy, the recipe's ``max_new_tokens`` and stop; the TRL run's
+model is wrapped in Tandem's rollout engine for it). Wall and CPU time are training time only (model
+loading and evaluations excluded, for both). The table and the targets are computed by
+``bench/learning_table.py``.
+
+    .venv/bin/python bench/learning.py --warm /tmp/warm --out /tmp/learning \\
+        [--starts add2 sub2 countdown add3] [--steps 300] [--every 20] [--lrs 2e-4 6e-4 2e-3] [--seeds 0]
+    .venv/bin/python bench/learning.py --out /tmp/learning --table-only   # the table of results.jsonl
+
+Missing warm starts are built first under ``--warm`` (``warm_starts.build``, ≈ 20 min each on a loaded
+2-core machine). Every finished run is appended to ``OUT/results.jsonl``; a rerun skips runs already
+there (same warm start, system, lr, seed, steps and evaluation interval).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+
+def _sibling(name: str) -> types.ModuleType:
+    """A module beside this file, loaded by path (no ``sys.path`` change in the importing process)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+warm_starts = _sibling("warm_starts")  # WARM_STARTS, train_config, reward, build
+table = _sibling("learning_table")  # Eval, Run, compare, format_table
+DEFAULT_LRS = (2e-4, 6e-4, 2e-3)
+TRL_WARMUP = 5  # = the Tandem recipe's trainer.warmup_steps
+
+
+def tandem_config(w: Any, folder: Path, steps: int, seed: int) -> Any:
+    """Tandem's default recipe on warm start ``w`` (``warm_starts.train_config``), without the run's own
+    evaluations, samples, checkpoints or progress bar (this bench evaluates, outside the clock)."""
+    from tandem.config import TandemConfig
+
+    cfg = warm_starts.train_config(w, folder)
+    cfg["run"]["seed"] = seed
+    cfg["trainer"]["total_steps"] = steps
+    cfg["monitor"] = {"eval_every": 0, "sample_every": 0, "tensorboard": False, "progress": False}
+    cfg["checkpoint"] = {"save_final": False}
+    return TandemConfig.model_validate(cfg)
+
+
+class Clock:
+    """Training wall and CPU time with evaluations left out: ``lap()`` adds the time since the last mark,
+    ``mark()`` restarts the count (after an evaluation)."""
+
+    def __init__(self) -> None:
+        self.wall = self.cpu = 0.0
+        self.mark()
+
+    def mark(self) -> None:
+        self._w, self._c = time.perf_counter(), time.process_time()
+
+    def lap(self) -> None:
+        self.wall += time.perf_counter() - self._w
+        self.cpu += time.process_time() - self._c
+
+
+def _evaluate(parts: Any, step: int, clock: Clock, evals: list[dict[str, float]]) -> None:
+    from tandem.orchestration.parts import evaluate_heldout
+
+    acc = evaluate_heldout(parts)["eval/accuracy"]
+    evals.append({"step": step, "acc": acc, "wall": clock.wall, "cpu": clock.cpu})
+    print(f"@@EVAL step {step} acc {acc:.3f} wall {clock.wall:.1f} load {os.getloadavg()}", flush=True)
+
+
+def run_tandem(w: Any, folder: Path, steps: int, seed: int, every: int) -> dict[str, Any]:
+    from tandem.orchestration.colocated import ColocatedTrainer
+    from tandem.orchestration.parts import build_parts
+
+    parts = build_parts(tandem_config(w, folder, steps, seed))
+    trainer = ColocatedTrainer(parts)
+    clock, evals, rewards = Clock(), [], []
+    _evaluate(parts, 0, clock, evals)
+    clock.mark()
+    for step in range(1, steps + 1):
+        rewards.append(trainer.train_step()["reward/mean"])
+        clock.lap()
+        if step % every == 0 or step == steps:
+            _evaluate(parts, step, clock, evals)
+        clock.mark()
+    return {"evals": evals, "rewards": rewards}
+
+
+def run_trl(w: Any, folder: Path, steps: int, seed: int, every: int, lr: float) -> dict[str, Any]:
+    import tempfile
+
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOTrainer
+
+    from tandem.orchestration.build import build_rollout_engine
+    from tandem.orchestration.parts import build_parts
+
+    grpo_vs_trl = _sibling("grpo_vs_trl")
+    cfg = tandem_config(w, folder, steps, seed)
+    parts = build_parts(cfg)  # the held-out rows, the eval reward and the tokenizer, as Tandem's run
+    rows = [json.loads(x) for x in (folder / "train.jsonl").read_text().splitlines() if x.strip()]
+    rewards: list[float] = []
+
+    def reward(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
+        values = warm_starts.reward(prompts, completions, **columns)
+        rewards.append(sum(values) / len(values))
+        return values
+
+    clock, evals = Clock(), []
+
+    class EvalEvery(TrainerCallback):
+        """Held-out greedy accuracy at step 0 and every ``every`` steps, outside the clock."""
+
+        def _eval(self, model: Any, step: int) -> None:
+            was_training = model.training
+            engine = build_rollout_engine(cfg, model=model, tokenizer=parts.tokenizer)
+            _evaluate(dataclasses.replace(parts, engine=engine), step, clock, evals)
+            model.train(was_training)
+
+        def on_train_begin(self, args, state, control, model=None, **kw):  # noqa: ANN001
+            self._eval(model, 0)
+            clock.mark()
+
+        def on_step_end(self, args, state, control, model=None, **kw):  # noqa: ANN001
+            clock.lap()
+            if state.global_step % every == 0 or state.global_step == steps:
+                self._eval(model, state.global_step)
+            clock.mark()
+
+    with tempfile.TemporaryDirectory() as out:
+        args = grpo_vs_trl.grpo_config(
+            out,
+            prompts_per_step=cfg.data.prompts_per_step,
+            samples=cfg.rollout.n,
+            new_tokens=cfg.rollout.max_new_tokens,
+            lr=lr,
+            steps=steps,
+            seed=seed,
+            lr_schedule="cosine",
+            warmup_steps=TRL_WARMUP,
+        )
+        trainer = GRPOTrainer(
+            model=str(folder / "model"),
+            reward_funcs=[reward],
+            args=args,
+            train_dataset=Dataset.from_list(rows),
+            callbacks=[EvalEvery()],
+        )
+        trainer.train()
+    return {"evals": evals, "rewards": rewards}
+
+
+# -- driver ------------------------------------------------------------------------------------------------
+def child(args: argparse.Namespace) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    torch.set_num_interop_threads(1)
+    w, folder = warm_starts.WARM_STARTS[args.start], args.warm / args.start
+    if args.child == "tandem":
+        out = run_tandem(w, folder, args.steps, args.seed, args.every)
+    else:
+        out = run_trl(w, folder, args.steps, args.seed, args.every, args.lr)
+    print("@@RESULT " + json.dumps(out), flush=True)
+
+
+def _key(r: dict[str, Any]) -> tuple[Any, ...]:
+    return (r["start"], r["system"], r["lr"], r["seed"], r["steps"], r["every"])
+
+
+def spawn(args: argparse.Namespace, start: str, system: str, lr: float, seed: int) -> dict[str, Any]:
+    """One run in a fresh interpreter (one torch thread); its log goes to ``OUT/logs``."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", system, "--start", start]
+    cmd += ["--lr", str(lr), "--seed", str(seed), "--steps", str(args.steps), "--every", str(args.every)]
+    cmd += ["--warm", str(args.warm), "--out", str(args.out)]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    log = args.out / "logs" / f"{start}-{system}-lr{lr:g}-s{seed}.log"
+    load_before, t0 = os.getloadavg(), time.perf_counter()
+    with log.open("w") as fh:  # the child's @@EVAL lines appear in the log as it runs
+        proc = subprocess.run(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, check=False)
+    for line in log.read_text().splitlines():
+        if line.startswith("@@RESULT "):
+            res = json.loads(line[len("@@RESULT ") :])
+            res.update(start=start, system=system, lr=lr, seed=seed, steps=args.steps, every=args.every)
+            res.update(load_before=load_before, load_after=os.getloadavg())
+            res["process_s"] = time.perf_counter() - t0
+            return res
+    raise SystemExit(f"{system} run on {start} failed (exit {proc.returncode}); see {log}")
+
+
+def to_run(r: dict[str, Any]) -> Any:
+    evals = tuple(table.Eval(int(e["step"]), e["acc"], e["wall"], e["cpu"]) for e in r["evals"])
+    return table.Run(r["system"], r["lr"], r["seed"], evals)
+
+
+def report(results: list[dict[str, Any]], max_steps: int) -> None:
+    rows = []
+    for start in dict.fromkeys(r["start"] for r in results):
+        for seed in dict.fromkeys(r["seed"] for r in results if r["start"] == start):
+            mine = [r for r in results if r["start"] == start and r["seed"] == seed]
+            tandem = [to_run(r) for r in mine if r["system"] == "tandem"]
+            trl = [to_run(r) for r in mine if r["system"] == "trl"]
+            if tandem and trl:
+                rows.append(table.compare(start, tandem[-1], trl, max_steps))
+    loads = [x for r in results for x in (r["load_before"][0], r["load_after"][0])]
+    if loads:
+        print(f"load average (1 min) at the start/end of the runs: {min(loads):.1f}–{max(loads):.1f}")
+    print(table.format_table(rows))
+
+
+def parent(args: argparse.Namespace) -> None:
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "logs").mkdir(exist_ok=True)
+    path = args.out / "results.jsonl"
+    done = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+    if args.table_only:
+        report(done, args.max_steps)
+        return
+    for name in args.starts:
+        warm_starts.build(warm_starts.WARM_STARTS[name], args.warm, rebuild=False)
+    have = {_key(r) for r in done}
+    block = 0
+    for seed in args.seeds:
+        for start in args.starts:
+            plan = [("tandem", 0.0)] + [("trl", lr) for lr in args.lrs]
+            for system, lr in plan if block % 2 == 0 else plan[::-1]:
+                key = (start, system, lr, seed, args.steps, args.every)
+                if key in have:
+                    continue
+                res = spawn(args, start, system, lr, seed)
+                done.append(res)
+                with path.open("a") as fh:
+                    fh.write(json.dumps(res) + "\n")
+                best = max(res["evals"], key=lambda e: e["acc"])
+                print(
+                    f"{start} seed {seed} {system} lr {lr:g}: {res['evals'][0]['acc']:.1%} -> best "
+                    f"{best['acc']:.1%} at step {best['step']} ({best['wall']:.0f} s training wall; "
+                    f"{res['evals'][-1]['wall']:.0f} s for {args.steps} steps); "
+                    f"load {res['load_before'][0]:.1f} -> {res['load_after'][0]:.1f}",
+                    flush=True,
+                )
+            block += 1
+    current = [r for r in done if r["steps"] == args.steps and r["every"] == args.every]
+    report([r for r in current if r["start"] in args.starts and r["seed"] in args.seeds], args.max_steps)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--warm", type=Path, default=Path("/tmp/warm"), help="Folder of the warm starts.")
+    ap.add_argument("--out", type=Path, default=Path("/tmp/learning"), help="Results and logs.")
+    ap.add_argument(
+        "--starts", nargs="*", default=list(warm_starts.WARM_STARTS), choices=list(warm_starts.WARM_STARTS)
+    )
+    ap.add_argument("--steps", type=int, default=300, help="Training steps of every run.")
+    ap.add_argument("--every", type=int, default=20, help="Evaluate held-out accuracy every N steps.")
+    ap.add_argument("--lrs", type=float, nargs="*", default=list(DEFAULT_LRS), help="TRL's learning rates.")
+    ap.add_argument("--seeds", type=int, nargs="*", default=[0])
+    ap.add_argument("--max-steps", type=int, default=300, help="Step limit of the accuracy target.")
+    ap.add_argument("--table-only", action="store_true", help="Print the table of OUT/results.jsonl.")
+    ap.add_argument("--child", choices=("tandem", "trl"), help=argparse.SUPPRESS)
+    ap.add_argument("--start", help=argparse.SUPPRESS)
+    ap.add_argument("--lr", type=float, default=0.0, help=argparse.SUPPRESS)
+    ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.steps < 1 or args.every < 1:
+        raise SystemExit("--steps and --every must be at least 1")
+    if args.child:
+        child(args)
+    else:
+        parent(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""The arithmetic behind bench/learning.py: best evaluations, the issue-17 targets, the table."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[3] / "bench" / "learning_table.py"
+_spec = importlib.util.spec_from_file_location("learning_table", _PATH)
+lt = importlib.util.module_from_spec(_spec)
+sys.modules["learning_table"] = lt  # dataclasses look their module up there
+_spec.loader.exec_module(lt)
+Eval, Run = lt.Eval, lt.Run
+
+
+def run(system: str, lr: float, points: list[tuple[int, float, float]], cpu: float = 1.0) -> Run:
+    """A run whose CPU seconds are ``cpu`` × its wall seconds."""
+    return Run(system, lr, 0, tuple(Eval(s, a, w, cpu * w) for s, a, w in points))
+
+
+def test_target_is_60_percent_or_start_plus_25_points_whichever_is_lower():
+    assert lt.target_accuracy(0.15) == pytest.approx(0.40)
+    assert lt.target_accuracy(0.35) == pytest.approx(0.60)
+    assert lt.target_accuracy(0.50) == pytest.approx(0.60)
+
+
+def test_best_eval_takes_the_earliest_of_equal_accuracies_within_the_step_limit():
+    evals = [Eval(0, 0.1, 0, 0), Eval(20, 0.5, 10, 10), Eval(40, 0.5, 20, 20), Eval(400, 0.9, 200, 200)]
+    assert lt.best_eval(evals, max_steps=300).step == 20
+    assert lt.best_eval(evals).step == 400
+    with pytest.raises(ValueError):
+        lt.best_eval([Eval(400, 0.9, 1, 1)], max_steps=300)
+
+
+def test_first_reaching_respects_the_step_limit_and_accepts_a_hit_exactly_on_the_target():
+    evals = [Eval(0, 0.1, 0, 0), Eval(20, 0.3, 5, 5), Eval(40, 0.1 + 0.3, 9, 9), Eval(60, 0.7, 12, 12)]
+    assert lt.first_reaching(evals, 0.4, 300).step == 40  # 0.1 + 0.3 < 0.4 in floats
+    assert lt.first_reaching(evals, 0.6, 50) is None
+
+
+def test_compare_meets_both_targets_when_tandem_hits_fast_enough():
+    tandem = run("tandem", 6e-4, [(0, 0.15, 0), (20, 0.30, 10), (40, 0.42, 20), (60, 0.45, 30)])
+    slow = run("trl", 2e-4, [(0, 0.15, 0), (20, 0.20, 30), (60, 0.38, 90)])
+    best = run("trl", 6e-4, [(0, 0.15, 0), (20, 0.40, 30), (60, 0.40, 90)])
+    row = lt.compare("countdown", tandem, [slow, best])
+    assert row.target == pytest.approx(0.40)
+    assert row.tandem_hit.step == 40 and row.tandem_best.step == 60
+    assert row.trl_lr == 6e-4 and row.trl_best[6e-4].step == 20  # earliest of its equal bests
+    assert row.ratio == pytest.approx(20 / 30)  # Tandem's wall to target / TRL's wall to its best
+    assert row.acc_met and not row.time_met  # 0.67 > 1/3
+    fast = run("trl", 6e-4, [(0, 0.15, 0), (20, 0.30, 30), (100, 0.40, 60)], cpu=0.5)
+    row = lt.compare("countdown", tandem, [fast])
+    assert row.ratio == pytest.approx(20 / 60) and row.time_met
+    assert row.cpu_ratio == pytest.approx(20 / 30)  # the time target is judged on wall time
+
+
+def test_compare_without_a_hit_uses_tandems_best_and_meets_nothing():
+    tandem = run("tandem", 6e-4, [(0, 0.05, 0), (20, 0.10, 5), (40, 0.08, 10)])
+    trl = run("trl", 2e-4, [(0, 0.05, 0), (20, 0.06, 100)])
+    row = lt.compare("add2", tandem, [trl])
+    assert row.tandem_hit is None and row.ratio == pytest.approx(5 / 100)
+    assert not row.acc_met and not row.time_met
+
+
+def test_trl_that_never_improves_gives_an_infinite_ratio_and_ties_pick_the_faster_lr():
+    tandem = run("tandem", 6e-4, [(0, 0.05, 0), (20, 0.31, 5)])
+    flat = run("trl", 2e-3, [(0, 0.05, 0), (20, 0.0, 10)])
+    row = lt.compare("add2", tandem, [flat])
+    assert math.isinf(row.ratio) and row.acc_met and not row.time_met
+    a = run("trl", 2e-4, [(0, 0.05, 0), (20, 0.2, 50)])
+    b = run("trl", 6e-4, [(0, 0.05, 0), (20, 0.2, 40)])
+    assert lt.compare("add2", tandem, [a, b]).trl_lr == 6e-4
+    with pytest.raises(ValueError):
+        lt.compare("add2", tandem, [])
+
+
+def test_format_table_has_one_column_per_trl_lr_and_one_row_per_start():
+    tandem = run("tandem", 6e-4, [(0, 0.15, 0), (20, 0.42, 20)])
+    rows = [
+        lt.compare("countdown", tandem, [run("trl", 2e-4, [(0, 0.15, 0), (20, 0.2, 90)])]),
+        lt.compare("add2", tandem, [run("trl", 6e-4, [(0, 0.15, 0)])]),
+    ]
+    text = lt.format_table(rows).splitlines()
+    assert len(text) == 4
+    assert "TRL lr 0.0002 best" in text[0] and "TRL lr 0.0006 best" in text[0]
+    assert all(line.count("|") == text[0].count("|") for line in text)
+    assert "42.0 % @20 (20 s)" in text[2] and "0.22 (0.22)" in text[2] and "| met | met |" in text[2]
+    assert "inf (TRL best at step 0)" in text[3] and "| - |" in text[3]
