@@ -15,7 +15,7 @@ from tandem.cli.app import app, out, parse_options, user_errors
 @user_errors
 def distill(
     teacher: Annotated[
-        Path, typer.Argument(help="Teacher model folder (e.g. a trained run's checkpoint model).")
+        Path, typer.Argument(help="Teacher model folder (a run's checkpoint model, or an INT8 export).")
     ],
     student: Annotated[
         str,
@@ -78,7 +78,7 @@ def distill(
     from tandem.config import parse_override
     from tandem.data.outputs import check_output_dir
     from tandem.errors import ConfigError
-    from tandem.models import load_causal_lm, load_tokenizer, save_pretrained_atomic
+    from tandem.models import load_causal_lm, load_model, load_tokenizer, save_pretrained_atomic
     from tandem.models.vocab import check_same_vocab
     from tandem.train.distill import (
         DistillSettings,
@@ -98,12 +98,12 @@ def distill(
     pairs = sft_pairs(
         data=data, task=task, train_size=train_size, seed=seed, task_options=options, conversational=False
     )
-    teacher_model, tok = load_causal_lm(teacher), load_tokenizer(teacher)
+    teacher_model, tok = load_model(teacher), load_tokenizer(teacher)  # an INT8 export may teach
     if student_dir is not None:
         check_same_vocab(load_tokenizer(student_dir), tok, where="--student")
         student_model = load_causal_lm(student_dir)
     else:
-        student_model = _new_student(teacher_model, parse_options(student.split(","), "--student"), seed)
+        student_model = _new_student(teacher, parse_options(student.split(","), "--student"), seed)
     if generate:
         out.print(f"teacher answers {len(pairs)} prompts")
         prompts = [p for p, _ in pairs]
@@ -151,13 +151,14 @@ def _check_ranges(temperature: float, sft_weight: float, top_k: int, steps: int,
             raise ConfigError(what, where=flag)
 
 
-def _new_student(teacher_model, size: dict, seed: int):
-    """A new model of the teacher's architecture with the sizes in ``size`` (random init, seeded)."""
+def _new_student(teacher: Path, size: dict, seed: int):
+    """A new model of the teacher's architecture with the sizes in ``size`` (random init, seeded). The
+    config is read from the teacher's folder: a loaded INT8 teacher's own has its embeddings untied."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from tandem.train.distill import student_config
 
-    cfg = student_config(teacher_model.config, size)
+    cfg = student_config(AutoConfig.from_pretrained(str(teacher), local_files_only=True), size)
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(cfg)

@@ -132,10 +132,10 @@ class LLMJudge:
     name = "llm"
 
     def __init__(self, path: str, *, template: str = LLM_TEMPLATE, batch_size: int = 16) -> None:
-        from tandem.models import load_causal_lm, load_tokenizer
+        from tandem.models import load_model, load_tokenizer
 
         p = _require_local_model(path)
-        self.model = load_causal_lm(p)
+        self.model = load_model(p)
         self.model.eval()
         self.tokenizer = load_tokenizer(p)
         self.template = template

@@ -13,15 +13,16 @@ from tandem.evaluate.heldout import ProgressFn
 from tandem.evaluate.refusal import refusal_capability
 from tandem.evaluate.suite import EvalSettings, evaluate_suite
 from tandem.evaluate.targets import Target, eval_data, resolve_target
-from tandem.models import load_causal_lm, load_tokenizer
-from tandem.rollout import DEFAULT_ENGINE, EngineSpec, RolloutEngine, build_engine
+from tandem.models import load_model, load_tokenizer, model_format
+from tandem.rollout import DEFAULT_ENGINE, IN_PROCESS_ENGINE, EngineSpec, RolloutEngine, build_engine
 from tandem.rollout.environments import episode_runner
 
 
 def load_target(target: Target) -> tuple[torch.nn.Module, Any]:
-    """The target's model (eval mode, dtype from its run config) and tokenizer."""
+    """The target's model (eval mode, dtype from its run config) and tokenizer; an INT8 export loads as
+    it is served (:func:`tandem.models.load_model`)."""
     dtype = target.config.model.dtype if target.config is not None else "float32"
-    model = load_causal_lm(target.model_dir, dtype=dtype)
+    model = load_model(target.model_dir, dtype=dtype)
     model.eval()
     return model, load_tokenizer(target.model_dir)
 
@@ -52,6 +53,13 @@ def target_engine(
     module when the caller already loaded it (for the KL), shared by an engine that can; an engine that
     cannot, or that gets none, loads the folder itself."""
     name, opts = engine_choice(target, engine, options)
+    fmt = model_format(target.model_dir)
+    if fmt != "hf" and name != IN_PROCESS_ENGINE:
+        raise ModelError(
+            f"the '{fmt}' export runs only on the in-process engine, not '{name}'",
+            where=str(target.model_dir),
+            hint=f"pass --engine {IN_PROCESS_ENGINE}",
+        )
     spec = EngineSpec(
         model=model,
         tokenizer=tokenizer,

@@ -1,5 +1,11 @@
 """Load and save Hugging Face causal-LM folders: offline, safetensors only, atomically.
 
+Two loaders: :func:`load_causal_lm` returns a trainable model (an HF folder or an HF export), and
+:func:`load_model` returns a model for inference: the same, or an INT8 export (``tandem export --format
+int8``) rebuilt by :func:`tandem.models.int8.load_int8`. Every command that only reads a model (serve,
+eval, abtest, a teacher, a reference) uses :func:`load_model`; a folder that is neither says so in one
+line, and a training command given an INT8 export is told to use the export's source folder.
+
 Loading never touches the network (``local_files_only=True``) and refuses folders whose weights exist
 only as pickle files (``pytorch_model.bin``, ``*.pt``, ``*.pth``, ``*.ckpt``): unpickling runs arbitrary
 code. Saving writes to a temporary sibling folder, fsyncs every file, then renames it into place, so a
@@ -9,6 +15,7 @@ earlier Tandem model folder (``tandem_model.json``, see :mod:`tandem.data.output
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -16,7 +23,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from tandem.data.outputs import check_output_dir, write_model_marker
+from tandem.data.outputs import EXPORT_MARKER, check_output_dir, write_model_marker
 from tandem.errors import ModelError, first_line
 from tandem.models.lora import is_adapter_folder, load_adapter_merged
 from tandem.utils.io import atomic_dir
@@ -25,6 +32,45 @@ logger = logging.getLogger(__name__)
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+LOADABLE_FORMATS = ("hf", "int8")  # what load_model returns a module for; onnx/torchscript only serve
+
+
+def model_format(path: str | os.PathLike) -> str:
+    """``hf`` for a model folder, else the format an export folder's manifest names (``int8``,
+    ``onnx``, ``torchscript``, ``hf``); ModelError for an unreadable manifest."""
+    manifest = Path(path) / EXPORT_MARKER
+    if not manifest.is_file():
+        return "hf"
+    try:
+        return str(json.loads(manifest.read_text())["format"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ModelError(f"unreadable export manifest: {first_line(err)}", where=str(manifest)) from None
+
+
+def export_source(path: str | os.PathLike) -> str | None:
+    """The model folder an export was made from (its manifest's ``source``), if recorded."""
+    try:
+        return json.loads((Path(path) / EXPORT_MARKER).read_text()).get("source")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _trainable(path: Path) -> None:
+    """ModelError unless ``path`` holds HF weights (an INT8 / ONNX / TorchScript export does not)."""
+    fmt = model_format(path)
+    if fmt == "hf":
+        return
+    source = export_source(path)
+    what = "inference only" if fmt == "int8" else "a compiled graph, not model weights"
+    raise ModelError(
+        f"'{fmt}' export folder ({what}): it cannot be trained or exported again",
+        where=str(path),
+        hint=f"use the folder it was exported from: {source}"
+        if source
+        else "use the folder it was exported from",
+    )
 
 
 def check_model_folder(path: Path) -> None:
@@ -100,6 +146,7 @@ def load_causal_lm(
         raise ModelError(f"unknown dtype '{dtype}'", where="model.dtype", hint=f"use one of {sorted(DTYPES)}")
     if is_adapter_folder(folder):
         return load_adapter_merged(folder, lambda base: load_causal_lm(base, dtype=dtype, device=device))
+    _trainable(folder)
     check_model_folder(folder)
     try:
         model = AutoModelForCausalLM.from_pretrained(
@@ -108,6 +155,32 @@ def load_causal_lm(
     except (OSError, ValueError, KeyError) as err:
         raise ModelError(f"cannot load model: {first_line(err)}", where=str(folder)) from err
     return model.to(device)
+
+
+def load_model(
+    path: str | os.PathLike, *, dtype: str = "float32", device: str | torch.device = "cpu"
+) -> PreTrainedModel:
+    """A model to run, not train: an HF folder as :func:`load_causal_lm` loads it, or an INT8 export
+    rebuilt with its dynamic INT8 linears (float32 activations, on the CPU: ``dtype`` and ``device`` do
+    not apply). Eval mode. ModelError in one line for an ONNX / TorchScript export or a folder that is
+    not a model."""
+    folder = Path(path)
+    if is_adapter_folder(folder):
+        return load_causal_lm(folder, dtype=dtype, device=device)
+    fmt = model_format(folder)
+    if fmt not in LOADABLE_FORMATS:
+        raise ModelError(
+            f"the '{fmt}' export holds a compiled graph that only `tandem serve` runs",
+            where=str(folder),
+            hint=f"use its source folder ({export_source(folder)}) or an hf / int8 export",
+        )
+    if fmt == "int8":
+        from tandem.models.int8 import load_int8
+
+        if not (folder / "config.json").is_file():
+            raise ModelError("no config.json in INT8 export folder", where=str(folder))
+        return load_int8(folder)
+    return load_causal_lm(folder, dtype=dtype, device=device).eval()
 
 
 def save_pretrained_atomic(

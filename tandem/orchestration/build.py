@@ -17,7 +17,7 @@ from tandem.algos import ADVANTAGE_ESTIMATORS
 from tandem.config.schema import DataConfig, ModelConfig, RewardConfig, TandemConfig
 from tandem.data import PromptDataset, check_prompt_lengths, load_prompt_dataset, rows_from_task
 from tandem.errors import ConfigError, DataError
-from tandem.models import init_tiny_model, load_causal_lm, load_tokenizer
+from tandem.models import init_tiny_model, load_causal_lm, load_model, load_tokenizer
 from tandem.models.lora import AdapterDisabled, apply_lora, is_lora
 from tandem.models.value import build_shared_value_head, build_value_model
 from tandem.models.vocab import check_same_vocab
@@ -112,7 +112,7 @@ def build_teacher(cfg: TandemConfig, tokenizer: Any) -> torch.nn.Module | None:
             hint="train or export the teacher first (configs/opd.yaml: tandem train configs/quickstart.yaml)",
         )
     check_same_vocab(tokenizer, load_tokenizer(path), where="algorithm.opd.teacher")
-    teacher = load_causal_lm(path, dtype=cfg.model.dtype)
+    teacher = load_model(path, dtype=cfg.model.dtype)  # an HF folder or an INT8 export
     teacher.eval()
     teacher.requires_grad_(False)
     return teacher

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tandem.errors import DataError, ModelError
-from tandem.models import load_causal_lm, load_tokenizer
+from tandem.models import load_model, load_tokenizer
 from tandem.models.forward import positions_from_mask
 from tandem.rollout.assemble import assemble_batch, completion_texts, repeats
 from tandem.rollout.base import ChunkCallback, EngineSpec, SamplingParams
@@ -122,9 +122,7 @@ class HFEngine:
         opts = parse_engine_options(HFOptions, spec.options, where="rollout.engine_options")
         if spec.model is None and spec.path is None:
             raise ModelError("the hf engine needs a model or a model folder", where="rollout.backend")
-        model = (
-            spec.model if spec.model is not None else load_causal_lm(spec.path, dtype=spec.dtype or "float32")
-        )
+        model = spec.model if spec.model is not None else load_model(spec.path, dtype=spec.dtype or "float32")
         tokenizer = spec.tokenizer if spec.tokenizer is not None else load_tokenizer(spec.path)
         return cls(
             model,

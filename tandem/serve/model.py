@@ -9,7 +9,6 @@ is served). Weights load from safetensors only; pickle weights are refused by
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from tandem.errors import ModelError, first_line
-from tandem.models import load_causal_lm, load_tokenizer
+from tandem.models import load_model, load_tokenizer, model_format
 from tandem.serve.decode import RowRequest, RowResult, TokenCallback, decode_rows
 from tandem.serve.protocol import ApiError
 
@@ -60,20 +59,16 @@ def _version(folder: Path) -> str:
 
 def _format(folder: Path) -> str:
     """``hf`` for a model folder, else the export format its manifest names (``int8``, ``onnx``)."""
-    manifest = folder / EXPORT_MANIFEST
-    return json.loads(manifest.read_text())["format"] if manifest.is_file() else "hf"
+    return model_format(folder)
 
 
 def _load_weights(folder: Path) -> tuple[PreTrainedModel, str]:
-    """The model of ``folder`` and its format (``hf``, ``int8`` or ``onnx``)."""
+    """The model of ``folder`` and its format (``hf``, ``int8`` or ``onnx``). HF folders and INT8
+    exports load through :func:`tandem.models.load_model`, as every other command loads them."""
     manifest = folder / EXPORT_MANIFEST
     fmt = _format(folder)
-    if fmt == "hf":
-        return load_causal_lm(folder), "hf"
-    if fmt == "int8":
-        from tandem.export.int8 import load_int8  # export sits below serve in the layers
-
-        return load_int8(folder), "int8"
+    if fmt in ("hf", "int8"):
+        return load_model(folder), fmt
     if fmt == "onnx":
         from tandem.export.graph import OnnxModel
 

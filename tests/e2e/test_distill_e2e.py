@@ -1,8 +1,6 @@
 """``tandem distill`` and the deployment path of docs/distillation.md on tiny models: distil a teacher
-into a smaller student, export it as INT8, serve the export, A/B the student against the teacher
-(``tandem abtest`` reads HF folders, so it compares the distilled student before quantisation; the
-export reports the INT8 accuracy itself); plus the command's one-line errors, each leaving nothing
-written."""
+into a smaller student, export it as INT8, serve the export, A/B the INT8 student against the teacher;
+plus the command's one-line errors, each leaving nothing written."""
 
 from __future__ import annotations
 
@@ -62,7 +60,7 @@ def test_distill_export_serve_abtest(tiny_model_dir, tmp_path):
     assert isinstance(reply.json()["choices"][0]["text"], str)
 
     decision = tmp_path / "decision.json"
-    ab = _run("abtest", str(tiny_model_dir), str(student), *TASK, "--size", "8", "--max-new-tokens", "3",
+    ab = _run("abtest", str(tiny_model_dir), str(int8), *TASK, "--size", "8", "--max-new-tokens", "3",
               "--json", str(decision))  # fmt: skip
     assert ab.exit_code in (0, 1), ab.output  # 0 promotes the student, 1 keeps the teacher
     assert "promote" in json.loads(decision.read_text())["decision"]
