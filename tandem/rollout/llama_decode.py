@@ -8,8 +8,12 @@ updates are seen at once), with a KV cache allocated once per generate call and 
 Naive equivalent: ``model(input_ids, attention_mask, position_ids, past_key_values=cache).logits[:, -1]``
 with an HF ``DynamicCache``; the op order follows ``transformers``' ``modeling_llama`` (RMSNorm in float32,
 rotary embedding from ``rotary_emb.inv_freq``, SDPA attention), so logits agree to float rounding.
-:func:`supports_fast_decode` says when it applies; anything else (other architectures, LoRA-wrapped or
-quantised projections, dynamic RoPE, sliding windows shorter than the sequence) uses the HF stepper.
+:func:`supports_fast_decode` says when it applies; anything else (other architectures, LoRA-wrapped
+projections, dynamic RoPE, sliding windows shorter than the sequence) uses the HF stepper. Projections may
+be plain ``nn.Linear`` or dynamic INT8 linears (an INT8 export, :mod:`tandem.models.int8`): the stepper
+calls each projection module on the same input the HF forward gives it, so either kind computes what
+the model computes. Without this, an INT8 model paid the HF forward's Python bookkeeping on top of its
+quantisation overhead at every decode step.
 """
 
 from __future__ import annotations
@@ -25,17 +29,23 @@ _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
 
 
+def _linear_types() -> tuple[type, ...]:
+    """Module types the stepper may call as a projection: ``nn.Linear`` and the dynamic INT8 Linear."""
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
+
+    return (nn.Linear, DynamicInt8Linear)
+
+
 def supports_fast_decode(model: PreTrainedModel, max_len: int) -> bool:
     """Whether :class:`LlamaStepper` computes exactly what ``model`` computes for sequences of up to
-    ``max_len`` tokens (plain ``nn.Linear`` projections, SiLU MLP, static RoPE, no active sliding window)."""
+    ``max_len`` tokens (``nn.Linear`` or dynamic INT8 projections, SiLU MLP, static RoPE, no active
+    sliding window). Exact types: a wrapper (LoRA) around a Linear is not a Linear here."""
+    linear = _linear_types()
     config = getattr(model, "config", None)
     base = getattr(model, "model", None)
     if config is None or base is None or getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
         return False
-    if (
-        getattr(config, "hidden_act", None) != "silu"
-        or type(getattr(model, "lm_head", None)) is not nn.Linear
-    ):
+    if getattr(config, "hidden_act", None) != "silu" or type(getattr(model, "lm_head", None)) not in linear:
         return False
     rotary = getattr(base, "rotary_emb", None)
     if rotary is None or getattr(rotary, "rope_type", "default") not in STATIC_ROPE_TYPES:
@@ -46,9 +56,9 @@ def supports_fast_decode(model: PreTrainedModel, max_len: int) -> bool:
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
         if attn is None or mlp is None:
             return False
-        if any(type(getattr(attn, n, None)) is not nn.Linear for n in _PROJECTIONS):
+        if any(type(getattr(attn, n, None)) not in linear for n in _PROJECTIONS):
             return False
-        if any(type(getattr(mlp, n, None)) is not nn.Linear for n in _MLP):
+        if any(type(getattr(mlp, n, None)) not in linear for n in _MLP):
             return False
         window = getattr(attn, "sliding_window", getattr(config, "sliding_window", None))
         if window is not None and max_len > window:

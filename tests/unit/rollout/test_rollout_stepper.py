@@ -14,6 +14,7 @@ from transformers import (
 )
 
 from tandem.models import positions_from_mask
+from tandem.models.int8 import quantize_int8
 from tandem.rollout.llama_decode import LlamaStepper, supports_fast_decode
 from tandem.rollout.stepper import HFStepper
 
@@ -28,6 +29,10 @@ def _model(cls, config_cls, **kwargs):
 MODELS = {
     "llama_gqa": lambda: _model(LlamaForCausalLM, LlamaConfig, num_attention_heads=4, num_key_value_heads=2),
     "qwen2_bias": lambda: _model(Qwen2ForCausalLM, Qwen2Config, num_attention_heads=2, num_key_value_heads=2),
+    # an INT8 export's model: dynamic INT8 projections and head, called by the stepper as modules
+    "llama_int8": lambda: quantize_int8(
+        _model(LlamaForCausalLM, LlamaConfig, num_attention_heads=4, num_key_value_heads=2)
+    ),
 }
 
 
