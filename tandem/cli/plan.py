@@ -65,6 +65,20 @@ def plan_cmd(
     ] = False,
     top: Annotated[int, typer.Option(help="Rows of the table.", min=1)] = 15,
     plot: Annotated[Path | None, typer.Option(help="Write a chart (.svg, .png with matplotlib).")] = None,
+    cores: Annotated[
+        float | None,
+        typer.Option(
+            help="With --calibrate on a colocated run: the other layouts' processes share this many cores.",
+            min=0.01,
+        ),
+    ] = None,
+    background: Annotated[
+        float | None,
+        typer.Option(
+            help="With --cores: runnable threads of other jobs (default: the run's sampled background, else 0).",
+            min=0,
+        ),
+    ] = None,
 ) -> None:
     """Predict step time, samples/s, utilisation and policy lag of colocated and decoupled layouts.
 
@@ -74,8 +88,10 @@ def plan_cmd(
     if calibrate is not None:
         if model_params is not None:
             raise ConfigError("give either --calibrate or --model-params, not both", where="--calibrate")
-        _calibrate(calibrate)
+        _calibrate(calibrate, cores=cores, background=background)
         return
+    if cores is not None:
+        raise ConfigError("--cores applies to --calibrate only", where="--cores")
     if model_params is None:
         raise ConfigError("nothing to plan", where="--model-params", hint="or --calibrate RUN_DIR")
     from tandem.plan.cost import Efficiency, LengthDist, ModelShape, Workload
@@ -150,11 +166,27 @@ def plan_cmd(
         out.print(f"plot: {plot_candidates(shown, plot, best=rec.best)}")
 
 
-def _calibrate(run_dir: Path) -> None:
+def _calibrate(run_dir: Path, *, cores: float | None, background: float | None) -> None:
     from tandem.plan.calibrate import check, read_run
-    from tandem.plan.simulate import Layout
+    from tandem.plan.sharing import CorePool
+    from tandem.plan.simulate import Layout, simulate
 
     run = read_run(run_dir)
+    pool = None
+    if cores is not None:
+        if run.layout.mode != "colocated":
+            raise ConfigError(
+                "--cores needs a colocated run (its phases computed alone, without contention)",
+                where="--cores",
+            )
+        if background is None:
+            background = run.background or 0.0
+        pool = CorePool(
+            cores,
+            background=background,
+            reference_threads=run.layout.learner_threads,
+            reference_background=run.background,
+        )
     res = check(run)
     p = run.phases
     table = Table(title=f"phases fitted from {escape(str(run_dir))} ({run.steps_used} steady steps)")
@@ -173,14 +205,20 @@ def _calibrate(run_dir: Path) -> None:
         f"[bold]{escape(run.layout.describe())}[/]: measured {run.measured_step_s:.3f} s/step, predicted "
         f"{res.predicted.step_s:.3f} s/step ({res.error:+.1%}); lag measured {lag} · predicted {plag}"
     )
-    other = Table(title="the same phases in other layouts (no contention between processes modelled)")
+    title = (
+        "the same phases in other layouts (each side on cores of its own)"
+        if pool is None
+        else f"the same phases in other layouts, the processes sharing {cores:g} cores "
+        f"(background {background:.2f} runnable threads)"
+    )
+    other = Table(title=title)
     for col in ("layout", "step s", "samples/s", "learner idle", "mean lag"):
         other.add_column(col, justify="left" if col == "layout" else "right")
     layouts = [Layout()] + [
         Layout(mode="decoupled", staleness=eta, workers=n) for n in (1, 2) for eta in (0, 1, 2)
     ]
     for layout in layouts:
-        r = check(run, layout=layout).predicted
+        r = simulate(run.phases, layout, samples_per_step=run.samples_per_step, steps=400, pool=pool)
         other.add_row(
             layout.describe(),
             f"{r.step_s:.3f}",

@@ -8,6 +8,13 @@ start-up, first compilation) into :class:`~tandem.plan.cost.PhaseTimes` — the 
 (advantages, metrics, reading the channel) joins ``update``, the time between steps outside ``timing/step``
 (logging) is ``overhead`` — and the measured wall time per step. The simulator then predicts the step time
 of the run's own layout, or of another layout on the same machine.
+
+:func:`cross_check` predicts one run from *another* run's phases — the decoupled layouts from a colocated
+run, whose phases each computed alone — optionally with the processes sharing a pool of cores
+(:mod:`tandem.plan.sharing`). A run folder may hold ``machine.jsonl``: samples of the machine's runnable
+threads (``runnable``, less the sampler) and the run's own (``own``) while it trained, as
+``bench/plan_validate.py`` writes them; their difference over the steady steps is the run's
+``background`` (other jobs' runnable threads), which the shared-core prediction uses.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +30,7 @@ import yaml
 
 from tandem.errors import ConfigError, DataError
 from tandem.plan.cost import PhaseTimes
+from tandem.plan.sharing import CorePool
 from tandem.plan.simulate import Layout, SimResult, simulate
 
 
@@ -39,6 +47,7 @@ class RunTimings:
     gen_tokens_per_s: float  # completion tokens per second of generate
     train_tokens_per_s: float  # tokens per second of update (as the learner logs it)
     measured_lag: dict[int, float]
+    background: float | None = None  # other jobs' runnable threads over the steady steps (machine.jsonl)
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,8 @@ def read_run(run_dir: str | Path, *, skip: int = 3) -> RunTimings:
         workers=int(_get(cfg, "architecture.num_workers", 1)),
         staleness=int(_get(cfg, "architecture.staleness", 0)),
         in_flight=_get(cfg, "architecture.weight_sync", "between_generations") == "in_flight",
+        learner_threads=int(_get(cfg, "architecture.learner.threads", 1)),
+        worker_threads=int(_get(cfg, "architecture.worker.threads", 1)),
     )
     samples = int(_get(cfg, "data.prompts_per_step", 0)) * int(_get(cfg, "rollout.n", 1))
 
@@ -130,6 +141,8 @@ def read_run(run_dir: str | Path, *, skip: int = 3) -> RunTimings:
         for k, v in last.items()
         if k.startswith("staleness/lag_")
     } or {0: 1.0}
+    machine = root / "machine.jsonl"
+    background = mean_background(_rows(machine), times[0], times[-1]) if machine.is_file() else None
     return RunTimings(
         run_dir=str(root),
         layout=layout,
@@ -140,7 +153,17 @@ def read_run(run_dir: str | Path, *, skip: int = 3) -> RunTimings:
         gen_tokens_per_s=gen_tps,
         train_tokens_per_s=_mean(col("perf/train_tokens_per_s")),
         measured_lag=dict(sorted(lag.items())),
+        background=background,
     )
+
+
+def mean_background(samples: list[dict[str, Any]], start: float, end: float) -> float | None:
+    """Mean runnable threads of other jobs (``runnable - own``, at least 0) over the samples taken in
+    ``[start, end]``; None when none was."""
+    inside = [
+        max(0.0, float(r["runnable"]) - float(r["own"])) for r in samples if start <= float(r["time"]) <= end
+    ]
+    return statistics.fmean(inside) if inside else None
 
 
 def fit_phases(rows: list[dict[str, Any]], mode: str, *, wall_step_s: float | None = None) -> PhaseTimes:
@@ -189,3 +212,30 @@ def check(run: RunTimings, *, layout: Layout | None = None, steps: int = 400, se
         run.phases, layout or run.layout, samples_per_step=run.samples_per_step, steps=steps, seed=seed
     )
     return Check(run, predicted)
+
+
+def cross_check(
+    source: RunTimings, target: RunTimings, *, pool: CorePool | None, steps: int = 400, seed: int = 0
+) -> Check:
+    """Predict ``target``'s step time from ``source``'s phases in ``target``'s layout. ``source`` must be
+    colocated: its phases each computed alone, which is what the simulator's speeds are relative to. With
+    ``pool`` the processes share its cores; each run's measured background (when sampled) replaces the
+    pool's, ``source``'s at calibration and ``target``'s at prediction."""
+    if source.layout.mode != "colocated":
+        raise ValueError(f"cross-prediction needs a colocated source run, got {source.layout.describe()}")
+    if pool is not None:
+        pool = replace(
+            pool,
+            background=pool.background if target.background is None else target.background,
+            reference_background=source.background,
+            reference_threads=source.layout.learner_threads,
+        )
+    predicted = simulate(
+        source.phases,
+        target.layout,
+        samples_per_step=target.samples_per_step,
+        steps=steps,
+        seed=seed,
+        pool=pool,
+    )
+    return Check(target, predicted)

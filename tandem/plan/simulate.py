@@ -9,6 +9,12 @@ then announces the consumption (so η = 0 is synchronous), then spends ``overhea
 waits again. With in-flight weight sync a worker mid-generation pays one more ``weight_load`` for every
 version published during its generation. Phase durations are log-normal around the given means with the
 given coefficients of variation (seeded), so the tail of ``max(G, T)`` shows.
+
+Without a core pool every role has devices of its own and a phase lasts its drawn duration. With a
+:class:`~tandem.plan.sharing.CorePool` (the roles share one machine's cores) the drawn durations are work
+at the calibrated speed, and every busy phase — a worker's rollout, the learner's training or logging —
+advances at the speed its share of the cores gives (processor sharing), recomputed whenever a phase starts
+or ends.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from tandem.plan.cost import PhaseTimes
+from tandem.plan.sharing import CorePool, speeds
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,8 @@ class Layout:
     staleness: int = 0
     channel_capacity: int | None = None  # messages waiting on the channel; None = unbounded
     in_flight: bool = False
+    learner_threads: int = 1  # runnable threads of the learner (colocated: of the one process)
+    worker_threads: int = 1  # runnable threads of each rollout worker
 
     def describe(self) -> str:
         if self.mode == "colocated":
@@ -75,25 +84,31 @@ def simulate(
     steps: int = 200,
     warmup: int = 10,
     seed: int = 0,
+    pool: CorePool | None = None,
 ) -> SimResult:
-    """Simulate ``warmup + steps`` trained steps and summarise the last ``steps``."""
+    """Simulate ``warmup + steps`` trained steps and summarise the last ``steps``; ``pool``: the roles share
+    these cores (processor sharing), else each has devices of its own."""
     if steps < 2:
         raise ValueError("simulate needs at least 2 measured steps")
     rng = random.Random(seed)
     if layout.mode == "colocated":
-        return _colocated(phases, samples_per_step, steps, warmup, rng)
-    return _Decoupled(phases, layout, rng).run(samples_per_step, steps, warmup)
+        speed = pool.speed(layout.learner_threads) if pool is not None else 1.0
+        return _colocated(phases, samples_per_step, steps, warmup, rng, speed)
+    return _Decoupled(phases, layout, rng, pool).run(samples_per_step, steps, warmup)
 
 
-def _colocated(p: PhaseTimes, samples: int, steps: int, warmup: int, rng: random.Random) -> SimResult:
+def _colocated(
+    p: PhaseTimes, samples: int, steps: int, warmup: int, rng: random.Random, speed: float = 1.0
+) -> SimResult:
+    """One process, one phase at a time: every phase runs at the same ``speed``."""
     total = roll = learn = 0.0
     for i in range(warmup + steps):
-        r = _draw(rng, p.generate + p.reward, p.rollout_cv)
-        t = _draw(rng, p.learn_s, p.learn_cv)
+        r = _draw(rng, p.generate + p.reward, p.rollout_cv) / speed
+        t = (_draw(rng, p.learn_s, p.learn_cv) + p.weight_sync + p.overhead) / speed
         if i >= warmup:
             roll += r
-            learn += t + p.weight_sync + p.overhead
-            total += r + t + p.weight_sync + p.overhead
+            learn += t
+            total += r + t
     return SimResult(
         step_s=total / steps,
         samples_per_s=samples * steps / total,
@@ -106,23 +121,37 @@ def _colocated(p: PhaseTimes, samples: int, steps: int, warmup: int, rng: random
     )
 
 
+LEARNER = -1  # the learner's id among the busy phases (workers are 0, 1, …)
+_ENDS = ("worker", "learner_done", "learner_wait")  # events that end a busy phase
+
+
+@dataclass
+class _Busy:
+    """A phase computing: ``work`` seconds at the calibrated speed left, advancing at ``speed``."""
+
+    work: float
+    threads: int
+    kind: str  # event fired when it ends: "worker", "learner_done" or "learner_wait"
+    speed: float = 1.0
+    token: int = 0
+
+
 @dataclass
 class _Worker:
     loaded: int = -1  # weight version it holds
-    busy_until: float = 0.0
-    token: int = 0  # invalidates a rescheduled completion event
     message: tuple[int, int] | None = None  # (ticket, version) generated, not yet on the channel
     started: float = 0.0
     intervals: list[tuple[float, float]] = field(default_factory=list)
 
 
 class _Decoupled:
-    def __init__(self, phases: PhaseTimes, layout: Layout, rng: random.Random) -> None:
-        self.p, self.layout, self.rng = phases, layout, rng
+    def __init__(self, phases: PhaseTimes, layout: Layout, rng: random.Random, pool: CorePool | None) -> None:
+        self.p, self.layout, self.rng, self.pool = phases, layout, rng, pool
         self.workers = [_Worker() for _ in range(layout.workers)]
+        self.busy: dict[int, _Busy] = {}  # computing phases by id (LEARNER or a worker's index)
         self.events: list[tuple[float, int, str, int, int]] = []  # (time, seq, kind, who, token)
-        self.seq = 0
-        self.now = 0.0
+        self.seq = self.tokens = 0
+        self.now = self.advanced = 0.0
         self.version = 0
         self.issued = self.consumed = 0
         self.channel: list[tuple[int, int]] = []  # (ticket, version), kept sorted by ticket
@@ -131,7 +160,7 @@ class _Decoupled:
         self.learner_waiting = True
         self.learner_intervals: list[tuple[float, float]] = []
         self.wait_intervals: list[tuple[float, float]] = []
-        self.wait_since = 0.0
+        self.wait_since = self.learn_started = 0.0
         self.done_times: list[float] = []
         self.lags: list[int] = []
         self.dropped = 0
@@ -139,6 +168,27 @@ class _Decoupled:
     def _push(self, at: float, kind: str, who: int = 0, token: int = 0) -> None:
         self.seq += 1
         heapq.heappush(self.events, (at, self.seq, kind, who, token))
+
+    # -- processor sharing -----------------------------------------------------------------------------
+    def _advance(self) -> None:
+        """Take the work done since the last event off every busy phase."""
+        dt = self.now - self.advanced
+        for b in self.busy.values():
+            b.work = max(0.0, b.work - dt * b.speed)
+        self.advanced = self.now
+
+    def _start(self, who: int, work: float, threads: int, kind: str) -> None:
+        self.busy[who] = _Busy(work, threads, kind)
+
+    def _retime(self) -> None:
+        """Speeds of the busy phases under the current sharing; (re)schedule each one's end."""
+        rates = speeds(self.pool, {who: b.threads for who, b in self.busy.items()})
+        for who, b in self.busy.items():
+            if rates[who] == b.speed and b.token:
+                continue  # its scheduled end still holds
+            self.tokens += 1
+            b.speed, b.token = rates[who], self.tokens
+            self._push(self.now + b.work / b.speed, b.kind, who, b.token)
 
     # -- rollout side ----------------------------------------------------------------------------------
     def _admit(self) -> None:
@@ -152,9 +202,7 @@ class _Decoupled:
             work = _draw(self.rng, self.p.generate + self.p.reward, self.p.rollout_cv)
             w.message = (ticket, self.version)
             w.started = self.now
-            w.busy_until = self.now + load + work + self.p.transfer
-            w.token += 1
-            self._push(w.busy_until, "worker", wid, w.token)
+            self._start(wid, load + work + self.p.transfer, self.layout.worker_threads, "worker")
 
     def _worker_done(self, wid: int) -> None:
         w = self.workers[wid]
@@ -194,44 +242,56 @@ class _Decoupled:
             self.wait_intervals.append((self.wait_since, self.now))
             self.lags.append(lag)
             learn = _draw(self.rng, self.p.learn_s, self.p.learn_cv)
-            self.learner_intervals.append((self.now, self.now + learn + self.p.weight_sync))
-            self._push(self.now + learn + self.p.weight_sync, "learner_done")
+            self.learn_started = self.now
+            self._start(LEARNER, learn + self.p.weight_sync, self.layout.learner_threads, "learner_done")
             return
 
     def _learner_done(self) -> None:
+        self.learner_intervals.append((self.learn_started, self.now))
         self.version += 1  # publish, then announce the consumption
         self.consumed += 1
         self.done_times.append(self.now)
         if self.layout.in_flight:
             for wid, w in enumerate(self.workers):
-                if w.message is not None and w.busy_until > self.now and wid not in self.blocked:
+                if w.message is not None and wid in self.busy:
                     w.loaded = self.version
-                    w.busy_until += self.p.weight_load
-                    w.token += 1
-                    self._push(w.busy_until, "worker", wid, w.token)
+                    self.busy[wid].work += self.p.weight_load
+                    self.busy[wid].token = 0  # its end moves: reschedule
         self._admit()
         if self.p.overhead > 0:
-            self.learner_intervals.append((self.now, self.now + self.p.overhead))
-        self._push(self.now + self.p.overhead, "learner_wait")
+            self.learn_started = self.now
+            self._start(LEARNER, self.p.overhead, self.layout.learner_threads, "learner_wait")
+        else:
+            self._push(self.now, "learner_free")
 
     def run(self, samples: int, steps: int, warmup: int) -> SimResult:
         self._admit()
+        self._retime()
         total = warmup + steps
         while len(self.done_times) < total + 1:
             if not self.events:
                 raise RuntimeError("simulation deadlocked")  # a bug: the admission rule always admits one
-            self.now, _, kind, who, token = heapq.heappop(self.events)
+            at, _, kind, who, token = heapq.heappop(self.events)
+            ends = kind in _ENDS
+            if ends and (who not in self.busy or self.busy[who].token != token):
+                continue  # an end rescheduled since
+            self.now = at
+            self._advance()
+            if ends:
+                del self.busy[who]
             if kind == "worker":
-                if token == self.workers[who].token:
-                    self._worker_done(who)
-                    self._admit()
+                self._worker_done(who)
+                self._admit()
             elif kind == "learner_done":
                 self._learner_done()
-            elif kind == "learner_wait":
+            elif kind in ("learner_wait", "learner_free"):
+                if kind == "learner_wait":
+                    self.learner_intervals.append((self.learn_started, self.now))  # its logging
                 self.learner_waiting, self.wait_since = True, self.now
                 self._learner_ready()
             else:
                 self._learner_ready()
+            self._retime()
         start, end = self.done_times[warmup], self.done_times[total]
         wall = end - start
         roll = sum(_overlap(w.intervals, start, end) for w in self.workers) / len(self.workers)

@@ -5,21 +5,26 @@ The folders under ``recorded/`` are real runs of the quickstart workload (config
 loss decoupled_ppo), colocated and decoupled at η = 0, 1, 2 with 1 and 2 rollout workers, recorded with
 ``bench/plan_validate.py --fixtures`` on the shared 2-core machine (load average 15–17: phase times are
 slow and noisy, which is what the calibration has to follow). Only the timing keys of each row are kept.
+``recorded_sampled/`` holds the same seven layouts run again (2026-12-02, 30 steps) with the machine's
+runnable threads sampled beside each run (``machine.jsonl``, from the first step on).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from tandem.errors import ConfigError, DataError
-from tandem.plan.calibrate import check, read_run
+from tandem.plan.calibrate import check, cross_check, mean_background, read_run
+from tandem.plan.sharing import CorePool
 from tandem.plan.simulate import Layout
 
 RUNS = Path(__file__).parent / "recorded"
+SAMPLED = Path(__file__).parent / "recorded_sampled"
 NAMES = sorted(p.name for p in RUNS.iterdir() if p.is_dir())
 
 
@@ -83,3 +88,60 @@ def test_rows_without_timings_are_ignored(tmp_path):
     assert read_run(tmp_path / "run").measured_step_s == pytest.approx(
         read_run(RUNS / "colocated").measured_step_s
     )
+
+
+def test_mean_background_counts_other_jobs_threads_inside_the_window():
+    samples = [
+        {"time": 0.5, "runnable": 9, "own": 1},  # before the window
+        {"time": 1.0, "runnable": 5, "own": 2},  # 3
+        {"time": 2.0, "runnable": 2, "own": 3},  # own threads seen before the machine's count: 0, not -1
+        {"time": 3.0, "runnable": 7, "own": 1},  # 6
+        {"time": 3.5, "runnable": 9, "own": 1},  # after
+    ]
+    assert mean_background(samples, 1.0, 3.0) == pytest.approx(3.0)
+    assert mean_background(samples, 10.0, 11.0) is None
+
+
+def test_read_run_takes_the_background_of_its_steady_steps(tmp_path):
+    shutil.copytree(RUNS / "colocated", tmp_path / "run")
+    times = [
+        json.loads(line)["time"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
+    rows = [{"time": times[0] - 5, "runnable": 20, "own": 1}]  # start-up: left out
+    rows += [{"time": t, "runnable": 4, "own": 1} for t in times[2:]]  # the steady window starts at row 3
+    (tmp_path / "run" / "machine.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert read_run(tmp_path / "run").background == pytest.approx(3.0)
+    assert read_run(RUNS / "colocated").background is None  # not sampled
+
+
+def test_cross_check_needs_a_colocated_source():
+    with pytest.raises(ValueError, match="colocated source"):
+        cross_check(read_run(RUNS / "dec_eta1_w1"), read_run(RUNS / "dec_eta2_w1"), pool=None)
+
+
+def test_cross_check_without_a_pool_simulates_the_source_phases_in_the_target_layout():
+    source, target = read_run(RUNS / "colocated"), read_run(RUNS / "dec_eta1_w1")
+    res = cross_check(source, target, pool=None)
+    assert res.run is target
+    p = source.phases
+    # η = 1, one worker on its own cores: about max(rollout, learner side), never below it
+    assert res.predicted.step_s >= max(p.generate + p.reward, p.learn_s + p.weight_sync)
+    assert res.predicted.step_s < p.colocated_step_s
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_sampled_runs_calibrate_within_15_percent_and_carry_their_background(name):
+    run = read_run(SAMPLED / name)
+    assert abs(check(run).error) <= 0.15, (name, run.measured_step_s)
+    assert run.background is not None and run.background > 0  # the machine was shared while it ran
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "colocated"])
+def test_shared_cores_never_predict_a_decoupled_run_faster_than_own_cores(name):
+    """Processor sharing only takes speed away: on the colocated run's background, every decoupled
+    layout predicted from the colocated phases is at least as slow as with each side on its own cores."""
+    colocated, target = read_run(SAMPLED / "colocated"), read_run(SAMPLED / name)
+    own = cross_check(colocated, target, pool=None).predicted.step_s
+    pool = CorePool(2, background=colocated.background)
+    shared = cross_check(colocated, replace(target, background=None), pool=pool).predicted.step_s
+    assert shared >= own * 0.999

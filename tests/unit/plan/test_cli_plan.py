@@ -59,9 +59,28 @@ def test_calibrate_prints_predicted_and_measured():
     assert "measured" in res.output and "predicted" in res.output and "decoupled η=1" in res.output
 
 
+def test_calibrate_with_shared_cores_slows_the_overlapped_layouts():
+    """One core shared: the colocated run's phases predict η ≥ 1 no faster than colocated (own cores:
+    max(G, T)), since the worker and the learner split the core."""
+    res = invoke("--calibrate", str(RUNS / "colocated"), "--cores", "1")
+    assert res.exit_code == 0, res.output
+    assert "sharing 1 cores" in res.output
+    rows = {
+        line.split("│")[1].strip(): float(line.split("│")[2])
+        for line in res.output.splitlines()
+        if line.count("│") >= 6 and line.split("│")[2].strip().replace(".", "").isdigit()
+    }
+    assert rows["decoupled η=1 workers=1"] >= 0.99 * rows["colocated"]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
+        (
+            ["--calibrate", str(RUNS / "dec_eta1_w1"), "--cores", "2"],
+            "--cores: --cores needs a colocated run",
+        ),
+        (["--model-params", "7e9", "--cores", "2"], "--cores: --cores applies to --calibrate only"),
         (["--model-params", "7e9", "--gpu", "tpu"], "--gpu: unknown device 'tpu'"),
         (["--model-params", "seven"], "--model-params: expected a number"),
         (["--model-params", "7e9", "--etas", "1,x"], "--etas: expected comma-separated integers"),
