@@ -9,8 +9,16 @@ The issue's target: each rank's parameters + optimiser state <= 60% of one proce
 measured before ``zero_grad``; FSDP2 keeps only the local shard after the reduce-scatter) are reported
 beside them, and in a second share that includes them.
 
-In the decoupled learner, rank 0 also keeps a plain copy of the parameters (for publishing weights to the
-rollout workers, evaluation and the run checkpoint): that copy is reported as a separate line.
+The decoupled learner's rank 0 shards its policy in place like every rank and keeps no plain copy; after
+the step each rank therefore also runs rank 0's weight publish, streamed from the shards
+(:func:`tandem.train.fsdp.stream_full`: one ``full_tensor`` per state-dict entry, a collective) into a real
+shared-memory weight channel (:meth:`SharedMemoryWeights.publish_stream`), and the transient plain copy
+that its held-out evaluation and the run checkpoint's ``model/`` folder gather
+(:func:`tandem.train.fsdp.unsharded_copy`). Reported for rank 0: the bytes it holds (shards + AdamW shard,
+plus the storage of any plain parameter still alive, found by a scan of the live objects), the largest
+gathered tensor alive at once while publishing, and the size of the transient copy. The colocated
+learner's rank 0 keeps a plain copy (the HF rollout engine's weights): reported as the shards plus one
+parameter copy.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/fsdp2_memory.py [--world 2] [--param-dtype bfloat16] [--cpu-offload]
 """
@@ -18,6 +26,7 @@ rollout workers, evaluation and the run checkpoint): that copy is reported as a 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import multiprocessing as mp
 import tempfile
@@ -28,9 +37,10 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from tandem.channels.weights import SharedMemoryWeights
 from tandem.config.trainer import TrainerConfig
 from tandem.train.distributed import host_store, init_group, join_store
-from tandem.train.fsdp import local_bytes, shard_module
+from tandem.train.fsdp import local_bytes, shard_module, stream_full, unsharded_copy
 from tandem.train.optim import build_optimizer
 
 SIZES = {"vocab_size": 32000, "hidden_size": 512, "num_hidden_layers": 8, "intermediate_size": 1408}
@@ -42,7 +52,7 @@ def _model() -> torch.nn.Module:
     return LlamaForCausalLM(cfg)
 
 
-def _measure(sharded: bool, fsdp: dict | None = None) -> dict[str, int]:
+def _measure(sharded: bool, fsdp: dict | None = None, rank: int = 0) -> dict[str, int]:
     model = _model()
     if sharded:
         shard_module(model, **(fsdp or {}))
@@ -53,7 +63,59 @@ def _measure(sharded: bool, fsdp: dict | None = None) -> dict[str, int]:
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     params = local_bytes(model)
-    return {"params": params, "optim": local_bytes(model, optimizer) - params, "grads": grads}
+    out = {"params": params, "optim": local_bytes(model, optimizer) - params, "grads": grads}
+    if sharded:
+        out.update(_decoupled_reads(model, rank))
+    return out
+
+
+def _plain_param_bytes() -> int:
+    """Storage bytes of every plain (not DTensor) parameter alive in this process (FSDP2's unsharded
+    placeholders have their storage freed between forwards: 0)."""
+    gc.collect()
+    return sum(
+        {
+            o.untyped_storage().data_ptr(): o.untyped_storage().nbytes()
+            for o in gc.get_objects()
+            if type(o) is torch.nn.Parameter
+        }.values()
+    )
+
+
+def _decoupled_reads(model: torch.nn.Module, rank: int) -> dict[str, int]:
+    """Rank 0's streamed publish into a shared-memory weight channel and its transient plain copy (the
+    other ranks join each gather); what rank 0 holds before and during them."""
+    if rank != 0:
+        for _ in stream_full(model):  # the publish
+            pass
+        for _ in stream_full(model):  # the transient copy
+            pass
+        return {}
+    held_plain = _plain_param_bytes()
+    meta = {n: torch.empty(t.shape, dtype=t.dtype, device="meta") for n, t in model.state_dict().items()}
+    sink = SharedMemoryWeights(meta)
+    peak = 0
+
+    def watched():
+        nonlocal peak
+        for name, t in stream_full(model):
+            peak = max(peak, t.numel() * t.element_size())  # one gathered tensor alive at a time
+            yield name, t
+
+    try:
+        published = sink.publish_stream(watched(), 1)
+    finally:
+        sink.unlink()
+    copy = unsharded_copy(model, stream_full(model))
+    copy_bytes = sum(p.numel() * p.element_size() for p in copy.parameters())
+    del copy
+    return {
+        "held_plain": held_plain,
+        "publish_peak": peak,
+        "published": published,
+        "copy": copy_bytes,
+        "after_plain": _plain_param_bytes(),
+    }
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -64,7 +126,7 @@ def _rank(rank: int, world: int, port: int, out: str, fsdp: dict) -> None:
     torch.set_num_threads(1)
     init_group(join_store(port, world, 120.0), rank, world, "gloo")
     try:
-        Path(out, f"rank{rank}.json").write_text(json.dumps(_measure(sharded=True, fsdp=fsdp)))
+        Path(out, f"rank{rank}.json").write_text(json.dumps(_measure(sharded=True, fsdp=fsdp, rank=rank)))
     finally:
         dist.destroy_process_group()
 
@@ -115,13 +177,28 @@ def main() -> None:
             f"{f'rank {r}':>10} {mb(m['params'])} {mb(m['optim'])} {mb(total)} {total / total_one:7.1%} "
             f"{mb(m['grads'])} {(total + m['grads']) / with_grads_one:7.1%}"
         )
-    plain = one["params"]
-    r0 = ranks[0]["params"] + ranks[0]["optim"]
+    r0 = ranks[0]
+    held = r0["params"] + r0["optim"] + r0["held_plain"]
     print(f"largest rank, params + optimiser state: {worst:.1%} of one process (target <= 60%)")
     print(
-        f"decoupled learner rank 0 with its plain parameter copy (+{plain / 2**20:.1f} MB): "
-        f"{(r0 + plain) / total_one:.1%} (params + optim), "
-        f"{(r0 + plain + ranks[0]['grads']) / with_grads_one:.1%} (with grads)"
+        f"decoupled learner rank 0 (no plain copy): holds {mb(held).strip()} MB = {held / total_one:.1%} "
+        f"of one process (plain parameter storage alive: {r0['held_plain']} B before the reads, "
+        f"{r0['after_plain']} B after)"
+    )
+    print(
+        f"  publish (streamed, {mb(r0['published']).strip()} MB into shared memory): peak transient "
+        f"{mb(r0['publish_peak']).strip()} MB (largest single tensor) = "
+        f"{(held + r0['publish_peak']) / total_one:.1%} of one process at the peak"
+    )
+    print(
+        f"  evaluation / checkpoint model/: a transient plain copy of {mb(r0['copy']).strip()} MB = "
+        f"{(held + r0['copy']) / total_one:.1%} of one process while it lives"
+    )
+    plain = one["params"]
+    print(
+        f"colocated learner rank 0 with its rollout copy (+{plain / 2**20:.1f} MB, the engine's weights): "
+        f"{(r0['params'] + r0['optim'] + plain) / total_one:.1%} (params + optim), "
+        f"{(r0['params'] + r0['optim'] + plain + r0['grads']) / with_grads_one:.1%} (with grads)"
     )
 
 

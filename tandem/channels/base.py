@@ -15,6 +15,7 @@ next consumer after a crash and report them through ``redelivered``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from multiprocessing.context import BaseContext
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -103,6 +104,11 @@ class WeightChannel(Protocol):
 
     def publish(self, state: dict[str, torch.Tensor], version: int) -> None:
         """Make ``state`` (the policy's state dict) the newest weights, as ``version``."""
+        ...
+
+    def publish_stream(self, items: Iterable[tuple[str, torch.Tensor]], version: int) -> int:
+        """As :meth:`publish`, from ``(name, tensor)`` pairs taken one at a time (a sharded learner gathers
+        each just before, so it never holds the whole state dict); returns the bytes published."""
         ...
 
     def fetch(self, known_version: int) -> tuple[dict[str, torch.Tensor], int] | None:

@@ -8,12 +8,15 @@ pickles every torch tensor and is several times slower on both sides (``bench/ra
 it). Dtypes numpy lacks (bfloat16, float8) travel as same-width integer views and are viewed back.
 
 The registry keeps a reference to the newest version only, so older versions are freed by Ray's
-reference counting once no worker still reads them. Same interface as
+reference counting once no worker still reads them. ``publish_stream`` (a sharded learner, which gathers one
+tensor at a time) puts the arrays in chunks of at most :data:`CHUNK_BYTES` plus one tensor, several refs
+per version, which ``fetch`` reads back in order. Same interface as
 :class:`~tandem.channels.weights.SharedMemoryWeights`; pass the object to worker actors as an argument.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -27,10 +30,14 @@ _VIEW_AS = {
     torch.float8_e4m3fn: torch.int8,
     torch.float8_e5m2: torch.int8,
 }
+CHUNK_BYTES = (
+    256 * 2**20
+)  # publish_stream puts the gathered tensors into the object store in chunks this size
 
 
 class WeightRegistry:
-    """Actor body: the newest ``(version, [ref])`` (the ref wrapped in a list so Ray passes it, not its value)."""
+    """Actor body: the newest ``(version, refs)``: one ref per chunk of the weights (in a list, so Ray passes
+    the refs, not their values)."""
 
     def __init__(self) -> None:
         self.version, self.refs, self.dtypes = -1, [], {}
@@ -95,6 +102,25 @@ class RayObjectStoreWeights:
         arrays, dtypes = to_numpy(state)
         ray.get(self._registry.set.remote(version, [ray.put(arrays)], dtypes))
 
+    def publish_stream(self, items: Iterable[tuple[str, torch.Tensor]], version: int) -> int:
+        """As :meth:`publish`, from ``(name, tensor)`` pairs (a sharded learner gathers each just before):
+        they go into the object store in chunks of about :data:`CHUNK_BYTES`, so at most one chunk of
+        tensors is held here at a time. Returns the bytes put."""
+        ray = import_ray()
+        refs, dtypes, chunk, size, total = [], {}, {}, 0, 0
+        for name, t in items:
+            arrays, kinds = to_numpy({name: t})
+            chunk.update(arrays)
+            dtypes.update(kinds)
+            size += arrays[name].nbytes
+            if size >= CHUNK_BYTES:
+                refs.append(ray.put(chunk))
+                total, chunk, size = total + size, {}, 0
+        if chunk or not refs:
+            refs.append(ray.put(chunk))
+        ray.get(self._registry.set.remote(version, refs, dtypes))
+        return total + size
+
     def fetch(self, known_version: int) -> tuple[dict[str, torch.Tensor], int] | None:
         """A private copy of the newest weights and their version, or None when not newer than known."""
         ray = import_ray()
@@ -102,7 +128,10 @@ class RayObjectStoreWeights:
         if newer is None:
             return None
         version, refs, dtypes = newer
-        return from_numpy(ray.get(refs[0]), dtypes), int(version)
+        arrays: dict[str, np.ndarray] = {}
+        for chunk in ray.get(refs):  # one dict (publish) or several chunks (publish_stream), in order
+            arrays.update(chunk)
+        return from_numpy(arrays, dtypes), int(version)
 
     def close(self) -> None:
         """Nothing to release in a reader: the handle goes with the object."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+from collections.abc import Iterable
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 from multiprocessing.context import BaseContext
@@ -43,7 +44,8 @@ def _layout(state: dict[str, torch.Tensor]) -> tuple[list[TensorSlot], int]:
 class SharedMemoryWeights:
     """Versioned weights in one shared-memory block; create in the learner, pass to workers as an argument.
 
-    ``publish(state, version)`` (learner) and ``fetch(known_version)`` (workers) are the whole interface;
+    ``publish(state, version)`` or ``publish_stream(items, version)`` (learner) and ``fetch(known_version)``
+    (workers) are the whole interface;
     ``unlink()`` frees the block (creator only, at shutdown).
     """
 
@@ -84,6 +86,27 @@ class SharedMemoryWeights:
             for slot in self.slots:
                 self._view(slot).copy_(state[slot.name].detach())
             self._write_version(version)
+
+    def publish_stream(self, items: Iterable[tuple[str, torch.Tensor]], version: int) -> int:
+        """As :meth:`publish`, from ``(name, tensor)`` pairs copied into their slots as they arrive (a
+        sharded learner gathers each tensor just before: only one is whole at a time). Every slot must be
+        written; otherwise (or if ``items`` fails midway) the block is marked empty (version -1) and the
+        error raised. Returns the bytes copied."""
+        by_name = {slot.name: slot for slot in self.slots}
+        written: set[str] = set()
+        with self._lock:
+            try:
+                for name, t in items:
+                    self._view(by_name[name]).copy_(t.detach())
+                    written.add(name)
+                if written != by_name.keys():
+                    missing = sorted(by_name.keys() - written)
+                    raise KeyError(f"published weights lack {len(missing)} tensors, e.g. {missing[0]}")
+            except BaseException:
+                self._write_version(-1)  # half-written: no worker may load it
+                raise
+            self._write_version(version)
+        return sum(by_name[name].nbytes for name in written)
 
     def fetch(self, known_version: int) -> tuple[dict[str, torch.Tensor], int] | None:
         """A private copy of the newest weights and their version, or None when not newer than known."""

@@ -170,9 +170,9 @@ class DataParallelLearner:
             if learn.scheduler is not None:
                 extra["scheduler"] = learn.scheduler.state_dict()
             dp.broadcast_replica(learn.policy, extra)
-            if cfg.trainer.strategy == "fsdp2":  # rank 0 keeps its plain policy and trains a sharded copy
+            if cfg.trainer.strategy == "fsdp2":  # colocated: a sharded copy; decoupled: sharded in place
                 dp = sharded_rank(cfg, dp, learn.policy, extra)
-                learn.optimizer.state.clear()  # the plain optimiser never steps: drop what a resume loaded
+                release_plain_optimizer(learn.optimizer)
             if learn.critic is not None:  # after the policy, in the order the ranks receive (_serve)
                 separate = learn.critic_optimizer is not learn.optimizer  # a shared head's is the policy's
                 critic_extra = {"optimizer": learn.critic_optimizer.state_dict()} if separate else {}
@@ -238,12 +238,21 @@ class DataParallelLearner:
             self.launcher.close()
 
 
+def keeps_plain_policy(cfg: TandemConfig) -> bool:
+    """Whether an FSDP2 learner's rank 0 keeps a plain copy of the policy: colocated, where rank 0
+    generates with it (the rollout engine's weights); not decoupled, where rank 0 only publishes,
+    evaluates and checkpoints (each gathers from the shards when it runs)."""
+    return cfg.architecture.mode != "decoupled"
+
+
 def sharded_rank(
     cfg: TandemConfig, dp: DataParallel, policy: torch.nn.Module, extra: dict[str, Any]
 ) -> FullyShardedDataParallel:
-    """``trainer.strategy: fsdp2``: shard the policy (rank 0: a copy of it) over the group, build its
-    optimiser and schedule and load rank 0's state into them (``extra``, already on every rank)."""
-    module = copy.deepcopy(policy) if dp.rank == 0 else policy
+    """``trainer.strategy: fsdp2``: shard the policy over the group (in place; colocated rank 0: a copy
+    of it, :func:`keeps_plain_policy`), build its optimiser and schedule and load rank 0's state into
+    them (``extra``, already on every rank)."""
+    keeps_full = keeps_plain_policy(cfg)
+    module = copy.deepcopy(policy) if dp.rank == 0 and keeps_full else policy
     f = cfg.trainer.fsdp
     shard_module(module, cpu_offload=f.cpu_offload, param_dtype=f.param_dtype, reduce_dtype=f.reduce_dtype)
     optimizer = build_optimizer(module, cfg.trainer)
@@ -260,9 +269,19 @@ def sharded_rank(
         module=module,
         optimizer=optimizer,
         scheduler=scheduler,
-        full=policy if dp.rank == 0 else None,
+        full=policy if dp.rank == 0 and keeps_full else None,
+        keeps_full=keeps_full,
         device=dp.device,
     )
+
+
+def release_plain_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    """Rank 0 of an FSDP2 learner: its plain optimiser never steps (the sharded one does; the run
+    checkpoint's schedule is copied from it). Drop its state (what a resume loaded) and its references to
+    the plain parameters, which would otherwise keep a policy sharded in place alive unsharded."""
+    optimizer.state.clear()
+    for group in optimizer.param_groups:
+        group["params"] = []
 
 
 def rank_main(spec: RankSpec) -> None:

@@ -12,7 +12,8 @@ gradients over them (every rank holds a critic replica).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -138,6 +139,25 @@ class LearnerStep:
         """Rank 0 of a learner whose ranks shard the optimiser state (FSDP2): what writes it into a run
         checkpoint (every rank its shards); None when rank 0's optimiser holds the whole state."""
         return None if self.dp is None else self.dp.shard_writer()
+
+    def weights(self) -> Iterable[tuple[str, torch.Tensor]] | None:
+        """Rank 0 of a learner that keeps no whole policy (FSDP2, decoupled): its state-dict entries,
+        gathered from the shards one tensor at a time as they are iterated (a collective the other ranks
+        join; iterate to the end). None when ``policy`` is the whole, plain module."""
+        return None if self.dp is None else self.dp.stream_weights()
+
+    @contextmanager
+    def plain_policy(self) -> Iterator[torch.nn.Module]:
+        """The policy as a plain module for what reads it whole (held-out evaluation, the run checkpoint's
+        ``model/`` folder): ``policy`` itself, or, where rank 0 keeps no whole policy, a transient copy
+        gathered from the shards (:func:`~tandem.train.fsdp.unsharded_copy`), dropped on exit."""
+        stream = self.weights()
+        if stream is None:
+            yield self.policy
+            return
+        from tandem.train.fsdp import unsharded_copy  # torch.distributed's FSDP: only for sharded learners
+
+        yield unsharded_copy(self.policy, stream)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.steps_done = int(state.get("steps_done", 0))

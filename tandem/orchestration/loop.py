@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
 from tandem.config.schema import TandemConfig
@@ -123,7 +123,9 @@ def checkpoint(setup: LoopSetup) -> None:
     trainer = setup.trainer
     extra = {trainer.source.state_key: trainer.state_dict(), "eval_before": setup.result.eval_before}
     root, shards = setup.result.run_dir / "checkpoints", trainer.learn.shard_writer()
-    save_run_checkpoint(root, trainer.step, setup.parts, setup.cfg, extra, sharded=shards)
+    with trainer.learn.plain_policy() as policy:  # FSDP2 decoupled rank 0: gathered for model/, transient
+        parts = setup.parts if policy is setup.parts.policy else replace(setup.parts, policy=policy)
+        save_run_checkpoint(root, trainer.step, parts, setup.cfg, extra, sharded=shards)
     trainer.source.checkpointed()  # only now is every update so far durable
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import datetime
 import logging
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -241,6 +241,11 @@ class DataParallel:
     ) -> None:
         """Rank 0, before a run checkpoint reads ``optimizer``/``scheduler``: nothing to do for replicas
         (FSDP2 copies its sharded schedule's position into them)."""
+
+    def stream_weights(self) -> Iterator[tuple[str, torch.Tensor]] | None:
+        """Rank 0's policy weights gathered one tensor at a time, where rank 0 keeps no whole copy (FSDP2
+        in a decoupled learner); None here: rank 0's replica is the whole policy."""
+        return None
 
     def shard_writer(self) -> Callable[[Path], None] | None:
         """What writes the ranks' shares of a run checkpoint into a folder (FSDP2: its DCP shards of the

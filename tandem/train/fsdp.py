@@ -14,10 +14,23 @@ row split therefore has to give every rank the same number of rows per mini-batc
 :func:`check_fsdp2` states the config rule) and the no-grad scoring passes pad each rank's chunk to the
 same length.
 
-Rank 0 keeps a plain, unsharded copy of the policy (``full``): the rollout engine, weight publishing,
-evaluation and the run checkpoint's ``model/`` folder read it as in a single-process run. After each step
-every rank takes part in gathering the parameters into it (one ``full_tensor`` per parameter). The
-optimiser state is never gathered: a run checkpoint holds it as a ``torch.distributed.checkpoint`` (DCP)
+Where rank 0's policy lives depends on who generates with it:
+
+- **Colocated** (rank 0 generates with the Hugging Face engine from the plain module): rank 0 keeps a
+  plain, unsharded copy of the policy (``full``): that copy is the rollout engine's weights (as vLLM's own
+  copy is in other frameworks), which the engine, evaluation and the run checkpoint's ``model/`` folder
+  read as in a single-process run. After each step every rank takes part in gathering the parameters into
+  it (one ``full_tensor`` per parameter).
+- **Decoupled** (the rollout workers generate; rank 0 only publishes, evaluates and checkpoints): rank 0
+  shards the policy in place like every other rank and keeps no plain copy, so its resident learner state
+  is its parameter shards and its AdamW shard. Whatever needs whole tensors gathers them on demand through
+  :meth:`FullyShardedDataParallel.stream_weights` (every rank calls ``full_tensor`` per state-dict entry in
+  the same order, a collective the other ranks join from :meth:`~FullyShardedDataParallel.receive`):
+  publishing copies each gathered tensor into the weight channel and drops it (one tensor transient); the
+  held-out evaluation and the run checkpoint's ``model/`` folder build a transient plain copy
+  (:func:`unsharded_copy`), dropped when they are done.
+
+The optimiser state is never gathered: a run checkpoint holds it as a ``torch.distributed.checkpoint`` (DCP)
 folder that every rank writes its shards into (:meth:`FullyShardedDataParallel.save_shards`,
 :func:`save_sharded`); :func:`load_sharded` reads it back on any world size (one process reads it whole).
 """
@@ -25,7 +38,7 @@ folder that every rank writes its shards into (:meth:`FullyShardedDataParallel.s
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +111,9 @@ class FullyShardedDataParallel(DataParallel):
     """A rank of an FSDP2 learner: :class:`DataParallel`'s protocol with sharded training state.
 
     ``module``/``optimizer``/``scheduler``: the sharded policy and what steps it (every rank). ``full``:
-    rank 0's plain policy (None elsewhere), kept equal to the sharded one after each step."""
+    rank 0's plain policy, kept equal to the sharded one after each step, when ``keeps_full`` (colocated:
+    the rollout engine's weights); None elsewhere. ``keeps_full`` must be the same on every rank (it
+    decides whether each step ends with a gather)."""
 
     def __init__(
         self,
@@ -110,10 +125,12 @@ class FullyShardedDataParallel(DataParallel):
         optimizer: torch.optim.Optimizer,
         scheduler: torch.optim.lr_scheduler.LRScheduler | None,
         full: torch.nn.Module | None = None,
+        keeps_full: bool = True,
         device: torch.device | None = None,
     ) -> None:
         super().__init__(rank, world_size, whole_groups=whole_groups, device=device)
         self.module, self.optimizer, self.scheduler, self.full = module, optimizer, scheduler, full
+        self.keeps_full = keeps_full
 
     def update_target(
         self,
@@ -165,8 +182,25 @@ class FullyShardedDataParallel(DataParallel):
         return torch.cat([g[: len(p)] for g, p in zip(gathered, parts, strict=True)]).to(scored.device)
 
     def end_step(self, *models: torch.nn.Module) -> None:
-        """Gather the updated parameters into rank 0's plain policy (every rank joins each gather)."""
-        gather_full(self.module, self.full)
+        """With ``keeps_full``: gather the updated parameters into rank 0's plain policy (every rank joins
+        each gather). Without: nothing to do (the weights are gathered when they are read)."""
+        if self.keeps_full:
+            gather_full(self.module, self.full)
+        self.in_step = False
+
+    def stream_weights(self) -> Iterator[tuple[str, torch.Tensor]] | None:
+        """Rank 0 without a plain copy: the policy's state-dict entries as whole tensors, gathered one at a
+        time when iterated (each a fresh tensor: keep it only as long as needed); the other ranks join each
+        gather from :meth:`receive`. Iterate it to the end (a partial pass leaves the ranks waiting). None
+        where rank 0 holds the plain policy (``full``)."""
+        if self.rank != 0 or self.keeps_full:
+            return None
+        return self._stream()
+
+    def _stream(self) -> Iterator[tuple[str, torch.Tensor]]:
+        self.in_step = True  # inside a collective: stopping now means terminating the ranks
+        dist.broadcast_object_list([{"cmd": "gather"}], src=0)
+        yield from stream_full(self.module)
         self.in_step = False
 
     # -- run checkpoints -------------------------------------------------------------------------------
@@ -194,9 +228,13 @@ class FullyShardedDataParallel(DataParallel):
     def receive(self) -> StepInputs | None:
         while True:
             header = self._receive_header()
-            if header["cmd"] != "save_shards":
+            if header["cmd"] == "gather":  # rank 0 reads the whole weights (publish, eval, checkpoint)
+                for _ in stream_full(self.module):
+                    pass
+            elif header["cmd"] == "save_shards":
+                save_sharded(header["folder"], self.module, self.optimizer)
+            else:
                 return self._receive_step(header)
-            save_sharded(header["folder"], self.module, self.optimizer)
 
 
 def gather_full(sharded: torch.nn.Module, full: torch.nn.Module | None) -> None:
@@ -204,10 +242,60 @@ def gather_full(sharded: torch.nn.Module, full: torch.nn.Module | None) -> None:
     Collective: every rank calls it. Parameter names are the same (fully_shard keeps them)."""
     target = None if full is None else full.state_dict()
     with torch.no_grad():
-        for name, t in sharded.state_dict().items():
-            value = t.full_tensor() if isinstance(t, DTensor) else t
+        for name, value in stream_full(sharded):
             if target is not None:
                 target[name].copy_(value)
+
+
+def stream_full(sharded: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """``sharded``'s state-dict entries, in order, as whole tensors: each DTensor gathered by
+    ``full_tensor`` when its turn comes (collective: every rank iterates to the end), plain tensors
+    (buffers) as they are. Naive equivalent: a gathered copy of the whole state dict at once."""
+    with torch.no_grad():
+        for name, t in sharded.state_dict().items():
+            yield name, t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def plain_class(module: torch.nn.Module) -> type[torch.nn.Module]:
+    """The model class a sharded module was built from (``fully_shard`` swaps in a subclass)."""
+    return next(c for c in type(module).__mro__ if not issubclass(c, FSDPModule))
+
+
+def unsharded_copy(sharded: torch.nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> torch.nn.Module:
+    """A plain model equal to ``sharded`` (a Hugging Face model: built from its ``config``), filled from
+    ``weights`` (e.g. :meth:`FullyShardedDataParallel.stream_weights`) one tensor at a time: it holds one
+    whole copy of the parameters, plus the tensor being copied. Built on the meta device (no random
+    initialisation) then allocated; buffers (rotary tables) are copied from ``sharded``, which holds them
+    whole. In eval mode."""
+    with torch.device("meta"):
+        plain = plain_class(sharded)(sharded.config)
+    src, src_buffers = sharded.state_dict(), dict(sharded.named_buffers())
+    plain.to_empty(device=_local(next(iter(sharded.parameters()))).device)
+    if hasattr(plain, "tie_weights"):  # tied embeddings share one tensor (to_empty made two)
+        plain.tie_weights()
+    with torch.no_grad():
+        for name, p in plain.named_parameters():  # the sharded module's dtypes (meta init: the default)
+            if p.dtype != src[name].dtype:
+                p.data = p.data.to(src[name].dtype)
+        for name in dict(plain.named_buffers()):  # held whole by every rank
+            owner, _, attr = name.rpartition(".")
+            plain.get_submodule(owner)._buffers[attr] = _local(src_buffers[name]).detach().clone()
+        target = plain.state_dict()
+        filled = set()
+        for name, value in weights:
+            target[name].copy_(value)
+            filled.add(name)
+    missing = set(target) - filled
+    if missing:
+        raise RuntimeError(f"the gathered weights lack {len(missing)} entries, e.g. {sorted(missing)[0]}")
+    plain.name_or_path = getattr(sharded, "name_or_path", "")
+    if getattr(sharded, "generation_config", None) is not None:
+        plain.generation_config = sharded.generation_config
+    return plain.eval()
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def gather_optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -5,15 +5,19 @@ Mechanism only: what a step computes is checked against one process in tests/uni
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import os
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 from run_checks import step_rows
+from torch.distributed.tensor import DTensor
 
 from tandem.config import build_config
+from tandem.models import load_causal_lm
 from tandem.orchestration.build import build_policy
 from tandem.orchestration.decoupled.runtime import RunHooks, train_decoupled
 from tandem.train.checkpoint import latest_checkpoint
@@ -53,17 +57,40 @@ def fsdp2_run(tiny_model_dir, tmp_path_factory):
     seen: set[int] = set()
     strategies: list[str] = []
 
+    plain_bytes: list[int] = []
+
     def on_step(run, step):
         seen.update(p.pid for p in mp.active_children() if p.name.startswith("tandem-learner-rank"))
         strategies.append(type(run.learner.learn.dp).__name__)
+        plain_bytes.append(_plain_policy_bytes(run.learner.learn))
 
     res = train_decoupled(_cfg(tiny_model_dir, out, 2, "fsdp2", 3), progress=False, hooks=RunHooks(on_step))
-    return out, res, seen, strategies
+    return out, res, seen, strategies, plain_bytes
+
+
+def _plain_policy_bytes(learn) -> int:
+    """Storage bytes of every plain (not DTensor) parameter alive in this process other than the reference
+    model's: rank 0 of a decoupled FSDP2 learner should hold none (its policy is sharded, no copy is
+    kept; FSDP2's own unsharded-parameter placeholders are alive but their storage is freed between
+    forwards, size 0)."""
+    gc.collect()
+    ref = set() if learn.ref_model is None else {id(p) for p in learn.ref_model.parameters()}
+    with warnings.catch_warnings():  # isinstance on every object touches deprecated torch aliases
+        warnings.simplefilter("ignore", FutureWarning)
+        storages = {
+            o.untyped_storage().data_ptr(): o.untyped_storage().nbytes()
+            for o in gc.get_objects()
+            if isinstance(o, torch.nn.Parameter) and not isinstance(o, DTensor) and id(o) not in ref
+        }
+    return sum(storages.values())
 
 
 def test_fsdp2_learner_trains_three_steps_and_checkpoints(fsdp2_run, tiny_model_dir):
-    out, res, seen, strategies = fsdp2_run
+    out, res, seen, strategies, plain_bytes = fsdp2_run
     assert res.steps == 3
+    assert plain_bytes == [0, 0, 0]  # rank 0 keeps no unsharded policy (publish/eval/checkpoint gather)
+    before, after = res.eval_before, res.last_metrics
+    assert "eval/accuracy" in before and "eval/accuracy" in after  # evaluated on transient gathered copies
     assert strategies == [FullyShardedDataParallel.__name__] * 3
     assert len(seen) == 1
     for pid in seen:  # joined and gone
@@ -85,6 +112,10 @@ def test_fsdp2_learner_trains_three_steps_and_checkpoints(fsdp2_run, tiny_model_
     state = list(optimizer.state.values())
     assert len(state) == len(list(model.parameters())) and all(float(s["step"]) == 3.0 for s in state)
     assert all(float(s["exp_avg"].abs().max()) > 0 for s in state)
+    # model/ was written from a transient copy gathered from the shards: the same weights as the shards
+    saved = dict(load_causal_lm(ckpt / "model").named_parameters())
+    for name, p in model.named_parameters():
+        assert torch.equal(saved[name], p), name
 
 
 def test_one_process_resumes_an_fsdp2_run(fsdp2_run, tiny_model_dir):

@@ -23,6 +23,7 @@ from tandem.errors import TandemError
 from tandem.models.lora import publishable_state_dict
 from tandem.orchestration.decoupled.ledger import TicketLedger
 from tandem.orchestration.decoupled.seams import Admission
+from tandem.orchestration.learner import LearnerStep
 from tandem.orchestration.rollout_step import ScoredBatch, rollout_metrics
 from tandem.orchestration.staleness import StalenessController
 from tandem.types import RolloutBatch
@@ -34,12 +35,17 @@ class LearnerStarvedError(TandemError):
 
 class ChannelWeights:
     """Weight publisher of a decoupled run: the policy's state dict goes on the weight channel (merged,
-    under the base model's names, for a LoRA policy: workers hold plain models)."""
+    under the base model's names, for a LoRA policy: workers hold plain models). When ``learn`` keeps no
+    whole policy (an FSDP2 learner's rank 0) the tensors are gathered from the shards one at a time and
+    each is copied into the channel as it arrives (:meth:`LearnerStep.weights`)."""
 
-    def __init__(self, weights: WeightChannel) -> None:
-        self.weights = weights
+    def __init__(self, weights: WeightChannel, learn: LearnerStep | None = None) -> None:
+        self.weights, self.learn = weights, learn
 
     def publish(self, policy: torch.nn.Module, version: int) -> float:
+        stream = None if self.learn is None else self.learn.weights()
+        if stream is not None:
+            return float(self.weights.publish_stream(stream, version))
         state = publishable_state_dict(policy)
         self.weights.publish(state, version)
         return float(sum(t.numel() * t.element_size() for t in state.values()))

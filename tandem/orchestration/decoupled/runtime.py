@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing.context import BaseContext
 from typing import Any
 
@@ -32,6 +32,7 @@ from tandem.models.lora import engine_state_dict, publishable_state_dict
 from tandem.monitor import PhaseTimer
 from tandem.monitor.metrics import MetricsListener
 from tandem.orchestration.alerting import check_rollback_support
+from tandem.orchestration.build import build_rollout_engine
 from tandem.orchestration.decoupled.autoscale import Autoscaler
 from tandem.orchestration.decoupled.backends import open_backend
 from tandem.orchestration.decoupled.learner import ChannelSource, ChannelWeights
@@ -115,14 +116,20 @@ def train_decoupled(
 
         def evaluate() -> dict[str, float]:
             # The learner's engine only evaluates: one that shares the policy module (hf) copies nothing,
-            # one with its own copy (vllm) loads the current weights first.
-            parts.engine.update_weights(engine_state_dict(parts.engine, parts.policy), trainer.version)
-            return evaluate_heldout(parts)
+            # one with its own copy (vllm) loads the current weights first. An FSDP2 learner's rank 0
+            # evaluates a transient copy gathered from the shards (a shared-module engine: over it).
+            with trainer.learn.plain_policy() as policy:
+                engine = parts.engine
+                if policy is not parts.policy and getattr(engine, "model", None) is parts.policy:
+                    engine = build_rollout_engine(cfg, model=policy, tokenizer=parts.tokenizer)
+                engine.update_weights(engine_state_dict(engine, policy), trainer.version)
+                return evaluate_heldout(replace(parts, engine=engine))
 
+        learn = learner_step(cfg, parts, timer=PhaseTimer(), generator=generator)
         trainer = Trainer(
-            learner_step(cfg, parts, timer=PhaseTimer(), generator=generator),
+            learn,
             source,
-            ChannelWeights(backend.weights),
+            ChannelWeights(backend.weights, learn),
             evaluate=evaluate,
             group_size=cfg.rollout.n,
         )

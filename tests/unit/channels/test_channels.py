@@ -116,3 +116,29 @@ def test_shared_memory_weights_publish_fetch_across_processes():
             assert torch.equal(torch.tensor(got[k], dtype=state[k].dtype), new[k]), k
     finally:
         w.unlink()
+
+
+def test_shared_memory_weights_publish_stream():
+    """A sharded learner publishes tensor by tensor: each goes into its slot as it arrives; a stream that
+    misses a tensor or fails midway raises and leaves nothing loadable (version -1)."""
+    state = {"a": torch.randn(3, 4), "b": torch.arange(5, dtype=torch.float32), "c": torch.ones(2).bfloat16()}
+    w = SharedMemoryWeights(state)
+    try:
+        new = {k: v * 3 for k, v in state.items()}
+        assert w.publish_stream(iter(new.items()), 4) == 12 * 4 + 5 * 4 + 2 * 2
+        got, version = w.fetch(-1)
+        assert version == 4 and all(torch.equal(got[k], new[k]) for k in state)
+        with pytest.raises(KeyError, match="lack 1 tensors, e.g. c"):
+            w.publish_stream(((k, v) for k, v in new.items() if k != "c"), 5)
+        assert w.version == -1 and w.fetch(-1) is None
+
+        def broken():
+            yield "a", new["a"]
+            raise RuntimeError("a rank died")
+
+        w.publish(state, 6)
+        with pytest.raises(RuntimeError, match="a rank died"):
+            w.publish_stream(broken(), 7)
+        assert w.version == -1
+    finally:
+        w.unlink()

@@ -166,6 +166,30 @@ def test_object_store_weights_versions_and_dtypes(worker):
 
 
 @pytest.mark.ray
+def test_object_store_weights_publish_stream_in_chunks(worker, monkeypatch):
+    """Streamed weights (a sharded learner gathers one tensor at a time) go into the object store in
+    chunks; a reader gets them all back, dtypes included."""
+    import ray
+
+    from tandem.channels import ray_weights
+
+    monkeypatch.setattr(ray_weights, "CHUNK_BYTES", 40)  # 4x3 float32 (48 B) fills a chunk alone
+    weights = ray_weights.RayObjectStoreWeights()
+    state = {
+        "w": torch.randn(4, 3),
+        "b16": torch.randn(5).bfloat16(),
+        "v": torch.randn(6),
+        "i": torch.arange(3),
+    }
+    assert weights.publish_stream(iter(state.items()), 3) == 48 + 10 + 24 + 24
+    got, version = ray.get(worker.fetch.remote(weights, -1))
+    assert version == 3 and list(got) == list(state)
+    for k in state:
+        assert got[k].dtype == state[k].dtype and torch.equal(got[k], state[k]), k
+    weights.unlink()
+
+
+@pytest.mark.ray
 def test_ray_coordination_admits_under_the_bound(worker):
     import ray
 

@@ -3,14 +3,19 @@
 The ranks run the real :class:`LearnerStep` with :class:`FullyShardedDataParallel` (built by the learner's
 own :func:`sharded_rank`): rank 0 broadcasts the batch, each rank back-propagates its rows, FSDP2
 reduce-scatters (sums) the gradients of each shard. The gradients each optimiser step sees, gathered into
-full tensors, must equal the single-process gradients on the same batch; after the step rank 0's plain
-policy (gathered) must equal the single-process weights. Then a DCP checkpoint is written by both ranks,
-read back into a freshly sharded model (same world size: bitwise), and read here by one process.
+full tensors, must equal the single-process gradients on the same batch. These are decoupled learners:
+rank 0 shards its policy in place and keeps no plain copy (its original parameters are freed); after the
+step it publishes the weights streamed from the shards into a shared-memory weight channel, which must
+hold exactly the gathered shards and equal the single-process weights. Then a DCP checkpoint is written
+by both ranks, read back into a freshly sharded model (same world size: bitwise), and read here by one
+process.
 """
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
+import weakref
 from pathlib import Path
 
 import pytest
@@ -18,11 +23,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from tandem.channels.weights import SharedMemoryWeights
 from tandem.config import build_config
 from tandem.errors import ConfigError
 from tandem.models import load_causal_lm
 from tandem.monitor import PhaseTimer
-from tandem.orchestration.dp_learner import sharded_rank, whole_groups
+from tandem.orchestration.dp_learner import release_plain_optimizer, sharded_rank, whole_groups
 from tandem.orchestration.learner import LearnerStep
 from tandem.train.distributed import DataParallel, host_store, init_group, join_store
 from tandem.train.fsdp import (
@@ -117,10 +123,16 @@ def _learner(cfg, dp: DataParallel | None) -> tuple[LearnerStep, list[torch.Tens
     if dp is None:
         _record(optimizer, grads)
         return learn, grads
+    originals = [weakref.ref(p) for p in policy.parameters()]
     fsdp = sharded_rank(cfg, dp, policy, {"optimizer": optimizer.state_dict()})
     fsdp.scheduler = None  # as the single-process reference: a constant learning rate
-    if dp.rank != 0:
+    if dp.rank == 0:  # as DataParallelLearner.start: the plain optimiser lets go of the parameters
+        release_plain_optimizer(learn.optimizer)
+    else:
         learn.policy, learn.optimizer = fsdp.module, fsdp.optimizer
+    del policy, optimizer
+    gc.collect()
+    learn.originals_alive = sum(r() is not None for r in originals)  # type: ignore[attr-defined]
     learn.dp = fsdp
     _record(fsdp.optimizer, grads)
     return learn, grads
@@ -136,10 +148,54 @@ def _run_case(cfg, dp: DataParallel | None) -> dict:
         learn.generator.set_state(inputs.generator_state)
         metrics = learn(inputs.batch, inputs.scores)
     out = {"grads": grads, "metrics": metrics}
-    if dp is None or dp.rank == 0:  # rank 0's plain policy, gathered after the step
-        out["weights"] = torch.cat([p.detach().reshape(-1) for p in learn.policy.parameters()])
-    if dp is not None:
-        out["learn"] = learn
+    if dp is None:
+        out["weights"] = _flat(dict(learn.policy.named_parameters()), cfg.model.path)
+        return out
+    out["learn"] = learn
+    out.update(_publish(cfg, learn))
+    return out
+
+
+def _flat(params: dict[str, torch.Tensor], model_dir) -> torch.Tensor:
+    """The parameters in a plain model's ``parameters()`` order (tied ones once), flattened."""
+    names = [n for n, _ in load_causal_lm(model_dir).named_parameters()]
+    return torch.cat([params[n].detach().reshape(-1) for n in names])
+
+
+def _publish(cfg, learn: LearnerStep) -> dict:
+    """After the step: rank 0 publishes the streamed weights into a shared-memory weight channel (rank 1
+    serves the gathers from its receive loop, then is stopped); both ranks then gather every entry
+    directly to compare with what was published. What rank 0 holds is counted too."""
+    fsdp = learn.dp
+    out: dict = {
+        "originals_alive": learn.originals_alive,
+        "all_sharded": all(isinstance(p, DTensor) for p in learn.policy.parameters()),
+        "plain_in_optimizer": sum(len(g["params"]) for g in learn.optimizer.param_groups)
+        if fsdp.rank == 0
+        else 0,
+        "bytes": local_bytes(learn.policy),
+    }
+    if fsdp.rank == 0:
+        template = load_causal_lm(cfg.model.path).state_dict()
+        out["full_bytes"] = sum(t.numel() * t.element_size() for t in template.values())
+        sink = SharedMemoryWeights(template)
+        try:
+            nbytes = sink.publish_stream(learn.weights(), 7)
+            fetched = sink.fetch(-1)
+        finally:
+            sink.unlink()
+        assert fetched is not None and fetched[1] == 7
+        published = fetched[0]
+        fsdp.send_stop()
+        out["published_bytes"] = nbytes
+        out["weights"] = _flat(published, cfg.model.path)
+    else:
+        assert learn.weights() is None and fsdp.receive() is None  # served the gather, then stopped
+    gathered_on = {n: t.full_tensor() for n, t in learn.policy.state_dict().items()}
+    if fsdp.rank == 0:
+        out["published_exact"] = published.keys() == gathered_on.keys() and all(
+            torch.equal(published[n], gathered_on[n]) for n in gathered_on
+        )
     return out
 
 
@@ -222,6 +278,28 @@ def test_fsdp2_gradients_equal_one_process(name, fsdp_results, tiny_model_dir):
     for key in ("actor/pg_loss", "actor/grad_norm", "rollout/logprob_diff_mean"):
         assert r0["metrics"][key] == pytest.approx(ref["metrics"][key], rel=1e-5, abs=1e-7), key
         assert r0["metrics"][key] == r1["metrics"][key], key
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_decoupled_rank0_holds_only_its_shards(name, fsdp_results, tiny_model_dir):
+    """A decoupled FSDP2 learner's rank 0 holds no unsharded policy parameters: the plain parameters it
+    loaded are freed (no reference left), every policy parameter is a DTensor, its plain optimiser holds
+    none, and its local parameter bytes are its shard (about half of the model on 2 ranks, as rank 1)."""
+    _, (rank0, rank1) = fsdp_results
+    for r in (rank0[name], rank1[name]):
+        assert r["originals_alive"] == 0 and r["all_sharded"] and r["plain_in_optimizer"] == 0
+    model_bytes = sum(p.numel() * p.element_size() for p in load_causal_lm(tiny_model_dir).parameters())
+    assert rank0[name]["bytes"] + rank1[name]["bytes"] == model_bytes
+    assert rank0[name]["bytes"] <= 0.6 * model_bytes
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_published_weights_are_the_gathered_shards(name, fsdp_results):
+    """Rank 0's streamed publish put exactly the gathered shards into the weight channel, every entry
+    (the single-process comparison of the same weights: test_fsdp2_gradients_equal_one_process)."""
+    _, (rank0, _) = fsdp_results
+    assert rank0[name]["published_exact"]
+    assert rank0[name]["published_bytes"] == rank0[name]["full_bytes"]
 
 
 def test_dcp_checkpoint_restores_same_and_one_process(fsdp_results, tiny_model_dir):
