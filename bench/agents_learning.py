@@ -1,0 +1,144 @@
+"""Does a multi-turn agent learn to use its tool? The issue-16 check, colocated and decoupled.
+
+Runs a shipped agent config exactly as a user would (``tandem train configs/agent_calculator.yaml
+architecture.mode=M trainer.total_steps=S run.seed=K``), one subprocess at a time, architectures
+interleaved (decoupled at staleness η = 1 by default: η = 0 would repeat the colocated run bit for bit),
+and prints for every run the held-out greedy curve (``monitor.eval_every``): accuracy and
+tool calls per episode (``eval/agent/tool_calls_mean``), then before/after per run and the mean gain per
+architecture. The calculator config starts from a deliberately weak warm start (SFT on transcripts of
+which only 25% call the tool), so the tool-call rate has room to rise. A run "learns" when both held-out
+accuracy and tool calls per episode rise by more than ``--margin`` (default 0.2: 20 points and 0.2 calls);
+``--judge`` picks other measures (``accuracy calls return turns``), e.g. ``accuracy return`` for an
+environment whose return rewards doing it in few turns.
+
+    .venv/bin/python bench/agents_learning.py [--config configs/agent_calculator.yaml] [--steps 20]
+        [--seeds 0 1] [--modes colocated decoupled] [--eval-every 5] [--set key=value ...]
+
+Training on 2 shared CPU cores is slow: the load average is printed beside every run's wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TANDEM = Path(sys.executable).parent / "tandem"
+# what each curve point holds: held-out greedy accuracy, tool calls, return and turns per episode
+KEYS = {
+    "accuracy": "eval/accuracy",
+    "calls": "eval/agent/tool_calls_mean",
+    "return": "eval/agent/return_mean",
+    "turns": "eval/agent/turns_mean",
+}
+
+
+def point(step: int, metrics: dict) -> tuple:
+    """``(step, accuracy, calls, return, turns)`` from one evaluation's metrics."""
+    return (step, *(float(metrics.get(key, 0.0)) for key in KEYS.values()))
+
+
+def run(config: Path, mode: str, seed: int, args: argparse.Namespace, out: Path) -> dict:
+    """One training run; its held-out curve (:func:`point` every ``eval_every`` steps) and wall time."""
+    cmd = [
+        str(TANDEM),
+        "train",
+        str(config),
+        f"architecture.mode={mode}",
+        f"architecture.staleness={args.staleness if mode == 'decoupled' else 0}",
+        f"trainer.total_steps={args.steps}",
+        f"run.seed={seed}",
+        f"run.output_dir={out}",
+        f"monitor.eval_every={args.eval_every}",
+        "checkpoint.every=0",
+        "monitor.progress=false",
+        "monitor.tensorboard=false",
+        *args.set,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    load0, t0 = os.getloadavg()[0], time.perf_counter()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT, check=False)
+    wall = time.perf_counter() - t0
+    if done.returncode != 0:
+        sys.exit(f"run failed ({' '.join(cmd)}):\n{done.stderr[-3000:]}")
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    curve = {r["step"]: point(r["step"], r) for r in rows if KEYS["accuracy"] in r}
+    summary = json.loads((out / "summary.json").read_text())
+    for key, step in (("eval_before", 0), ("eval_after", args.steps)):  # the run's own ends of the curve
+        if KEYS["accuracy"] in (summary.get(key) or {}):
+            curve[step] = point(step, summary[key])
+    curve = [curve[s] for s in sorted(curve)]
+    load = (load0 + os.getloadavg()[0]) / 2
+    return {"mode": mode, "seed": seed, "curve": curve, "wall": wall, "load": load}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", type=Path, default=ROOT / "configs/agent_calculator.yaml")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--modes", nargs="+", default=["colocated", "decoupled"])
+    ap.add_argument("--eval-every", type=int, default=5)
+    ap.add_argument(
+        "--staleness", type=int, default=1, help="decoupled runs' η (0 would equal the colocated run)"
+    )
+    ap.add_argument("--margin", type=float, default=0.2)
+    ap.add_argument(
+        "--judge",
+        nargs="+",
+        default=["accuracy", "calls"],
+        choices=list(KEYS),
+        help="what must rise by more than --margin for a run to count as learning",
+    )
+    ap.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run")
+    ap.add_argument("--set", nargs="*", default=[], help="extra dotted overrides for every run")
+    ap.add_argument("--json", type=Path, help="write the results here")
+    args = ap.parse_args()
+
+    results = []
+    with tempfile.TemporaryDirectory(prefix="agents_learning_") as tmp:
+        for seed in args.seeds:
+            for mode in args.modes:
+                r = run(args.config, mode, seed, args, Path(tmp) / f"{mode}_{seed}")
+                results.append(r)
+                points = "  ".join(f"{p[0]}:{p[1]:.2f}/{p[2]:.2f}/{p[3]:.2f}" for p in r["curve"])
+                print(f"{mode:10s} seed {seed}  step:accuracy/calls/return  {points}", flush=True)
+                print(f"{'':10s} wall {r['wall']:.0f} s, load average ~{r['load']:.1f}", flush=True)
+
+    names = list(KEYS)
+    head = "  ".join(f"{n + ' ' + w:>14s}" for n in names for w in ("before", "after"))
+    print(f"\n{'mode':10s} {'seed':>4s}  {head}  learns")
+    verdict = True
+    for r in results:
+        first, last = r["curve"][0], r["curve"][-1]
+        cols = "  ".join(f"{first[i + 1]:14.2f}  {last[i + 1]:14.2f}" for i in range(len(names)))
+        learns = all(last[names.index(k) + 1] - first[names.index(k) + 1] > args.margin for k in args.judge)
+        verdict &= learns
+        print(f"{r['mode']:10s} {r['seed']:4d}  {cols}  {'yes' if learns else 'NO'}")
+    for mode in args.modes:
+        rs = [r for r in results if r["mode"] == mode]
+        gains = ", ".join(
+            f"{k} {statistics.mean(r['curve'][-1][i + 1] - r['curve'][0][i + 1] for r in rs):+.2f}"
+            for i, k in enumerate(names)
+        )
+        print(f"{mode}: mean gain {gains}")
+    judged = " and ".join(args.judge)
+    print(
+        f"all runs raise {judged} by > {args.margin}"
+        if verdict
+        else f"some run did not raise {judged} by > {args.margin}"
+    )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    sys.exit(0 if verdict else 1)
+
+
+if __name__ == "__main__":
+    main()

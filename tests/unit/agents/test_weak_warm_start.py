@@ -1,0 +1,47 @@
+"""The calculator task's ``tool_demos`` option (a weak warm start by construction) and the shipped agent
+config that starts from such a warm start. Mechanisms only: whether RL then raises the tool-call rate is
+``bench/agents_learning.py``'s question."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tandem.config import load_config
+from tandem.errors import ConfigError
+from tandem.rewards import get_task
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_tool_demos_sets_the_share_of_transcripts_that_call_the_tool():
+    rows = get_task("calculator", tool_demos=0.25).make_rows("train", 400, seed=0)
+    calls = [r for r in rows if r["completion"].startswith("CALL calc(")]
+    direct = [r for r in rows if not r["completion"].startswith("CALL")]
+    assert len(calls) + len(direct) == len(rows) and 0.15 < len(calls) / len(rows) < 0.35
+    assert all(r["completion"] == r["answer"] for r in direct)  # the direct answer is the product
+    assert all(r["completion"].endswith(f"RESULT {r['answer']}\n{r['answer']}") for r in calls)
+    none = get_task("calculator", tool_demos=0).make_rows("train", 50, seed=0)
+    assert not any("CALL" in r["completion"] for r in none)
+
+
+def test_default_tool_demos_keeps_the_rows_from_before_the_option():
+    """The default leaves the options key (and so every row stream) as it was: ``digits`` only."""
+    assert get_task("calculator")._options_key() == repr([("digits", 4)])
+    assert get_task("calculator", tool_demos=1.0).make_rows("test", 5, 0) == get_task("calculator").make_rows(
+        "test", 5, 0
+    )
+    for bad in (-0.1, 1.5, "half", True):
+        with pytest.raises(ConfigError, match="tool_demos must be a number in 0..1"):
+            get_task("calculator", tool_demos=bad)
+
+
+def test_shipped_agent_config_starts_from_its_weak_warm_start():
+    cfg = load_config(REPO / "configs/agent_calculator.yaml")
+    ws = cfg.model.warm_start_sft
+    assert ws is not None and 0 < ws.task_options["tool_demos"] < 0.5
+    assert "tool_demos" not in cfg.data.task_options  # evaluation and training use the plain task
+    model = REPO / cfg.model.path
+    assert (model / "config.json").is_file() and (model / "model.safetensors").is_file()
+    assert cfg.env is not None and cfg.env.name == "calculator"
