@@ -142,6 +142,7 @@ def demo(
     """The quickstart: GRPO on arithmetic from a warm start, with before/after held-out accuracy."""
     from tandem.cli.report import print_run_result
     from tandem.config import load_config
+    from tandem.orchestration.runfolder import run_environment
     from tandem.orchestration.runner import train as run_train
 
     config = Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml"
@@ -154,6 +155,11 @@ def demo(
     _ensure_warm_start(cfg)
     result = run_train(cfg)
     print_run_result(out, result)
+    env = run_environment()
+    out.print(
+        f"[dim]numerics: torch {env['torch']}, {env['cpu_capability']} CPU kernels, {env['torch_threads']} "
+        "thread(s); the result is bit-reproducible only on the same (docs/benchmarks.md)[/]"
+    )
 
 
 def _ensure_warm_start(cfg) -> None:

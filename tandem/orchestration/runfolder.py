@@ -9,10 +9,14 @@ functions; the step loop itself is :mod:`tandem.orchestration.loop`.
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from tandem.config import config_to_yaml
 from tandem.config.schema import TandemConfig
@@ -96,8 +100,47 @@ def prepare_run_dir(cfg: TandemConfig, *, resume: bool) -> Path:
     return run_dir
 
 
+def run_environment() -> dict[str, Any]:
+    """What a run's floating-point results depend on besides its config and code.
+
+    A seeded run is bit-reproducible only with the same library versions, the same CPU kernels (torch
+    dispatches AVX2 or AVX-512 code by the host CPU; MKL and oneDNN pick their GEMM kernels the same way)
+    and the same thread count. A 300-step RL run is chaotic in its float order, so two hosts differing
+    only here land points apart (docs/benchmarks.md, the quickstart demo)."""
+
+    def version(dist: str) -> str | None:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": version("transformers"),
+        "numpy": version("numpy"),
+        "cpu": _cpu_name(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+
+
+def _cpu_name() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else the machine type."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def finish_run(result: RunResult, ckpt_root: Path, **extra: Any) -> RunResult:
-    """Fill ``eval_after`` and write ``summary.json`` last (atomically): the run is complete."""
+    """Fill ``eval_after`` and write ``summary.json`` last (atomically): the run is complete. It records
+    :func:`run_environment`, so two runs' numbers can be compared knowing whether they could be equal."""
     result.eval_after = {k: v for k, v in result.last_metrics.items() if k.startswith("eval/")}
     summary = {
         "steps": result.steps,
@@ -105,6 +148,7 @@ def finish_run(result: RunResult, ckpt_root: Path, **extra: Any) -> RunResult:
         "eval_after": result.eval_after,
         "final_metrics": result.last_metrics,
         "checkpoint": str(latest_checkpoint(ckpt_root) or ""),
+        "environment": run_environment(),
         **extra,
     }
     atomic_write_json(result.run_dir / "summary.json", summary)
