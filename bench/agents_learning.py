@@ -75,8 +75,14 @@ def run(config: Path, mode: str, seed: int, args: argparse.Namespace, out: Path)
         if KEYS["accuracy"] in (summary.get(key) or {}):
             curve[step] = point(step, summary[key])
     curve = [curve[s] for s in sorted(curve)]
+    # the sampled (temperature-1) training episodes of every step: tool calls per episode, mean reward
+    train = [
+        (r["step"], r["agent/tool_calls_mean"], r.get("reward/mean", 0.0))
+        for r in rows
+        if "agent/tool_calls_mean" in r
+    ]
     load = (load0 + os.getloadavg()[0]) / 2
-    return {"mode": mode, "seed": seed, "curve": curve, "wall": wall, "load": load}
+    return {"mode": mode, "seed": seed, "curve": curve, "train": train, "wall": wall, "load": load}
 
 
 def main() -> None:
@@ -110,6 +116,8 @@ def main() -> None:
                 results.append(r)
                 points = "  ".join(f"{p[0]}:{p[1]:.2f}/{p[2]:.2f}/{p[3]:.2f}" for p in r["curve"])
                 print(f"{mode:10s} seed {seed}  step:accuracy/calls/return  {points}", flush=True)
+                sampled = " ".join(f"{c:.2f}" for _, c, _ in r["train"])
+                print(f"{'':10s} training episodes' tool calls per step: {sampled}", flush=True)
                 print(f"{'':10s} wall {r['wall']:.0f} s, load average ~{r['load']:.1f}", flush=True)
 
     names = list(KEYS)
