@@ -107,49 +107,32 @@ def kd_arm(start_dir: Path, steps: int, out: Path, lr: float) -> tuple[float, fl
     return heldout(out / "kd"), seconds
 
 
-def serve_qps(student_dir: Path, seconds: float, out: Path) -> tuple[float, float]:
-    """QPS of the INT8 student and of the fp32 teacher under bench/serve.py's load (32 clients)."""
+def serve_qps(student_dir: Path, seconds: float, out: Path) -> dict[str, float]:
+    """QPS of the fp32 teacher, the fp32 student and its INT8 export under bench/serve.py's load (32
+    closed-loop clients, its lean HTTP client, batch 32, one thread per server), two interleaved rounds."""
     import asyncio
     import signal
-    import subprocess
-
-    import httpx
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from serve import _free_port, load
-
-    def start_server(model: str) -> tuple[subprocess.Popen, str]:
-        """bench/serve.py's server (batch 32, one thread, no cache), with a start-up allowance for a
-        loaded machine."""
-        port = _free_port()
-        cmd = [str(Path(sys.executable).parent / "tandem"), "serve", model, "--port", str(port)]
-        cmd += ["--max-batch-size", "32", "--max-wait-ms", "20", "--max-queue", "1024", "--threads", "1"]
-        cmd += ["--cache-size", "0"]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        url, deadline = f"http://127.0.0.1:{port}", time.time() + 300
-        while time.time() < deadline:
-            try:
-                if httpx.get(url + "/ready", timeout=1).status_code == 200:
-                    return proc, url
-            except httpx.HTTPError:
-                time.sleep(0.5)
-        proc.kill()
-        raise RuntimeError(f"server for {model} did not start in 300 s")
+    from serve import load_raw, start_server
 
     from tandem.export.api import export_model
 
     export_model(student_dir, out / "int8", "int8", task="arith", eval_size=8)
-    qps = []
-    for model in (out / "int8", TEACHER):
-        proc, url = start_server(str(model))
-        try:
-            asyncio.run(load(url, 32, 2.0, 16))  # warm-up
-            qps.append(asyncio.run(load(url, 32, seconds, 16))["qps"])
-        finally:
+    models = {"teacher": TEACHER, "student-fp32": student_dir, "student-int8": out / "int8"}
+    servers = {name: start_server(str(folder), 32, 1, 20.0) for name, folder in models.items()}
+    qps: dict[str, list[float]] = {name: [] for name in servers}
+    try:
+        for _, url in servers.values():
+            asyncio.run(load_raw(url, 32, 2.0, 16))  # warm-up
+        for r in range(2):
+            for name in list(servers) if r == 0 else list(reversed(servers)):
+                qps[name].append(asyncio.run(load_raw(servers[name][1], 32, seconds, 16))["qps"])
+    finally:
+        for proc, _ in servers.values():
             proc.send_signal(signal.SIGINT)
             proc.wait(timeout=30)
-    return qps[0], qps[1]
+    return {name: sum(values) / len(values) for name, values in qps.items()}
 
 
 def main() -> None:
@@ -207,10 +190,13 @@ def main() -> None:
                 f"ratio: best student ({best[0]}) reaches {best[2] / teacher_acc:.2f}x the teacher's accuracy"
             )
         if args.serve_seconds > 0:  # QPS depends on the student's size, not its weights: the warm start
-            student_qps, teacher_qps = serve_qps(start_dir, args.serve_seconds, out)
+            qps = serve_qps(start_dir, args.serve_seconds, out)
+            teacher_qps = qps["teacher"]
             print(
-                f"serving: INT8 student {student_qps:.1f} QPS vs fp32 teacher {teacher_qps:.1f} QPS "
-                f"({student_qps / teacher_qps:.2f}x; 32 clients, {args.serve_seconds:.0f} s each, max_tokens 16)"
+                f"serving: fp32 teacher {teacher_qps:.1f} QPS; fp32 student {qps['student-fp32']:.1f} "
+                f"({qps['student-fp32'] / teacher_qps:.2f}x); INT8 student {qps['student-int8']:.1f} "
+                f"({qps['student-int8'] / teacher_qps:.2f}x); 32 clients, 2 x {args.serve_seconds:.0f} s each, "
+                f"max_tokens 16, load average {os.getloadavg()[0]:.1f}"
             )
 
 
