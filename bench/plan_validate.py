@@ -62,7 +62,7 @@ def run_layout(name: str, extra: list[str], out: Path, steps: int) -> None:
         "checkpoint.every=100000",
         "algorithm.name=decoupled_ppo",
     ]
-    if name != "colocated":
+    if not name.startswith("colocated"):
         overrides += ["architecture.mode=decoupled", *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "tandem", "train", str(ROOT / "configs/quickstart.yaml"), *overrides]
@@ -140,9 +140,16 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, default=None, help="keep run folders here")
     ap.add_argument("--fixtures", type=Path, default=None, help="write calibration fixtures here")
     ap.add_argument("--cores", type=float, default=float(os.cpu_count() or 1), help="cores the runs share")
+    ap.add_argument(
+        "--paired",
+        action="store_true",
+        help="run a colocated run right before each decoupled one and predict each from its own pair",
+    )
     args = ap.parse_args()
     base = args.keep or Path(tempfile.mkdtemp(prefix="tandem-plan-"))
     names = args.only or list(LAYOUTS)
+    if args.paired:
+        names = [m for n in names if n != "colocated" for m in (f"colocated_before_{n}", n)]
     print(
         "| run | load avg | other jobs' runnable threads | measured s/step | predicted s/step | error | lag measured "
         "| lag predicted |"
@@ -150,17 +157,20 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---|---|")
     colocated = None
     results = []
+    pairs = []
     for name in names:
         out = base / name
         if out.exists():
             shutil.rmtree(out)
         load = os.getloadavg()[0]
-        run_layout(name, LAYOUTS[name], out, args.steps)
+        run_layout(name, LAYOUTS.get(name, []), out, args.steps)
         timings = read_run(out)
         res = check(timings)
         results.append((name, timings, res))
-        if name == "colocated":
+        if name.startswith("colocated"):
             colocated = timings
+        elif colocated is not None:
+            pairs.append((colocated, timings))
         if args.fixtures is not None:
             save_fixture(out, args.fixtures / name)
         print(
@@ -171,41 +181,41 @@ def main() -> None:
         )
     bad = [n for n, _, r in results if abs(r.error) > 0.15]
     print(f"\nwithin 15 %: {len(results) - len(bad)}/{len(results)}" + (f" (outside: {bad})" if bad else ""))
-    if colocated is not None:
-        decoupled = [t for n, t, _ in results if n != "colocated"]
-        print(cross_table(colocated, decoupled, cores=args.cores))
+    if pairs:
+        print(cross_table(pairs, cores=args.cores))
     if args.keep is None:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def cross_table(colocated, decoupled, *, cores: float) -> str:
-    """Markdown: each decoupled run predicted from the colocated run's phases — on cores of its own; on
-    ``cores`` shared cores beside the colocated run's background (assumed to stay); and beside each run's
-    own measured background (when it was sampled)."""
-    bg = colocated.background or 0.0
+def cross_table(pairs, *, cores: float) -> str:
+    """Markdown: each decoupled run predicted from a colocated run's phases (``pairs``: (colocated,
+    decoupled) timings) — on cores of its own; on ``cores`` shared cores beside the colocated run's
+    background (assumed to stay); and beside the run's own measured background (when it was sampled)."""
     lines = [
-        f"\nFrom the colocated run's phases alone ({cores:g} cores; background = other jobs' runnable threads; "
-        f"colocated run's: {bg:.2f}):",
-        "| run | measured s/step | own cores | error | shared, colocated's background | error "
+        f"\nFrom a colocated run's phases alone ({cores:g} cores; background = other jobs' runnable threads):",
+        "| run | from | measured s/step | own cores | error | shared, colocated's background | error "
         "| shared, run's background | background | error |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     errors: dict[str, list[float]] = {"own": [], "stay": [], "run": []}
-    for t in decoupled:
+    for colocated, t in pairs:
+        bg = colocated.background or 0.0
         own = cross_check(colocated, t, pool=None)
         stay = cross_check(colocated, replace(t, background=None), pool=CorePool(cores, background=bg))
         run = cross_check(colocated, t, pool=CorePool(cores, background=bg))
         for key, res in (("own", own), ("stay", stay), ("run", run)):
             errors[key].append(res.error)
         lines.append(
-            f"| {Path(t.run_dir).name} | {t.measured_step_s:.3f} | {own.predicted.step_s:.3f} | {own.error:+.1%} "
+            f"| {Path(t.run_dir).name} | {Path(colocated.run_dir).name} ({bg:.2f}) | {t.measured_step_s:.3f} "
+            f"| {own.predicted.step_s:.3f} | {own.error:+.1%} "
             f"| {stay.predicted.step_s:.3f} | {stay.error:+.1%} | {run.predicted.step_s:.3f} | {_bg(t.background)} "
             f"| {run.error:+.1%} |"
         )
     inside = {k: sum(abs(e) <= 0.15 for e in v) for k, v in errors.items()}
+    n = len(pairs)
     lines.append(
-        f"\nwithin 15 %: own cores {inside['own']}/{len(decoupled)} · shared, colocated's background "
-        f"{inside['stay']}/{len(decoupled)} · shared, run's background {inside['run']}/{len(decoupled)}"
+        f"\nwithin 15 %: own cores {inside['own']}/{n} · shared, colocated's background {inside['stay']}/{n}"
+        f" · shared, run's background {inside['run']}/{n}"
     )
     return "\n".join(lines)
 
