@@ -98,5 +98,5 @@ def test_resolve_target_kinds(tmp_path, tiny_model_dir):
     assert resolve_target(ckpt).model_dir == ckpt / "model"
     with pytest.raises(ModelError, match="no such run"):
         resolve_target(tmp_path / "missing")
-    with pytest.raises(ModelError, match="not a run folder, checkpoint or Hugging Face model folder"):
+    with pytest.raises(ModelError, match="not a run folder, checkpoint, model folder or export folder"):
         resolve_target(tmp_path)
