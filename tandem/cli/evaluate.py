@@ -42,7 +42,9 @@ def write_json(path: Path | None, obj: Any) -> None:
 @app.command("eval")
 @user_errors
 def eval_cmd(
-    target: Annotated[Path, typer.Argument(help="Run folder, checkpoint folder or HF model folder.")],
+    target: Annotated[
+        Path, typer.Argument(help="Run folder, checkpoint folder, HF model folder or INT8 export.")
+    ],
     task: Annotated[str | None, typer.Option(help="Built-in task (default: the run's data.task).")] = None,
     task_option: Annotated[list[str] | None, typer.Option(help="Task option KEY=VALUE (repeatable).")] = None,
     eval_file: Annotated[str | None, typer.Option(help="JSONL/Parquet prompts instead of a task.")] = None,
@@ -105,8 +107,8 @@ def eval_cmd(
 @app.command("abtest")
 @user_errors
 def abtest_cmd(
-    a: Annotated[Path, typer.Argument(help="Incumbent: run, checkpoint or HF model folder.")],
-    b: Annotated[Path, typer.Argument(help="Candidate: run, checkpoint or HF model folder.")],
+    a: Annotated[Path, typer.Argument(help="Incumbent: run, checkpoint, HF model folder or INT8 export.")],
+    b: Annotated[Path, typer.Argument(help="Candidate: run, checkpoint, HF model folder or INT8 export.")],
     judge: Annotated[str, typer.Option(help="verifier | reward-model:PATH | llm:PATH.")] = "verifier",
     task: Annotated[str | None, typer.Option(help="Built-in task (default: A's run data.task).")] = None,
     task_option: Annotated[list[str] | None, typer.Option(help="Task option KEY=VALUE (repeatable).")] = None,
