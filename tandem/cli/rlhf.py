@@ -312,11 +312,11 @@ def _judge(cfg: Any) -> Any:
 
         return labeling.RuleJudge(load_callable(cfg.rule))
     if cfg.judge == "hf":
-        from tandem.models import load_causal_lm, load_tokenizer
+        from tandem.models import load_model, load_tokenizer
 
         if not cfg.model:
             raise ConfigError("the hf judge needs 'model' (a local HF folder)", where="model")
-        return labeling.HFJudge(load_causal_lm(cfg.model), load_tokenizer(cfg.model))
+        return labeling.HFJudge(load_model(cfg.model), load_tokenizer(cfg.model))  # or an INT8 export
     if not cfg.base_url or not cfg.model:
         raise ConfigError("the http judge needs 'base_url' and 'model'", where="base_url")
     return labeling.HTTPJudge(
