@@ -3,6 +3,12 @@
 Played as a multi-turn game by the ``guess`` environment (``higher``/``lower`` after each wrong guess);
 as a single-turn task the verifier asks for the number at the first try. Each row's prompt carries a
 game number so train and test prompts stay disjoint (the split is a hash of the prompt).
+
+Option ``search_demos`` (a share in 0..1; unset by default) adds a ``completion`` column for ``tandem sft``:
+a whole game transcript (``50\nhigher\n75\nlower\n62``, the feedback lines as the ``guess`` environment
+writes them, ending on the secret). That share of transcripts bisects the range; the rest guess distinct
+random numbers and ignore the feedback. SFT on a small share gives a warm start that knows the format but
+rarely uses the feedback, so RL has a return to raise.
 """
 
 from __future__ import annotations
@@ -11,7 +17,27 @@ import random
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from tandem.errors import ConfigError
 from tandem.rewards.tasks.base import GeneratedTask, check_int, first_line, require_column
+
+
+def transcript(secret: int, high: int, rng: random.Random, *, search: bool) -> str:
+    """A game played to the secret: bisection of ``[1, high]``, or distinct random guesses (the feedback
+    ignored); each wrong guess is followed by the ``guess`` environment's ``higher``/``lower`` line."""
+    lo, hi, tried, lines = 1, high, set(), []
+    while True:
+        if search:
+            guess = (lo + hi) // 2
+        else:
+            guess = rng.randint(1, high)
+            while guess in tried:
+                guess = rng.randint(1, high)
+            tried.add(guess)
+        lines.append(str(guess))
+        if guess == secret:
+            return "\n".join(lines)
+        lines.append("higher" if guess < secret else "lower")
+        lo, hi = (guess + 1, hi) if guess < secret else (lo, guess - 1)
 
 
 @dataclass(frozen=True)
@@ -20,14 +46,34 @@ class GuessTask(GeneratedTask):
 
     name: ClassVar[str] = "guess"
     high: int = 100
+    search_demos: float | None = None
 
     def __post_init__(self) -> None:
         check_int(self.name, "high", self.high, 2, 10**6)
+        share = self.search_demos
+        if share is not None and (
+            isinstance(share, bool) or not isinstance(share, int | float) or not 0.0 <= share <= 1.0
+        ):
+            raise ConfigError(f"task '{self.name}': search_demos must be a number in 0..1, got {share!r}")
+
+    def _options_key(self) -> str:
+        """Without ``search_demos`` the key (and so every row stream) is the one from before the option."""
+        key: list[tuple[str, Any]] = [("high", self.high)]
+        if self.search_demos is not None:
+            key.append(("search_demos", float(self.search_demos)))
+        return repr(key)
 
     def sample_row(self, rng: random.Random) -> dict[str, Any]:
-        """One game: a numbered prompt and its secret."""
+        """One game: a numbered prompt and its secret (and with ``search_demos`` a transcript)."""
         game = rng.randint(0, 10**6)
-        return {"prompt": f"game {game}: guess 1-{self.high}\n", "secret": rng.randint(1, self.high)}
+        row: dict[str, Any] = {
+            "prompt": f"game {game}: guess 1-{self.high}\n",
+            "secret": rng.randint(1, self.high),
+        }
+        if self.search_demos is not None:
+            search = rng.random() < self.search_demos
+            row["completion"] = transcript(row["secret"], self.high, rng, search=search)
+        return row
 
     def reward(self, prompts: list[str], completions: list[str], **columns: Any) -> list[float | None]:
         """1.0 where the completion's first line is the secret, else 0.0."""

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tandem.agents.guess import GuessNumber
 from tandem.config import load_config
 from tandem.errors import ConfigError
 from tandem.rewards import get_task
@@ -45,3 +46,25 @@ def test_shipped_agent_config_starts_from_its_weak_warm_start():
     model = REPO / cfg.model.path
     assert (model / "config.json").is_file() and (model / "model.safetensors").is_file()
     assert cfg.env is not None and cfg.env.name == "calculator"
+
+
+def test_guess_transcripts_replay_against_the_guess_environment():
+    """Every ``search_demos`` transcript is a game the environment would play: its feedback lines are
+    what ``step`` answers and it ends on the secret; bisection games are short, random ones longer."""
+    rows = get_task("guess", high=20, search_demos=0.5).make_rows("train", 200, seed=0)
+    tries = []
+    for row in rows:
+        env = GuessNumber()
+        env.reset(row)
+        lines = row["completion"].split("\n")
+        guesses, feedback = lines[0::2], lines[1::2]
+        for i, guess in enumerate(guesses):
+            obs, reward, done, _ = env.step(guess + "\n")
+            assert done == (i == len(guesses) - 1)
+            assert obs == ("" if done else feedback[i] + "\n") and (reward > 0) == done
+        tries.append(len(guesses))
+    assert max(tries) > 5 and sum(t <= 5 for t in tries) > len(rows) * 0.5
+    assert get_task("guess")._options_key() == repr([("high", 100)])  # the default rows are unchanged
+    assert "completion" not in get_task("guess").make_rows("train", 1, seed=0)[0]
+    with pytest.raises(ConfigError, match="search_demos must be a number in 0..1"):
+        get_task("guess", search_demos=2)
