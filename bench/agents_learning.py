@@ -116,8 +116,8 @@ def main() -> None:
                 results.append(r)
                 points = "  ".join(f"{p[0]}:{p[1]:.2f}/{p[2]:.2f}/{p[3]:.2f}" for p in r["curve"])
                 print(f"{mode:10s} seed {seed}  step:accuracy/calls/return  {points}", flush=True)
-                sampled = " ".join(f"{c:.2f}" for _, c, _ in r["train"])
-                print(f"{'':10s} training episodes' tool calls per step: {sampled}", flush=True)
+                sampled = " ".join(f"{c:.2f}/{m:.2f}" for _, c, m in r["train"])
+                print(f"{'':10s} training episodes' tool calls/reward per step: {sampled}", flush=True)
                 print(f"{'':10s} wall {r['wall']:.0f} s, load average ~{r['load']:.1f}", flush=True)
 
     names = list(KEYS)
