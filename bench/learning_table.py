@@ -133,7 +133,11 @@ def format_table(rows: list[Row]) -> str:
         cells = [r.start, str(r.seed), _pct(r.start_acc), _pct(r.target), _at(r.tandem_best)]
         cells.append(_at(r.tandem_hit) if r.tandem_hit else "not reached")
         cells += [_at(r.trl_best[lr]) if lr in r.trl_best else "-" for lr in lrs]
-        ratio = "inf (TRL best at step 0)" if math.isinf(r.ratio) else f"{r.ratio:.2f} ({r.cpu_ratio:.2f})"
+        ratio = f"{r.ratio:.2f} ({r.cpu_ratio:.2f})"
+        if math.isinf(r.ratio):
+            ratio = "inf (TRL best at step 0)"
+        elif r.tandem_hit is None and r.tandem_best.step == 0:
+            ratio = "- (Tandem best at step 0)"
         cells += [f"{r.trl_lr:g}", ratio, "met" if r.acc_met else "not met"]
         cells.append("met" if r.time_met else "not met")
         lines.append("| " + " | ".join(cells) + " |")

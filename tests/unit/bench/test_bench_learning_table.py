@@ -90,3 +90,6 @@ def test_format_table_has_one_column_per_trl_lr_and_one_row_per_start():
     assert all(line.count("|") == text[0].count("|") for line in text)
     assert "42.0 % @20 (20 s)" in text[2] and "0.22 (0.22)" in text[2] and "| met | met |" in text[2]
     assert "inf (TRL best at step 0)" in text[3] and "| - |" in text[3]
+    flat = run("tandem", 6e-4, [(0, 0.15, 0), (20, 0.10, 20)])
+    row = lt.compare("sub2", flat, [run("trl", 2e-4, [(0, 0.15, 0), (20, 0.2, 90)])])
+    assert row.ratio == 0 and "- (Tandem best at step 0)" in lt.format_table([row])
