@@ -16,7 +16,8 @@ Held-out accuracy: greedy, the quickstart's 200 test prompts (what training's ev
 each arm's own training (and teacher passes for KD), printed with the load average since the machine is
 shared.
 
-Needs the teacher: ``tandem train configs/quickstart.yaml`` (runs/quickstart/checkpoints/step-00000300).
+Needs the teacher: ``tandem train configs/quickstart.yaml`` (runs/quickstart/checkpoints/step-00000450). The
+figures recorded before 2026-12-02 used the preset's earlier 300 steps (``trainer.total_steps=300``: step-00000300).
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/distill.py --steps 30 [--serve-seconds 10]
 """
@@ -33,7 +34,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-TEACHER = REPO / "runs/quickstart/checkpoints/step-00000300/model"
+TEACHER = REPO / "runs/quickstart/checkpoints/step-00000450/model"
 TASK = {"digits": 2, "ops": "+"}
 
 

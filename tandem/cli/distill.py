@@ -70,7 +70,7 @@ def distill(
     """Distil TEACHER into a student: forward KL to the teacher's top-k token distributions (temperature τ)
     on a dataset's completions or on the teacher's own answers, optionally mixed with SFT.
 
-    Example: tandem distill runs/quickstart/checkpoints/step-00000300/model --student hidden_size=64
+    Example: tandem distill runs/quickstart/checkpoints/step-00000450/model --student hidden_size=64
     --task arith --task-option digits=2 --task-option ops=+ --generate --out models/arith-student
     """
     from tandem.cli.progress import count_progress, step_progress
