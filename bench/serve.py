@@ -97,6 +97,19 @@ def start_server(model: str, batch: int, threads: int, wait_ms: float) -> tuple[
     raise RuntimeError(f"server for {model} did not start: {log.read().decode()[-500:]}")
 
 
+def _load_summary(latencies: list[float], errors: dict, elapsed: float) -> dict:
+    """One load run's figures: completed requests, QPS, p50/p99 latency, errors by status."""
+    q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [float("nan")] * 99
+    return {
+        "ok": len(latencies),
+        "qps": len(latencies) / elapsed,
+        "p50": q[49],
+        "p99": q[98],
+        "errors": sum(errors.values()),
+        "by_status": errors,
+    }
+
+
 async def load(url: str, clients: int, seconds: float, max_tokens: int) -> dict:
     """``clients`` closed-loop clients for ``seconds``: latencies and status counts."""
     latencies: list[float] = []
@@ -124,15 +137,7 @@ async def load(url: str, clients: int, seconds: float, max_tokens: int) -> dict:
         started = time.perf_counter()
         await asyncio.gather(*(client(i, http) for i in range(clients)))
         elapsed = time.perf_counter() - started
-    q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [float("nan")] * 99
-    return {
-        "ok": len(latencies),
-        "qps": len(latencies) / elapsed,
-        "p50": q[49],
-        "p99": q[98],
-        "errors": sum(errors.values()),
-        "by_status": errors,
-    }
+    return _load_summary(latencies, errors, elapsed)
 
 
 async def load_raw(url: str, clients: int, seconds: float, max_tokens: int) -> dict:
@@ -172,15 +177,7 @@ async def load_raw(url: str, clients: int, seconds: float, max_tokens: int) -> d
     started = time.perf_counter()
     await asyncio.gather(*(client(i) for i in range(clients)))
     elapsed = time.perf_counter() - started
-    q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [float("nan")] * 99
-    return {
-        "ok": len(latencies),
-        "qps": len(latencies) / elapsed,
-        "p50": q[49],
-        "p99": q[98],
-        "errors": sum(errors.values()),
-        "by_status": errors,
-    }
+    return _load_summary(latencies, errors, elapsed)
 
 
 def main() -> None:
