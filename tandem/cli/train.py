@@ -158,7 +158,8 @@ def demo(
     env = run_environment()
     out.print(
         f"[dim]numerics: torch {env['torch']}, {env['cpu_capability']} CPU kernels, {env['torch_threads']} "
-        "thread(s); the result is bit-reproducible only on the same (docs/benchmarks.md)[/]"
+        "thread(s); the figures repeat bit for bit only with the same versions, kernels and threads "
+        "(docs/benchmarks.md)[/]"
     )
 
 
