@@ -12,6 +12,13 @@ jobs: the same background as now unless measured otherwise). A phase then runs a
 ``share / reference share`` of its calibrated speed: its work is assumed to scale with the cores it gets,
 up to its thread count.
 
+Fair sharing of CPU time is not the whole cost of computing side by side: processes on neighbouring cores
+also slow each other through shared caches and memory bandwidth. ``interference`` holds, per phase kind
+(``"generate"``, ``"update"``), the measured slowdown of that kind while other processes compute beside it,
+beyond what fair sharing explains (:func:`interference_factor`; measured by ``bench/plan_interference.py``).
+A phase's speed is divided by its kind's factor whenever another of the run's phases is busy at the same
+time; 1.0 (the default) is pure processor sharing.
+
 Pure functions over a frozen dataclass; :mod:`tandem.plan.simulate` applies them whenever the set of busy
 phases changes.
 """
@@ -19,7 +26,7 @@ phases changes.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from tandem.errors import ConfigError
@@ -31,12 +38,14 @@ K = TypeVar("K")
 class CorePool:
     """``cores`` shared by the run's processes and ``background`` runnable threads of other jobs; phase
     times were calibrated with ``reference_threads`` threads computing alone beside
-    ``reference_background`` (None: the same background)."""
+    ``reference_background`` (None: the same background); ``interference``: slowdown per phase kind while
+    another of the run's phases computes beside it, beyond the fair share (a kind not named: 1.0)."""
 
     cores: float
     background: float = 0.0
     reference_threads: float = 1.0
     reference_background: float | None = None
+    interference: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         ref_bg = self.background if self.reference_background is None else self.reference_background
@@ -46,6 +55,9 @@ class CorePool:
                 f"{self.background}, {ref_bg}, {self.reference_threads})",
                 where="--cores",
             )
+        bad = {k: f for k, f in self.interference.items() if not f > 0}
+        if bad:
+            raise ConfigError(f"interference factors must be > 0 (got {bad})", where="interference")
 
     def share(self, threads: float, others: float = 0.0, *, background: float | None = None) -> float:
         """Cores a phase of ``threads`` runnable threads gets while the run's other busy phases hold
@@ -60,15 +72,35 @@ class CorePool:
         """Cores a calibrated phase got: ``reference_threads`` computing alone beside its background."""
         return self.share(self.reference_threads, background=self.reference_background)
 
-    def speed(self, threads: float, others: float = 0.0) -> float:
-        """Speed of a phase relative to its calibrated speed (1 = as fast as measured alone)."""
-        return self.share(threads, others) / self.reference_share
+    def speed(self, threads: float, others: float = 0.0, kind: str | None = None) -> float:
+        """Speed of a phase of ``kind`` relative to its calibrated speed (1 = as fast as measured alone):
+        its core share, divided by the kind's interference factor while ``others`` > 0."""
+        slow = self.interference.get(kind, 1.0) if kind is not None and others > 0 else 1.0
+        return self.share(threads, others) / self.reference_share / slow
 
 
-def speeds(pool: CorePool | None, busy: Mapping[K, float]) -> dict[K, float]:
-    """Speed of each busy phase (``busy``: its runnable threads) while all of them compute at once;
-    every speed is 1 without a pool (each phase on devices of its own)."""
+def speeds(
+    pool: CorePool | None, busy: Mapping[K, float], kinds: Mapping[K, str] | None = None
+) -> dict[K, float]:
+    """Speed of each busy phase (``busy``: its runnable threads; ``kinds``: its phase kind, for the
+    pool's interference factors) while all of them compute at once; every speed is 1 without a pool
+    (each phase on devices of its own)."""
     if pool is None:
         return dict.fromkeys(busy, 1.0)
     total = sum(busy.values())
-    return {k: pool.speed(t, total - t) for k, t in busy.items()}
+    kinds = kinds or {}
+    return {k: pool.speed(t, total - t, kinds.get(k)) for k, t in busy.items()}
+
+
+def fair_slowdown(processes: int, cores: float) -> float:
+    """How much longer each of ``processes`` single-thread processes computing at once takes than one
+    alone, under fair sharing of ``cores`` idle cores: 1 while they fit, else ``processes / cores``."""
+    return max(1.0, processes / cores)
+
+
+def interference_factor(alone_s: float, together_s: float, processes: int, cores: float) -> float:
+    """The co-run slowdown beyond fair sharing: a workload took ``alone_s`` alone and ``together_s``
+    while ``processes`` single-thread copies (itself included) computed at once on ``cores`` cores."""
+    if not (alone_s > 0 and together_s > 0 and processes >= 1):
+        raise ValueError(f"need positive times and >= 1 process (got {alone_s}, {together_s}, {processes})")
+    return together_s / alone_s / fair_slowdown(processes, cores)

@@ -123,6 +123,7 @@ def _colocated(
 
 LEARNER = -1  # the learner's id among the busy phases (workers are 0, 1, …)
 _ENDS = ("worker", "learner_done", "learner_wait")  # events that end a busy phase
+_PHASE_KIND = {"worker": "generate", "learner_done": "update", "learner_wait": "update"}  # for interference
 
 
 @dataclass
@@ -182,7 +183,11 @@ class _Decoupled:
 
     def _retime(self) -> None:
         """Speeds of the busy phases under the current sharing; (re)schedule each one's end."""
-        rates = speeds(self.pool, {who: b.threads for who, b in self.busy.items()})
+        rates = speeds(
+            self.pool,
+            {who: b.threads for who, b in self.busy.items()},
+            {who: _PHASE_KIND[b.kind] for who, b in self.busy.items()},
+        )
         for who, b in self.busy.items():
             if rates[who] == b.speed and b.token:
                 continue  # its scheduled end still holds

@@ -6,7 +6,7 @@ import pytest
 
 from tandem.errors import ConfigError
 from tandem.plan.cost import PhaseTimes
-from tandem.plan.sharing import CorePool, speeds
+from tandem.plan.sharing import CorePool, fair_slowdown, interference_factor, speeds
 from tandem.plan.simulate import Layout, simulate
 
 B = 128
@@ -59,6 +59,53 @@ def test_bad_pools_are_config_errors():
         CorePool(0)
     with pytest.raises(ConfigError, match="backgrounds >= 0"):
         CorePool(2, background=-1)
+    with pytest.raises(ConfigError, match="interference factors must be > 0"):
+        CorePool(2, interference={"generate": 0.0})
+
+
+# -- co-run interference --------------------------------------------------------------------------------------
+def test_interference_divides_the_speed_only_while_another_phase_computes():
+    pool = CorePool(2, interference={"generate": 2.0, "update": 1.5})
+    kinds = {"w0": "generate", "learner": "update"}
+    # side by side on two cores (fair share: a core each), each slowed by its kind's factor
+    assert speeds(pool, {"w0": 1, "learner": 1}, kinds) == pytest.approx({"w0": 0.5, "learner": 1 / 1.5})
+    # alone: no neighbour, no interference
+    assert speeds(pool, {"w0": 1}, kinds) == {"w0": 1.0}
+    # no kinds given, or a kind without a factor: pure processor sharing
+    assert speeds(pool, {"w0": 1, "learner": 1}) == {"w0": 1.0, "learner": 1.0}
+    assert pool.speed(1, 1, "logging") == pytest.approx(1.0)
+    # on top of the fair share: three threads on two cores get 2/3 of a core, then / 2
+    assert pool.speed(1, 2, "generate") == pytest.approx(1 / 3)
+
+
+def test_the_default_pool_has_no_interference():
+    assert CorePool(2).speed(1, 1, "generate") == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("processes", "cores", "fair"), [(1, 2, 1.0), (2, 2, 1.0), (3, 2, 1.5), (4, 2, 2.0), (2, 1, 2.0)]
+)
+def test_fair_slowdown_is_one_while_the_processes_fit(processes, cores, fair):
+    assert fair_slowdown(processes, cores) == pytest.approx(fair)
+
+
+def test_interference_factor_is_the_slowdown_beyond_the_fair_share():
+    assert interference_factor(1.0, 1.5, 2, 2) == pytest.approx(1.5)  # two fit two cores: all of it
+    assert interference_factor(1.0, 3.0, 4, 2) == pytest.approx(1.5)  # 2x of the 3x is fair sharing
+    assert interference_factor(2.0, 2.0, 2, 2) == pytest.approx(1.0)  # no slowdown
+    with pytest.raises(ValueError, match="positive times"):
+        interference_factor(0.0, 1.0, 2, 2)
+
+
+def test_interference_lengthens_the_overlapped_step():
+    """η = 1, one worker, G = T = 1, two cores, generation 1.5× and the update 1.2× slower side by side.
+    From the second step on the update (1.2 s beside the worker) and the next generation start together;
+    when the update ends the worker has 1.2 / 1.5 = 0.8 s of its 1 s done, and its last 0.2 s runs alone:
+    a step is 1.4 s (1.0 s without interference)."""
+    p = PhaseTimes(generate=1.0, update=1.0)
+    pool = CorePool(2, interference={"generate": 1.5, "update": 1.2})
+    assert simulate(p, dec(1), samples_per_step=B, pool=pool).step_s == pytest.approx(1.4)
+    assert simulate(p, dec(1), samples_per_step=B, pool=CorePool(2)).step_s == pytest.approx(1.0)
 
 
 # -- the simulator on a shared pool ---------------------------------------------------------------------------
