@@ -30,9 +30,8 @@ _VIEW_AS = {
     torch.float8_e4m3fn: torch.int8,
     torch.float8_e5m2: torch.int8,
 }
-CHUNK_BYTES = (
-    256 * 2**20
-)  # publish_stream puts the gathered tensors into the object store in chunks this size
+# publish_stream puts the gathered tensors into the object store in chunks of about this size
+CHUNK_BYTES = 256 * 2**20
 
 
 class WeightRegistry:
