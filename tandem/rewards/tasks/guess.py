@@ -6,9 +6,12 @@ game number so train and test prompts stay disjoint (the split is a hash of the 
 
 Option ``search_demos`` (a share in 0..1; unset by default) adds a ``completion`` column for ``tandem sft``:
 a whole game transcript (``50\nhigher\n75\nlower\n62``, the feedback lines as the ``guess`` environment
-writes them, ending on the secret). That share of transcripts bisects the range; the rest guess distinct
-random numbers and ignore the feedback. SFT on a small share gives a warm start that knows the format but
-rarely uses the feedback, so RL has a return to raise.
+writes them, ending on the secret). That share of transcripts bisects the range; the rest play the naive
+strategy of option ``naive_demos``: ``random`` (the default) guesses distinct random numbers, ``linear``
+counts up from 1 (``1\nhigher\n2\nhigher\n3``); both ignore the feedback. SFT on a small share gives a warm
+start that knows the format but rarely uses the feedback, so RL has a return to raise. ``linear`` makes
+the naive games' first guess one number (1), so a greedy warm start plays them rather than bisecting
+(with ``random`` the midpoint is the single likeliest first guess for any bisecting share).
 """
 
 from __future__ import annotations
@@ -20,14 +23,19 @@ from typing import Any, ClassVar
 from tandem.errors import ConfigError
 from tandem.rewards.tasks.base import GeneratedTask, check_int, first_line, require_column
 
+NAIVE_DEMOS = ("random", "linear")  # what the non-bisecting transcripts do
 
-def transcript(secret: int, high: int, rng: random.Random, *, search: bool) -> str:
-    """A game played to the secret: bisection of ``[1, high]``, or distinct random guesses (the feedback
-    ignored); each wrong guess is followed by the ``guess`` environment's ``higher``/``lower`` line."""
+
+def transcript(secret: int, high: int, rng: random.Random, *, search: bool, naive: str = "random") -> str:
+    """A game played to the secret: bisection of ``[1, high]``, or the ``naive`` strategy (distinct random
+    guesses, or ``linear``: 1, 2, 3, ...; the feedback ignored); each wrong guess is followed by the
+    ``guess`` environment's ``higher``/``lower`` line."""
     lo, hi, tried, lines = 1, high, set(), []
     while True:
         if search:
             guess = (lo + hi) // 2
+        elif naive == "linear":
+            guess = len(lines) // 2 + 1
         else:
             guess = rng.randint(1, high)
             while guess in tried:
@@ -47,6 +55,7 @@ class GuessTask(GeneratedTask):
     name: ClassVar[str] = "guess"
     high: int = 100
     search_demos: float | None = None
+    naive_demos: str = "random"
 
     def __post_init__(self) -> None:
         check_int(self.name, "high", self.high, 2, 10**6)
@@ -55,12 +64,18 @@ class GuessTask(GeneratedTask):
             isinstance(share, bool) or not isinstance(share, int | float) or not 0.0 <= share <= 1.0
         ):
             raise ConfigError(f"task '{self.name}': search_demos must be a number in 0..1, got {share!r}")
+        if self.naive_demos not in NAIVE_DEMOS:
+            raise ConfigError(
+                f"task '{self.name}': naive_demos must be one of {', '.join(NAIVE_DEMOS)}, got {self.naive_demos!r}"
+            )
 
     def _options_key(self) -> str:
-        """Without ``search_demos`` the key (and so every row stream) is the one from before the option."""
+        """Without ``search_demos`` (and ``naive_demos`` at its default) the key (and so every row stream) is the one from before the option."""
         key: list[tuple[str, Any]] = [("high", self.high)]
         if self.search_demos is not None:
             key.append(("search_demos", float(self.search_demos)))
+        if self.naive_demos != "random":
+            key.append(("naive_demos", self.naive_demos))
         return repr(key)
 
     def sample_row(self, rng: random.Random) -> dict[str, Any]:
@@ -72,7 +87,9 @@ class GuessTask(GeneratedTask):
         }
         if self.search_demos is not None:
             search = rng.random() < self.search_demos
-            row["completion"] = transcript(row["secret"], self.high, rng, search=search)
+            row["completion"] = transcript(
+                row["secret"], self.high, rng, search=search, naive=self.naive_demos
+            )
         return row
 
     def reward(self, prompts: list[str], completions: list[str], **columns: Any) -> list[float | None]:
