@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -39,6 +39,26 @@ class EnvConfig(Section):
         True,
         description="Run the live episodes' environment steps of a turn concurrently (false: one after "
         "another, for environments that are not safe to run in parallel).",
+    )
+    schedule: Literal["lockstep", "async"] = Field(
+        "lockstep",
+        description="How turns are batched. lockstep: each turn's engine call waits for every live "
+        "episode's step (deterministic for a seed: a resumed run samples what the original did). async: "
+        "an episode continues as soon as its step is done, batched with the others ready then, while "
+        "the rest of the steps keep running (a slow tool no longer holds up every episode; which "
+        "episodes share an engine call, and so the samples, depend on timing).",
+    )
+    async_min_batch: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="async: continue the ready episodes once they are this fraction of the episodes "
+        "that may still continue (1.0: wait for all, as lockstep does, unless async_max_wait_s passes).",
+    )
+    async_max_wait_s: float = Field(
+        0.05,
+        ge=0,
+        description="async: or once the first ready episode has waited this many seconds for others.",
     )
 
     @model_validator(mode="after")

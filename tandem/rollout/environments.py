@@ -65,6 +65,9 @@ def episode_settings(cfg: EnvConfig | None) -> EpisodeSettings:
         timeout_s=cfg.timeout_s,
         max_observation_tokens=cfg.max_observation_tokens,
         concurrent=cfg.concurrent,
+        schedule=cfg.schedule,
+        async_min_batch=cfg.async_min_batch,
+        async_max_wait_s=cfg.async_max_wait_s,
         where=f"env.{'name' if cfg.name is not None else 'path'}",
     )
 

@@ -32,10 +32,12 @@ the original did).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -43,12 +45,13 @@ import torch
 
 from tandem.agents.env import INFO_COUNTERS, SingleTurn
 from tandem.data.chat import render_prompts
-from tandem.errors import TandemError
+from tandem.errors import ConfigError, TandemError
 from tandem.rollout.base import ChunkCallback, RolloutEngine, SamplingParams
 from tandem.rollout.rows import per_prompt
 from tandem.types import RolloutBatch
 
 EnvFactory = Callable[[], Any]
+SCHEDULES = ("lockstep", "async")  # how turns are batched (EpisodeSettings.schedule)
 MAX_THREADS = 256  # worker threads for plain (non-async) environment steps and tools, per call
 
 
@@ -59,7 +62,8 @@ class EnvError(TandemError):
 @dataclass(frozen=True)
 class EpisodeSettings:
     """Limits of every episode (``env`` config): turns, wall seconds in the environment, observation
-    tokens; ``concurrent`` runs a turn's environment steps together."""
+    tokens; ``concurrent`` runs the environment steps together; ``schedule`` (and the ``async_*``
+    knobs) says when an engine call continues the episodes whose step has ended."""
 
     max_turns: int = 1
     timeout_s: float | None = None
@@ -67,6 +71,9 @@ class EpisodeSettings:
     concurrent: bool = True
     where: str = "env"  # config key named in errors
     max_context_tokens: int | None = None  # the model's positions: an episode that would pass them ends
+    schedule: str = "lockstep"  # or "async": an episode continues without waiting for the others' steps
+    async_min_batch: float = 0.5  # async: continue once this fraction of the continuing episodes is ready
+    async_max_wait_s: float = 0.05  # async: or once the first ready episode has waited this long
 
 
 @dataclass
@@ -118,6 +125,11 @@ class EpisodeRunner:
     ) -> None:
         self.engine, self.make_env = engine, make_env
         self.settings = settings or EpisodeSettings()
+        if self.settings.schedule not in SCHEDULES:
+            raise ConfigError(
+                f"unknown schedule '{self.settings.schedule}'; valid: {', '.join(SCHEDULES)}",
+                where="env.schedule",
+            )
         self.tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
         self.last: EpisodeStats | None = None
         self.log: list[EpisodeStats] | None = None  # a list: every call's stats are appended to it
@@ -147,10 +159,14 @@ class EpisodeRunner:
         # One thread per episode at most: plain (blocking) steps and tools of every episode overlap.
         pool = ThreadPoolExecutor(max_workers=min(MAX_THREADS, max(1, sum(p.n for p in each))))
         loop.set_default_executor(pool)
+        # The environments' event loop runs in a thread of its own, so their steps go on while this
+        # thread generates; the engine stays on the caller's thread (CUDA device, vLLM's state).
+        thread = threading.Thread(target=loop.run_forever, name="tandem-env-loop", daemon=True)
+        thread.start()
         try:
             return self._run(loop, rows, params, each, group_offset, extras, on_chunk, chunk_tokens)
         finally:
-            loop.close()
+            _stop(loop, thread)
             pool.shutdown(wait=False)  # a timed-out step's thread is not waited for
 
     def _run(
@@ -179,30 +195,89 @@ class EpisodeRunner:
             on_chunk=on_chunk,
             chunk_tokens=chunk_tokens,
         )
-        batch, live_rows, turn = first, list(range(first.batch_size)), 1
-        while True:
-            for k, r in enumerate(live_rows):
-                _append_turn(episodes[r], batch, k)
-            t0 = time.perf_counter()
-            self._gather(loop, [self._step(episodes[r], turn) for r in live_rows])
-            env_s += time.perf_counter() - t0
-            live_rows = [
-                r
-                for r in live_rows
-                if episodes[r].live
-                and self._fits(int(first.prompt_mask[r].sum()), episodes[r], each[owner[r]].max_new_tokens)
-            ]
-            if not live_rows:
-                break
-            turn += 1
-            contexts = [_prompt_row(first, r) + episodes[r].ids for r in live_rows]
-            batch = self.engine.generate_ids(contexts, _turn_params(each, owner, live_rows, turn))
+        for r in range(first.batch_size):
+            _append_turn(episodes[r], first, r)
+        env_s += self._turns(loop, first, episodes, each, owner)
         self.last = _stats(episodes, env_s)
         if self.log is not None:
             self.log.append(self.last)
         if all(not e.pieces[1:] for e in episodes):  # single-turn: the engine's batch, unchanged
             return first
         return _assemble(first, episodes, self.tokenizer)
+
+    def _turns(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        first: RolloutBatch,
+        episodes: list[Episode],
+        each: list[SamplingParams],
+        owner: list[int],
+    ) -> float:
+        """Step every episode and continue it until all have ended; the seconds spent waiting on
+        environments. Steps run as futures on ``loop``; a batched ``generate_ids`` continues the
+        episodes whose step has finished when :meth:`_go` says so (see the module docstring)."""
+        lock = None if self.settings.concurrent else asyncio.Lock()  # serial: one step at a time
+        steps: dict[Future[None], int] = {}  # step in flight -> its episode's row
+        ready: dict[int, float] = {}  # row of an episode that continues -> when its step ended
+        waited, calls = 0.0, 1  # calls: engine calls so far (turn 1's generate is the first)
+
+        def launch(rows: list[int]) -> None:
+            for r in rows:
+                job = _one_at_a_time(self._step(episodes[r], episodes[r].turns), lock)
+                steps[asyncio.run_coroutine_threadsafe(job, loop)] = r
+
+        launch(list(range(len(episodes))))
+        try:
+            while steps or ready:
+                if steps and not self._go(ready, steps, episodes):
+                    t0 = time.perf_counter()
+                    done, _ = wait(list(steps), timeout=self._patience(ready), return_when=FIRST_COMPLETED)
+                    waited += time.perf_counter() - t0
+                    for f in done:
+                        r = steps.pop(f)
+                        f.result()  # an EnvError ends the call
+                        e = episodes[r]
+                        if e.live and self._fits(
+                            int(first.prompt_mask[r].sum()), e, each[owner[r]].max_new_tokens
+                        ):
+                            ready[r] = time.perf_counter()
+                    continue
+                rows = sorted(ready)  # row order: lockstep's batch is every live episode, as always
+                ready.clear()
+                calls += 1
+                contexts = [_prompt_row(first, r) + episodes[r].ids for r in rows]
+                batch = self.engine.generate_ids(contexts, _turn_params(each, owner, rows, calls))
+                for k, r in enumerate(rows):
+                    _append_turn(episodes[r], batch, k)
+                launch(rows)
+        finally:
+            for f in steps:
+                f.cancel()
+        return waited
+
+    def _go(self, ready: dict[int, float], steps: dict[Future[None], int], episodes: list[Episode]) -> bool:
+        """Whether to continue the ``ready`` episodes now, with ``steps`` still in flight: always once
+        no step in flight can continue its episode (its turn was the last); ``lockstep`` waits for
+        every step, ``async`` goes once ``async_min_batch`` of the episodes that may continue are ready
+        or the first ready one has waited ``async_max_wait_s``."""
+        s = self.settings
+        if not ready:
+            return False
+        pending = sum(1 for r in steps.values() if episodes[r].turns < s.max_turns)
+        if not pending:
+            return True
+        if s.schedule == "lockstep":
+            return False
+        if len(ready) >= s.async_min_batch * (len(ready) + pending):
+            return True
+        return time.perf_counter() - min(ready.values()) >= s.async_max_wait_s
+
+    def _patience(self, ready: dict[int, float]) -> float | None:
+        """Seconds to wait for the next step to finish before :meth:`_go` is asked again (None: until one
+        does)."""
+        if self.settings.schedule == "lockstep" or not ready:
+            return None
+        return max(0.0, self.settings.async_max_wait_s - (time.perf_counter() - min(ready.values())))
 
     def _fits(self, prompt_len: int, e: Episode, max_new_tokens: int) -> bool:
         """Whether ``e``'s next turn fits the model's positions; if not, the episode ends here."""
@@ -223,15 +298,16 @@ class EpisodeRunner:
             ) from None
 
     def _gather(self, loop: asyncio.AbstractEventLoop, jobs: list[Any]) -> list[Any]:
-        """Run ``jobs`` (coroutines) to completion: together, or one by one (``concurrent=False``)."""
-
-        async def together() -> list[Any]:
-            return list(await asyncio.gather(*jobs))
-
-        async def serial() -> list[Any]:
-            return [await j for j in jobs]
-
-        return loop.run_until_complete(together() if self.settings.concurrent else serial())
+        """Run ``jobs`` (coroutines) on ``loop`` to completion: together, or one by one
+        (``concurrent=False``); the first error is raised at once."""
+        lock = None if self.settings.concurrent else asyncio.Lock()
+        futures = [asyncio.run_coroutine_threadsafe(_one_at_a_time(j, lock), loop) for j in jobs]
+        try:
+            wait(futures, return_when=FIRST_EXCEPTION)
+            return [f.result() for f in futures]
+        finally:
+            for f in futures:
+                f.cancel()
 
     async def _reset(self, e: Episode, row: dict[str, Any]) -> Any:
         try:
@@ -297,6 +373,30 @@ class EpisodeRunner:
                     where=self.settings.where,
                 )
         return [t or "" for t in texts]
+
+
+def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    """Cancel what still runs on ``loop`` (an error ended the call), stop it, join its thread, close it."""
+
+    async def cancel() -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    with contextlib.suppress(Exception):  # a step that ignores cancellation is dropped with the loop
+        asyncio.run_coroutine_threadsafe(cancel(), loop).result(timeout=5.0)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join()
+    loop.close()
+
+
+async def _one_at_a_time(job: Any, lock: asyncio.Lock | None) -> Any:
+    """Await ``job``, holding ``lock`` when there is one (serial environment steps, in order)."""
+    if lock is None:
+        return await job
+    async with lock:
+        return await job
 
 
 async def _call(fn: Callable[..., Any], *args: Any) -> Any:
