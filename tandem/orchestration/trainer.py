@@ -121,6 +121,7 @@ class Trainer:
         metrics.update(self.source.settle(scored, self.version))
         self.last = (scored.batch, scored.scores)
         metrics.update(self.timer.metrics())
+        metrics.update(self.timer.cpu_metrics())
         metrics["timing/step"] = time.perf_counter() - t0
         return metrics
 

@@ -28,7 +28,7 @@ from tandem.train.checkpoint import checkpoint_dir
 
 DIGITS = f"{Path(__file__).parents[1] / 'e2e' / 'digits_reward.py'}:digit_share"
 # Wall clock and host metrics differ between any two runs; a leg's last step also evaluates.
-VOLATILE = ("time", "timing/", "perf/", "system/", "eval/")
+VOLATILE = ("time", "timing/", "cpu/", "perf/", "system/", "eval/")
 
 
 def _cfg(model_dir, out, world_size, total_steps, **overrides):

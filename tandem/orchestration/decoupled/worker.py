@@ -125,7 +125,8 @@ def run_worker(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
                     engine.update_weights(*fetched)
             in_flight = InFlightSync(engine, spec.weights) if inflight else None
             scored = rollout(ticket, on_chunk=in_flight)
-            meta = {**scored.metrics, **{f"worker/{k}": v for k, v in timer.metrics().items()}}
+            phases = {**timer.metrics(), **timer.cpu_metrics()}
+            meta = {**scored.metrics, **{f"worker/{k}": v for k, v in phases.items()}}
             meta["worker/idle_ratio"] = idle / max(1e-9, time.perf_counter() - t0)
             if in_flight is not None:
                 meta["worker/inflight_updates"] = float(in_flight.updates)

@@ -52,3 +52,34 @@ def test_real_clock_measures_positive_time() -> None:
     with timer.phase("sleep"):
         sum(range(10_000))
     assert timer.metrics()["timing/sleep"] > 0.0
+
+
+def test_cpu_time_is_accumulated_per_phase_beside_wall_time() -> None:
+    wall, cpu = FakeClock(), FakeClock()
+    timer = PhaseTimer(clock=wall, cpu_clock=cpu)
+    with timer.phase("generate"):
+        wall.now += 2.0
+        cpu.now += 0.5  # the process got a quarter of a core
+    with timer.phase("update"):
+        wall.now += 1.0
+        cpu.now += 1.0
+    with timer.phase("generate"):
+        wall.now += 1.0
+        cpu.now += 0.25
+    cpu.now += 7.0  # outside any phase: not counted
+    assert timer.cpu_metrics() == {"cpu/generate": 0.75, "cpu/update": 1.0}
+    assert timer.metrics() == {"timing/generate": 3.0, "timing/update": 1.0}  # wall keys unchanged
+    timer.reset()
+    assert timer.cpu_metrics() == {}
+
+
+def test_real_cpu_clock_counts_computation_not_sleep() -> None:
+    import time
+
+    timer = PhaseTimer()
+    with timer.phase("sleep"):
+        time.sleep(0.05)
+    with timer.phase("work"):
+        sum(range(200_000))
+    cpu = timer.cpu_metrics()
+    assert cpu["cpu/sleep"] < 0.04 and cpu["cpu/work"] > 0.0
