@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Annotated
@@ -36,6 +37,32 @@ def _etas(text: str) -> list[int]:
     if not etas or min(etas) < 0:
         raise ConfigError(f"expected integers >= 0, got {text!r}", where="--etas")
     return etas
+
+
+INTERFERENCE_KINDS = ("generate", "update")
+
+
+def parse_interference(text: str) -> dict[str, float]:
+    """``generate=1.2,update=1.1`` → ``{"generate": 1.2, "update": 1.1}``: a co-run slowdown per phase kind."""
+    factors: dict[str, float] = {}
+    for item in (x.strip() for x in text.split(",")):
+        kind, eq, value = item.partition("=")
+        kind = kind.strip()
+        if not eq or kind not in INTERFERENCE_KINDS:
+            raise ConfigError(
+                f"expected KIND=FACTOR with KIND one of {', '.join(INTERFERENCE_KINDS)}, got {item!r}",
+                where="--interference",
+            )
+        try:
+            factor = float(value)
+        except ValueError:
+            factor = math.nan
+        if not (math.isfinite(factor) and factor > 0):
+            raise ConfigError(f"{kind}: expected a factor > 0, got {value.strip()!r}", where="--interference")
+        if kind in factors:
+            raise ConfigError(f"{kind} given twice", where="--interference")
+        factors[kind] = factor
+    return factors
 
 
 @app.command("plan")
@@ -75,8 +102,16 @@ def plan_cmd(
     background: Annotated[
         float | None,
         typer.Option(
-            help="With --cores: runnable threads of other jobs (default: the run's sampled background, else 0).",
+            help="With --cores: runnable threads of other jobs (default: what explains the run's share of "
+            "the cores, from its cpu/<phase> times; else its sampled background, else 0).",
             min=0,
+        ),
+    ] = None,
+    interference: Annotated[
+        str | None,
+        typer.Option(
+            help="With --cores: co-run slowdown per phase kind beyond fair sharing, e.g. generate=1.2,update=1.1 "
+            "(measure it with bench/plan_interference.py; default 1.0).",
         ),
     ] = None,
 ) -> None:
@@ -88,10 +123,15 @@ def plan_cmd(
     if calibrate is not None:
         if model_params is not None:
             raise ConfigError("give either --calibrate or --model-params, not both", where="--calibrate")
-        _calibrate(calibrate, cores=cores, background=background)
+        factors = parse_interference(interference) if interference is not None else {}
+        if (factors or background is not None) and cores is None:
+            flag = "--interference" if factors else "--background"
+            raise ConfigError(f"{flag} needs --cores (the processes share a pool of cores)", where=flag)
+        _calibrate(calibrate, cores=cores, background=background, interference=factors)
         return
-    if cores is not None:
-        raise ConfigError("--cores applies to --calibrate only", where="--cores")
+    for flag, value in (("--cores", cores), ("--background", background), ("--interference", interference)):
+        if value is not None:
+            raise ConfigError(f"{flag} applies to --calibrate only", where=flag)
     if model_params is None:
         raise ConfigError("nothing to plan", where="--model-params", hint="or --calibrate RUN_DIR")
     from tandem.plan.cost import Efficiency, LengthDist, ModelShape, Workload
@@ -166,35 +206,61 @@ def plan_cmd(
         out.print(f"plot: {plot_candidates(shown, plot, best=rec.best)}")
 
 
-def _calibrate(run_dir: Path, *, cores: float | None, background: float | None) -> None:
+def _calibrate(
+    run_dir: Path, *, cores: float | None, background: float | None, interference: dict[str, float]
+) -> None:
     from tandem.plan.calibrate import check, read_run
     from tandem.plan.sharing import CorePool
     from tandem.plan.simulate import Layout, simulate
 
     run = read_run(run_dir)
-    pool = None
+    pool, phases, basis = None, run.phases, "wall"
     if cores is not None:
         if run.layout.mode != "colocated":
             raise ConfigError(
                 "--cores needs a colocated run (its phases computed alone, without contention)",
                 where="--cores",
             )
-        if background is None:
-            background = run.background or 0.0
-        pool = CorePool(
-            cores,
-            background=background,
-            reference_threads=run.layout.learner_threads,
-            reference_background=run.background,
-        )
+        threads = run.layout.learner_threads
+        if run.cpu is not None:  # CPU seconds: each phase's time on cores of its own, whatever the load
+            if background is None:
+                background = run.cpu.background(cores, threads)
+            phases, basis = run.cpu.phases, "cpu"
+            pool = CorePool(
+                cores,
+                background=background,
+                reference_threads=threads,
+                reference_background=0.0,
+                interference=interference,
+            )
+        else:
+            if background is None:
+                background = run.background or 0.0
+            pool = CorePool(
+                cores,
+                background=background,
+                reference_threads=threads,
+                reference_background=run.background,
+                interference=interference,
+            )
     res = check(run)
     p = run.phases
     table = Table(title=f"phases fitted from {escape(str(run_dir))} ({run.steps_used} steady steps)")
     table.add_column("phase")
     table.add_column("mean s", justify="right")
+    if run.cpu is not None:
+        table.add_column("cpu s per thread", justify="right")
     for name in ("generate", "reward", "logprob", "update", "weight_sync", "weight_load", "overhead"):
-        table.add_row(name, f"{getattr(p, name):.4f}")
+        cells = [f"{getattr(p, name):.4f}"]
+        if run.cpu is not None:
+            cells.append(f"{getattr(run.cpu.phases, name):.4f}")
+        table.add_row(name, *cells)
     out.print(table)
+    if run.cpu is not None:
+        out.print(
+            f"share of a core per thread (cpu / wall): rollout {run.cpu.rollout_share:.0%}, learner "
+            f"{run.cpu.learner_share:.0%}"
+        )
     out.print(
         f"throughput: generate {run.gen_tokens_per_s:.0f} completion tokens/s · update "
         f"{run.train_tokens_per_s:.0f} tokens/s · variation rollout {p.rollout_cv:.0%}, learner {p.learn_cv:.0%}"
@@ -205,12 +271,15 @@ def _calibrate(run_dir: Path, *, cores: float | None, background: float | None) 
         f"[bold]{escape(run.layout.describe())}[/]: measured {run.measured_step_s:.3f} s/step, predicted "
         f"{res.predicted.step_s:.3f} s/step ({res.error:+.1%}); lag measured {lag} · predicted {plag}"
     )
-    title = (
-        "the same phases in other layouts (each side on cores of its own)"
-        if pool is None
-        else f"the same phases in other layouts, the processes sharing {cores:g} cores "
-        f"(background {background:.2f} runnable threads)"
-    )
+    if pool is None:
+        title = "the same phases in other layouts (each side on cores of its own)"
+    else:
+        title = (
+            f"the same {'CPU seconds' if basis == 'cpu' else 'phases'} in other layouts, the processes sharing "
+            f"{cores:g} cores (background {background:.2f} runnable threads"
+            + "".join(f", {k} ×{v:g} side by side" for k, v in interference.items())
+            + ")"
+        )
     other = Table(title=title)
     for col in ("layout", "step s", "samples/s", "learner idle", "mean lag"):
         other.add_column(col, justify="left" if col == "layout" else "right")
@@ -218,7 +287,7 @@ def _calibrate(run_dir: Path, *, cores: float | None, background: float | None) 
         Layout(mode="decoupled", staleness=eta, workers=n) for n in (1, 2) for eta in (0, 1, 2)
     ]
     for layout in layouts:
-        r = simulate(run.phases, layout, samples_per_step=run.samples_per_step, steps=400, pool=pool)
+        r = simulate(phases, layout, samples_per_step=run.samples_per_step, steps=400, pool=pool)
         other.add_row(
             layout.describe(),
             f"{r.step_s:.3f}",

@@ -15,6 +15,14 @@ run, whose phases each computed alone — optionally with the processes sharing 
 threads (``runnable``, less the sampler) and the run's own (``own``) while it trained, as
 ``bench/plan_validate.py`` writes them; their difference over the steady steps is the run's
 ``background`` (other jobs' runnable threads), which the shared-core prediction uses.
+
+Runs also log each phase's process CPU seconds (``cpu/<phase>``; a decoupled worker's as
+``worker/cpu/<phase>``). :func:`fit_cpu` turns them into the phases' CPU seconds per thread — how long each
+would take with its threads on cores of their own, whatever else ran on the machine — and the share of a
+core each side's threads got (:class:`CpuTimes`). :func:`cross_check_cpu` predicts a layout from those
+CPU seconds under a stated load: ``cores`` shared with ``background`` runnable threads of other jobs (by
+default the background that explains the source run's own share, :func:`~tandem.plan.sharing.
+background_from_share`).
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import yaml
 
 from tandem.errors import ConfigError, DataError
 from tandem.plan.cost import PhaseTimes
-from tandem.plan.sharing import CorePool
+from tandem.plan.sharing import CorePool, background_from_share
 from tandem.plan.simulate import Layout, SimResult, simulate
 
 
@@ -48,6 +56,35 @@ class RunTimings:
     train_tokens_per_s: float  # tokens per second of update (as the learner logs it)
     measured_lag: dict[int, float]
     background: float | None = None  # other jobs' runnable threads over the steady steps (machine.jsonl)
+    cpu: CpuTimes | None = None  # the phases in CPU seconds (runs that log cpu/<phase>)
+
+    def load_background(self, cores: float) -> float | None:
+        """Other jobs' runnable threads while this run trained: the background under which fair sharing of
+        ``cores`` gives its phases' threads the share of a core they got (``cpu/<phase>`` over
+        ``timing/<phase>``), beside its own busy phase threads (their CPU seconds per step over that
+        share and the step's wall time). None without CPU times."""
+        if self.cpu is None:
+            return None
+        p, lay = self.cpu.phases, self.layout
+        wt = lay.worker_threads if lay.mode == "decoupled" else lay.learner_threads
+        cpu_per_step = p.rollout_s * wt + (p.learn_s + p.weight_sync + p.overhead) * lay.learner_threads
+        busy = cpu_per_step / (min(1.0, self.cpu.share) * self.measured_step_s)
+        return background_from_share(self.cpu.share, cores, max(busy, 1e-9))
+
+
+@dataclass(frozen=True)
+class CpuTimes:
+    """A run's phases in CPU seconds per thread (each phase's time with its threads on cores of their own)
+    and the share of a core each side's threads got while timed (CPU over wall seconds per thread)."""
+
+    phases: PhaseTimes
+    rollout_share: float
+    learner_share: float
+    share: float  # over every timed phase of both sides
+
+    def background(self, cores: float, threads: float = 1.0) -> float:
+        """Other jobs' runnable threads that explain :attr:`share` on ``cores`` under fair sharing."""
+        return background_from_share(self.share, cores, threads)
 
 
 @dataclass(frozen=True)
@@ -141,8 +178,9 @@ def read_run(run_dir: str | Path, *, skip: int = 3) -> RunTimings:
         for k, v in last.items()
         if k.startswith("staleness/lag_")
     } or {0: 1.0}
-    machine = root / "machine.jsonl"
-    background = mean_background(_rows(machine), times[0], times[-1]) if machine.is_file() else None
+    machine_rows = _rows(root / "machine.jsonl") if (root / "machine.jsonl").is_file() else []
+    background = mean_background(machine_rows, times[0], times[-1])
+    cpu = fit_cpu(rows, layout, phases)
     return RunTimings(
         run_dir=str(root),
         layout=layout,
@@ -154,6 +192,7 @@ def read_run(run_dir: str | Path, *, skip: int = 3) -> RunTimings:
         train_tokens_per_s=_mean(col("perf/train_tokens_per_s")),
         measured_lag=dict(sorted(lag.items())),
         background=background,
+        cpu=cpu,
     )
 
 
@@ -200,6 +239,46 @@ def fit_phases(rows: list[dict[str, Any]], mode: str, *, wall_step_s: float | No
     )
 
 
+def fit_cpu(rows: list[dict[str, Any]], layout: Layout, wall: PhaseTimes) -> CpuTimes | None:
+    """The phases of :func:`fit_phases` (``wall``) in CPU seconds per thread, from the rows' ``cpu/<phase>``
+    (a decoupled worker's ``worker/cpu/<phase>``); None for a run that did not log them. The untimed
+    learner work and ``overhead`` get the learner's measured share; the variation stays the wall time's."""
+    if not rows or not all("cpu/update" in r for r in rows):
+        return None
+
+    def total(key: str) -> float:
+        return sum(float(r.get(key, 0.0)) for r in rows)
+
+    n, lt = len(rows), layout.learner_threads
+    decoupled = layout.mode == "decoupled"
+    wt = layout.worker_threads if decoupled else lt  # colocated: one process does both sides
+    rollout = "worker/cpu/" if decoupled else "cpu/"
+    if decoupled and not all("worker/cpu/generate" in r for r in rows):
+        return None
+    roll_cpu = total(rollout + "generate") + total(rollout + "reward")
+    roll_wall = total("timing/generate") + total("timing/reward")
+    learn_keys = ("logprob", "update", "weight_sync")
+    learn_cpu = sum(total("cpu/" + k) for k in learn_keys)
+    learn_wall = sum(total("timing/" + k) for k in learn_keys)
+    if roll_wall <= 0 or learn_wall <= 0:
+        return None
+    rshare, lshare = roll_cpu / roll_wall / wt, learn_cpu / learn_wall / lt
+    untimed = wall.update - total("timing/update") / n  # the learner's untimed work (wall seconds)
+    load = total("worker/cpu/weight_sync") / n / wt if decoupled else 0.0
+    phases = replace(
+        wall,
+        generate=total(rollout + "generate") / n / wt,
+        reward=total(rollout + "reward") / n / wt,
+        logprob=total("cpu/logprob") / n / lt,
+        update=total("cpu/update") / n / lt + max(0.0, untimed) * lshare,
+        weight_sync=total("cpu/weight_sync") / n / lt,
+        weight_load=load,
+        overhead=wall.overhead * lshare,
+    )
+    share = (roll_cpu + learn_cpu) / (roll_wall * wt + learn_wall * lt)
+    return CpuTimes(phases, rollout_share=rshare, learner_share=lshare, share=share)
+
+
 def first_problem(exc: yaml.YAMLError) -> str:
     mark = getattr(exc, "problem_mark", None)
     problem = getattr(exc, "problem", None) or type(exc).__name__
@@ -232,6 +311,44 @@ def cross_check(
         )
     predicted = simulate(
         source.phases,
+        target.layout,
+        samples_per_step=target.samples_per_step,
+        steps=steps,
+        seed=seed,
+        pool=pool,
+    )
+    return Check(target, predicted)
+
+
+def cross_check_cpu(
+    source: RunTimings,
+    target: RunTimings,
+    *,
+    cores: float,
+    background: float | None = None,
+    interference: dict[str, float] | None = None,
+    steps: int = 400,
+    seed: int = 0,
+) -> Check:
+    """Predict ``target``'s step time from ``source``'s CPU seconds per phase (:func:`fit_cpu`), every
+    phase slowed to its fair share of ``cores`` beside ``background`` runnable threads of other jobs (None:
+    the background that explains ``source``'s own share of the cores) and by ``interference`` while the
+    run's phases overlap. ``source`` must be a colocated run that logged ``cpu/<phase>``."""
+    if source.layout.mode != "colocated":
+        raise ValueError(f"cross-prediction needs a colocated source run, got {source.layout.describe()}")
+    if source.cpu is None:
+        raise ValueError(f"{source.run_dir} logged no cpu/<phase> times")
+    threads = source.layout.learner_threads
+    bg = source.cpu.background(cores, threads) if background is None else background
+    pool = CorePool(
+        cores,
+        background=bg,
+        reference_threads=threads,
+        reference_background=0.0,  # CPU seconds: the time with the threads on cores of their own
+        interference=interference or {},
+    )
+    predicted = simulate(
+        source.cpu.phases,
         target.layout,
         samples_per_step=target.samples_per_step,
         steps=steps,

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tandem.cli.main import app
-from tandem.cli.plan import parse_amount
+from tandem.cli.plan import parse_amount, parse_interference
 from tandem.errors import ConfigError
 
 RUNS = Path(__file__).parent / "recorded"
@@ -81,6 +81,26 @@ def test_calibrate_with_shared_cores_slows_the_overlapped_layouts():
             "--cores: --cores needs a colocated run",
         ),
         (["--model-params", "7e9", "--cores", "2"], "--cores: --cores applies to --calibrate only"),
+        (
+            ["--model-params", "7e9", "--interference", "generate=1.2"],
+            "--interference: --interference applies to --calibrate only",
+        ),
+        (
+            ["--calibrate", str(RUNS / "colocated"), "--interference", "generate=1.2"],
+            "--interference: --interference needs --cores",
+        ),
+        (
+            ["--calibrate", str(RUNS / "colocated"), "--cores", "2", "--interference", "decode=1.2"],
+            "--interference: expected KIND=FACTOR with KIND one of generate, update, got 'decode=1.2'",
+        ),
+        (
+            ["--calibrate", str(RUNS / "colocated"), "--cores", "2", "--interference", "update=-1"],
+            "--interference: update: expected a factor > 0, got '-1'",
+        ),
+        (
+            ["--calibrate", str(RUNS / "colocated"), "--cores", "2", "--interference", "update=x"],
+            "--interference: update: expected a factor > 0, got 'x'",
+        ),
         (["--model-params", "7e9", "--gpu", "tpu"], "--gpu: unknown device 'tpu'"),
         (["--model-params", "seven"], "--model-params: expected a number"),
         (["--model-params", "7e9", "--etas", "1,x"], "--etas: expected comma-separated integers"),
@@ -104,3 +124,40 @@ def test_parse_amount():
     assert parse_amount("8k", "--x") == 8000
     with pytest.raises(ConfigError, match="--x: must be positive"):
         parse_amount("0", "--x")
+
+
+def _rows(output: str) -> dict[str, float]:
+    """Layout name → predicted step time from the other-layouts table."""
+    return {
+        line.split("│")[1].strip(): float(line.split("│")[2])
+        for line in output.splitlines()
+        if line.count("│") >= 6 and line.split("│")[2].strip().replace(".", "").isdigit()
+    }
+
+
+def test_interference_slows_only_the_layouts_where_phases_overlap():
+    """Factors > 1 apply while two of the run's phases compute at once: η = 1 gets slower; colocated (one
+    phase at a time) does not, and η = 0 barely (only the learner's logging overlaps the next rollout)."""
+    base = invoke("--calibrate", str(RUNS / "colocated"), "--cores", "2")
+    slow = invoke(
+        "--calibrate", str(RUNS / "colocated"), "--cores", "2", "--interference", "generate=1.5,update=1.3"
+    )
+    assert base.exit_code == 0 and slow.exit_code == 0, slow.output
+    before, after = _rows(base.output), _rows(slow.output)
+    assert after["colocated"] == before["colocated"]
+    assert (
+        before["decoupled η=0 workers=1"]
+        <= after["decoupled η=0 workers=1"]
+        < 1.05 * before["decoupled η=0 workers=1"]
+    )
+    assert after["decoupled η=1 workers=1"] > 1.1 * before["decoupled η=1 workers=1"]
+
+
+def test_parse_interference():
+    assert parse_interference("generate=1.2, update=1") == {"generate": 1.2, "update": 1.0}
+    with pytest.raises(ConfigError, match="generate given twice"):
+        parse_interference("generate=1.2,generate=1.3")
+    with pytest.raises(ConfigError, match="expected KIND=FACTOR"):
+        parse_interference("1.2")
+    with pytest.raises(ConfigError, match="expected a factor > 0, got 'inf'"):
+        parse_interference("update=inf")
