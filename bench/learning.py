@@ -24,6 +24,10 @@ loading and evaluations excluded, for both). The table and the targets are compu
         [--starts add2 sub2 countdown add3] [--steps 300] [--every 20] [--lrs 2e-4 6e-4 2e-3] [--seeds 0]
     .venv/bin/python bench/learning.py --out /tmp/learning --table-only   # the table of results.jsonl
 
+``--variant LABEL=key=value[,key=value...]`` (repeatable) also runs Tandem's recipe with those dotted
+overrides (e.g. ``--variant frontier=data.curriculum.kind=frontier``), interleaved with the others; each
+variant gets its own table row (``warm start (LABEL)``) against the same TRL sweep.
+
 Missing warm starts are built first under ``--warm`` (``warm_starts.build``, ≈ 20 min each on a loaded
 2-core machine). Every finished run is appended to ``OUT/results.jsonl``; a rerun skips runs already
 there (same warm start, system, lr, seed, steps and evaluation interval).
@@ -57,15 +61,18 @@ def _sibling(name: str) -> types.ModuleType:
 warm_starts = _sibling("warm_starts")  # WARM_STARTS, train_config, reward, build
 table = _sibling("learning_table")  # Eval, Run, compare, format_table
 DEFAULT_LRS = (2e-4, 6e-4, 2e-3)
+DEFAULT = "default"  # the label of Tandem's default recipe among the --variant runs
 TRL_WARMUP = 5  # = the Tandem recipe's trainer.warmup_steps
 
 
-def tandem_config(w: Any, folder: Path, steps: int, seed: int) -> Any:
-    """Tandem's default recipe on warm start ``w`` (``warm_starts.train_config``), without the run's own
-    evaluations, samples, checkpoints or progress bar (this bench evaluates, outside the clock)."""
+def tandem_config(w: Any, folder: Path, steps: int, seed: int, overrides: tuple[str, ...] = ()) -> Any:
+    """Tandem's default recipe on warm start ``w`` (``warm_starts.train_config``), with a variant's dotted
+    ``overrides``, without the run's own evaluations, samples, checkpoints or progress bar (this bench
+    evaluates, outside the clock)."""
     from tandem.config import TandemConfig
+    from tandem.config.loader import apply_overrides
 
-    cfg = warm_starts.train_config(w, folder)
+    cfg = apply_overrides(warm_starts.train_config(w, folder), list(overrides))
     cfg["run"]["seed"] = seed
     cfg["trainer"]["total_steps"] = steps
     cfg["monitor"] = {"eval_every": 0, "sample_every": 0, "tensorboard": False, "progress": False}
@@ -97,11 +104,13 @@ def _evaluate(parts: Any, step: int, clock: Clock, evals: list[dict[str, float]]
     print(f"@@EVAL step {step} acc {acc:.3f} wall {clock.wall:.1f} load {os.getloadavg()}", flush=True)
 
 
-def run_tandem(w: Any, folder: Path, steps: int, seed: int, every: int) -> dict[str, Any]:
+def run_tandem(
+    w: Any, folder: Path, steps: int, seed: int, every: int, overrides: tuple[str, ...] = ()
+) -> dict[str, Any]:
     from tandem.orchestration.colocated import ColocatedTrainer
     from tandem.orchestration.parts import build_parts
 
-    parts = build_parts(tandem_config(w, folder, steps, seed))
+    parts = build_parts(tandem_config(w, folder, steps, seed, overrides))
     trainer = ColocatedTrainer(parts)
     clock, evals, rewards = Clock(), [], []
     _evaluate(parts, 0, clock, evals)
@@ -188,24 +197,45 @@ def child(args: argparse.Namespace) -> None:
     torch.set_num_interop_threads(1)
     w, folder = warm_starts.WARM_STARTS[args.start], args.warm / args.start
     if args.child == "tandem":
-        out = run_tandem(w, folder, args.steps, args.seed, args.every)
+        out = run_tandem(w, folder, args.steps, args.seed, args.every, tuple(args.overrides))
     else:
         out = run_trl(w, folder, args.steps, args.seed, args.every, args.lr)
     print("@@RESULT " + json.dumps(out), flush=True)
 
 
 def _key(r: dict[str, Any]) -> tuple[Any, ...]:
-    return (r["start"], r["system"], r["lr"], r["seed"], r["steps"], r["every"])
+    return (r["start"], r["system"], r.get("variant", DEFAULT), r["lr"], r["seed"], r["steps"], r["every"])
 
 
-def spawn(args: argparse.Namespace, start: str, system: str, lr: float, seed: int) -> dict[str, Any]:
+def parse_variants(specs: list[str]) -> dict[str, tuple[str, ...]]:
+    """``LABEL=key=value[,key=value...]`` -> {label: overrides}; the default recipe first."""
+    variants: dict[str, tuple[str, ...]] = {DEFAULT: ()}
+    for spec in specs:
+        label, _, rest = spec.partition("=")
+        if not label or not rest or label == DEFAULT:
+            raise SystemExit(f"--variant {spec!r}: expected LABEL=key=value[,key=value...]")
+        variants[label] = tuple(o for o in rest.split(",") if o)
+    return variants
+
+
+def spawn(
+    args: argparse.Namespace,
+    start: str,
+    system: str,
+    lr: float,
+    seed: int,
+    variant: str,
+    overrides: tuple[str, ...],
+) -> dict[str, Any]:
     """One run in a fresh interpreter (one torch thread); its log goes to ``OUT/logs``."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", system, "--start", start]
     cmd += ["--lr", str(lr), "--seed", str(seed), "--steps", str(args.steps), "--every", str(args.every)]
     cmd += ["--warm", str(args.warm), "--out", str(args.out)]
+    cmd += [f"--override={o}" for o in overrides]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    log = args.out / "logs" / f"{start}-{system}-lr{lr:g}-s{seed}.log"
+    tag = system if variant == DEFAULT else f"{system}-{variant}"
+    log = args.out / "logs" / f"{start}-{tag}-lr{lr:g}-s{seed}.log"
     load_before, t0 = os.getloadavg(), time.perf_counter()
     with log.open("w") as fh:  # the child's @@EVAL lines appear in the log as it runs
         proc = subprocess.run(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, check=False)
@@ -213,6 +243,7 @@ def spawn(args: argparse.Namespace, start: str, system: str, lr: float, seed: in
         if line.startswith("@@RESULT "):
             res = json.loads(line[len("@@RESULT ") :])
             res.update(start=start, system=system, lr=lr, seed=seed, steps=args.steps, every=args.every)
+            res.update(variant=variant, overrides=list(overrides))
             res.update(load_before=load_before, load_after=os.getloadavg())
             res["process_s"] = time.perf_counter() - t0
             return res
@@ -229,10 +260,13 @@ def report(results: list[dict[str, Any]], max_steps: int) -> None:
     for start in dict.fromkeys(r["start"] for r in results):
         for seed in dict.fromkeys(r["seed"] for r in results if r["start"] == start):
             mine = [r for r in results if r["start"] == start and r["seed"] == seed]
-            tandem = [to_run(r) for r in mine if r["system"] == "tandem"]
             trl = [to_run(r) for r in mine if r["system"] == "trl"]
-            if tandem and trl:
-                rows.append(table.compare(start, tandem[-1], trl, max_steps))
+            tandem = [r for r in mine if r["system"] == "tandem"]
+            for variant in dict.fromkeys(r.get("variant", DEFAULT) for r in tandem):
+                runs = [to_run(r) for r in tandem if r.get("variant", DEFAULT) == variant]
+                label = start if variant == DEFAULT else f"{start} ({variant})"
+                if trl:
+                    rows.append(table.compare(label, runs[-1], trl, max_steps))
     loads = [x for r in results for x in (r["load_before"][0], r["load_after"][0])]
     if loads:
         print(f"load average (1 min) at the start/end of the runs: {min(loads):.1f}–{max(loads):.1f}")
@@ -250,21 +284,22 @@ def parent(args: argparse.Namespace) -> None:
     for name in args.starts:
         warm_starts.build(warm_starts.WARM_STARTS[name], args.warm, rebuild=False)
     have = {_key(r) for r in done}
+    variants = parse_variants(args.variant)
     block = 0
     for seed in args.seeds:
         for start in args.starts:
-            plan = [("tandem", 0.0)] + [("trl", lr) for lr in args.lrs]
-            for system, lr in plan if block % 2 == 0 else plan[::-1]:
-                key = (start, system, lr, seed, args.steps, args.every)
+            plan = [("tandem", 0.0, v) for v in variants] + [("trl", lr, DEFAULT) for lr in args.lrs]
+            for system, lr, variant in plan if block % 2 == 0 else plan[::-1]:
+                key = (start, system, variant, lr, seed, args.steps, args.every)
                 if key in have:
                     continue
-                res = spawn(args, start, system, lr, seed)
+                res = spawn(args, start, system, lr, seed, variant, variants[variant])
                 done.append(res)
                 with path.open("a") as fh:
                     fh.write(json.dumps(res) + "\n")
                 best = max(res["evals"], key=lambda e: e["acc"])
                 print(
-                    f"{start} seed {seed} {system} lr {lr:g}: {res['evals'][0]['acc']:.1%} -> best "
+                    f"{start} seed {seed} {system} {variant} lr {lr:g}: {res['evals'][0]['acc']:.1%} -> best "
                     f"{best['acc']:.1%} at step {best['step']} ({best['wall']:.0f} s training wall; "
                     f"{res['evals'][-1]['wall']:.0f} s for {args.steps} steps); "
                     f"load {res['load_before'][0]:.1f} -> {res['load_after'][0]:.1f}",
@@ -287,7 +322,14 @@ def main() -> None:
     ap.add_argument("--lrs", type=float, nargs="*", default=list(DEFAULT_LRS), help="TRL's learning rates.")
     ap.add_argument("--seeds", type=int, nargs="*", default=[0])
     ap.add_argument("--max-steps", type=int, default=300, help="Step limit of the accuracy target.")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="LABEL=key=value[,key=value...]: also run Tandem with these overrides (one table row each).",
+    )
     ap.add_argument("--table-only", action="store_true", help="Print the table of OUT/results.jsonl.")
+    ap.add_argument("--override", action="append", default=[], help=argparse.SUPPRESS)
     ap.add_argument("--child", choices=("tandem", "trl"), help=argparse.SUPPRESS)
     ap.add_argument("--start", help=argparse.SUPPRESS)
     ap.add_argument("--lr", type=float, default=0.0, help=argparse.SUPPRESS)

@@ -16,7 +16,16 @@ add2           ``add: 37+58=`` (2-digit operands)           128x4, seed 11, 250 
 add3           ``add: 371+589=`` (3-digit operands)         128x4, seed 12, 300 steps, lr 4e-3
 sub2           ``sub: 37-58=`` (2-digit, answers may be <0)  96x3, seed 13, 300 steps, lr 4e-3
 countdown      ``nums 3 5 7 target 22:`` (3 numbers <= 9)    128x4, seed 14, 300 steps, lr 3e-3
+add2-mid       ``add: 37+58=``                              128x4, seed 31, 200-step chunks, lr 3e-3
+sub2-mid       ``sub: 37-58=``                              128x4, seed 33, 200-step chunks, lr 3e-3
+countdown-mid  ``nums 3 5 7 target 22:``                    160x4, seed 34, 150-step chunks, lr 3e-3
 =============  ===========================================  ====================================
+
+The first four (``--strength weak``) are weaker than the outside model of issue 17 (35 % held-out
+greedy); the ``-mid`` ones (``--strength mid``) are built to land near it: SFT runs in chunks of
+``sft_steps`` (each a fresh ``tandem sft`` from the previous chunk's model) until greedy accuracy on the
+512 *training* prompts (never the held-out ones) reaches ``target``, or ``max_sft_steps`` is spent. The
+SFT steps used and the accuracy after each chunk go to ``build.json``.
 
 Every warm start gets a fixed 512-row training prompt file (``train.jsonl``: ``prompt``, ``answer``, and
 for countdown ``nums``/``target``) and a disjoint 300-row held-out file (``eval.jsonl``); the SFT rows are
@@ -58,6 +67,7 @@ TANDEM = Path(sys.executable).parent / "tandem"
 REWARD = f"{Path(__file__).resolve()}:reward"
 TRAIN_ROWS, EVAL_ROWS = 512, 300
 _INT = re.compile(r"-?\d+")
+MID_CD = ("--hidden-size", "160", "--num-layers", "4")
 
 
 @dataclass(frozen=True)
@@ -73,6 +83,9 @@ class WarmStart:
     sft_rows: int
     max_new_tokens: int
     model_args: tuple[str, ...] = field(default=())
+    target: float = 0.0  # > 0: SFT in chunks of sft_steps until train-prompt greedy accuracy >= target
+    max_sft_steps: int = 0  # the chunked build's budget
+    strength: str = "weak"  # the --strength preset this warm start belongs to
 
 
 WARM_STARTS: dict[str, WarmStart] = {
@@ -82,8 +95,12 @@ WARM_STARTS: dict[str, WarmStart] = {
         WarmStart("add3", "add", 3, 12, 300, 4e-3, 4096, 6),
         WarmStart("sub2", "sub", 2, 13, 300, 4e-3, 2048, 6, ("--hidden-size", "96", "--num-layers", "3")),
         WarmStart("countdown", "countdown", 1, 14, 300, 3e-3, 4096, 12),
+        WarmStart("add2-mid", "add", 2, 31, 200, 3e-3, 4096, 6, (), 0.27, 2400, "mid"),
+        WarmStart("sub2-mid", "sub", 2, 33, 200, 3e-3, 4096, 6, (), 0.27, 2400, "mid"),
+        WarmStart("countdown-mid", "countdown", 1, 34, 150, 3e-3, 4096, 12, MID_CD, 0.27, 1800, "mid"),
     )
 }
+STRENGTHS = sorted({w.strength for w in WARM_STARTS.values()})
 
 
 def reward(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
@@ -176,33 +193,71 @@ def evaluate(w: WarmStart, model: Path, folder: Path, out: Path, samples: int = 
     return json.loads(out.read_text())
 
 
+def _sft(w: WarmStart, folder: Path, start: Path, steps: int, seed: int, out: Path) -> None:
+    cmd = [str(TANDEM), "sft", str(start), "--data", str(folder / "sft.jsonl"), "--steps", str(steps)]
+    cmd += ["--lr", str(w.sft_lr), "--seed", str(seed), "--out", str(out)]
+    _run(cmd, folder / "log.txt")
+
+
+def train_greedy(w: WarmStart, model: Path, folder: Path) -> float:
+    """Greedy accuracy of ``model`` on the 512 training prompts (the chunked build's stopping rule)."""
+    out = folder / "train_greedy.json"
+    cmd = [str(TANDEM), "eval", str(model), "--eval-file", str(folder / "train.jsonl"), "--reward", REWARD]
+    cmd += ["--samples", "0", "--size", str(TRAIN_ROWS), "--max-new-tokens", str(w.max_new_tokens)]
+    cmd += ["--json", str(out)]
+    _run(cmd, folder / "log.txt")
+    return _metric(json.loads(out.read_text()), "eval/accuracy")
+
+
+def sft_chunks(w: WarmStart, folder: Path) -> dict[str, Any]:
+    """SFT in chunks of ``w.sft_steps`` until greedy accuracy on the training prompts reaches
+    ``w.target`` or ``w.max_sft_steps`` are spent; the last chunk's model becomes ``model``."""
+    import shutil
+
+    current, steps, curve = folder / "base", 0, []
+    while steps < w.max_sft_steps:
+        nxt = folder / f"sft{steps + w.sft_steps}"
+        shutil.rmtree(nxt, ignore_errors=True)
+        _sft(w, folder, current, w.sft_steps, w.seed + steps, nxt)  # a new data order per chunk
+        if current.name != "base":
+            shutil.rmtree(current)
+        current, steps = nxt, steps + w.sft_steps
+        curve.append({"sft_steps": steps, "train_greedy": train_greedy(w, current, folder)})
+        print(f"{w.name}: {steps} SFT steps, train-prompt greedy {curve[-1]['train_greedy']:.1%}", flush=True)
+        if curve[-1]["train_greedy"] >= w.target:
+            break
+    shutil.rmtree(folder / "model", ignore_errors=True)
+    current.rename(folder / "model")
+    return {"sft_steps": steps, "curve": curve}
+
+
 def build(w: WarmStart, root: Path, rebuild: bool) -> dict[str, Any]:
     """Build (or reuse) warm start ``w`` under ``root/w.name`` and return its held-out metrics."""
     folder = root / w.name
     folder.mkdir(parents=True, exist_ok=True)
     result = folder / "eval.json"
     if result.is_file() and not rebuild:
-        return {"metrics": json.loads(result.read_text()), "build_s": None}
+        info = json.loads((folder / "build.json").read_text()) if (folder / "build.json").is_file() else {}
+        return {
+            "metrics": json.loads(result.read_text()),
+            "build_s": None,
+            "sft_steps": info.get("sft_steps"),
+        }
     t0 = time.perf_counter()
     make_files(w, folder)
     _run(
         [str(TANDEM), "init-model", str(folder / "base"), "--seed", str(w.seed), *w.model_args],
         folder / "log.txt",
     )
-    sft = [str(TANDEM), "sft", str(folder / "base"), "--data", str(folder / "sft.jsonl")]
-    sft += [
-        "--steps",
-        str(w.sft_steps),
-        "--lr",
-        str(w.sft_lr),
-        "--seed",
-        str(w.seed),
-        "--out",
-        str(folder / "model"),
-    ]
-    _run(sft, folder / "log.txt")
+    if w.target > 0:
+        info = sft_chunks(w, folder)
+    else:
+        _sft(w, folder, folder / "base", w.sft_steps, w.seed, folder / "model")
+        info = {"sft_steps": w.sft_steps}
     build_s = time.perf_counter() - t0
-    return {"metrics": evaluate(w, folder / "model", folder, result), "build_s": build_s}
+    (folder / "build.json").write_text(json.dumps({**info, "build_s": build_s}, indent=1) + "\n")
+    metrics = evaluate(w, folder / "model", folder, result)
+    return {"metrics": metrics, "build_s": build_s, "sft_steps": info["sft_steps"]}
 
 
 def _metric(metrics: dict[str, Any], *names: str) -> float:
@@ -222,15 +277,16 @@ def _metric(metrics: dict[str, Any], *names: str) -> float:
 
 def build_table(rows: list[tuple[str, dict[str, Any]]]) -> None:
     print(f"load average {os.getloadavg()}")
-    print("| warm start | held-out greedy | pass@1 (sampled) | pass@8 | build s |")
-    print("|---|---|---|---|---|")
+    print("| warm start | SFT steps | held-out greedy | pass@1 (sampled) | pass@8 | build s |")
+    print("|---|---|---|---|---|---|")
     for name, res in rows:
         m = res["metrics"]
         g = _metric(m, "eval/accuracy")
         p1 = _metric(m, "sampled/pass@1", "sampled/accuracy")
         p8 = _metric(m, "sampled/pass@8")
         bs = "reused" if res["build_s"] is None else f"{res['build_s']:.0f}"
-        print(f"| {name} | {g:.1%} | {p1:.1%} | {p8:.1%} | {bs} |")
+        steps = res.get("sft_steps") or WARM_STARTS[name].sft_steps
+        print(f"| {name} | {steps} | {g:.1%} | {p1:.1%} | {p8:.1%} | {bs} |")
 
 
 # -- RL runs on the warm starts --------------------------------------------------------------------------
@@ -353,7 +409,8 @@ def plot(runs: list[Path], out: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="Folder for the warm starts and runs.")
-    ap.add_argument("--only", nargs="*", default=list(WARM_STARTS), choices=list(WARM_STARTS))
+    ap.add_argument("--only", nargs="*", choices=list(WARM_STARTS), help="Warm starts (default: --strength).")
+    ap.add_argument("--strength", choices=STRENGTHS, default="weak", help="The preset --only defaults to.")
     ap.add_argument("--rebuild", action="store_true", help="Rebuild warm starts that already exist.")
     ap.add_argument("--train", action="store_true", help="Also run GRPO on each warm start.")
     ap.add_argument("--steps", type=int, default=100)
@@ -371,6 +428,8 @@ def main() -> None:
     if args.plot is not None:
         plot(args.runs, args.plot)
         return
+    if args.only is None:
+        args.only = [n for n, w in WARM_STARTS.items() if w.strength == args.strength]
     args.out.mkdir(parents=True, exist_ok=True)
     built = [(name, build(WARM_STARTS[name], args.out, args.rebuild)) for name in args.only]
     build_table(built)
