@@ -60,6 +60,7 @@ def init_model(
         typer.Option(help="char (one token per character) or bpe (byte-level BPE with a ChatML template)."),
     ] = "char",
     vocab_size: Annotated[int, typer.Option(help="BPE vocabulary size (--tokenizer bpe only).")] = 512,
+    max_position_embeddings: Annotated[int, typer.Option(help="Longest sequence (positions).")] = 256,
     seed: Annotated[int, typer.Option(help="Initialisation seed.")] = 0,
 ) -> None:
     """Build a small model: a Llama with a character tokenizer (default), or a Llama/Qwen2 with a
@@ -83,6 +84,7 @@ def init_model(
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
         intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
         seed=seed,
     )
     out.print(f"{escape(arch)}/{escape(tokenizer)} model written to [bold]{escape(str(path))}[/]")

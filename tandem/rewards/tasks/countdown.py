@@ -4,6 +4,14 @@ Prompt ``"nums 3 7 12 target 33:"``; a correct completion is an expression such 
 uses **each given number exactly once** (as a multiset) and evaluates exactly to the target. Targets are
 built from a random expression over the numbers, so every prompt is solvable; that expression is the row's
 ``answer``.
+
+Option ``tool_demos`` (a share in 0..1; unset by default, leaving the rows as they were) adds a
+``completion`` column for ``tandem sft``: that share of rows is a transcript that solves the prompt with the
+``python`` tool of the ``python`` environment (plain format) -- a one-line brute-force search
+(:func:`search_program`), the ``RESULT`` line it prints, then that expression as the answer; the others
+answer at once with ``answer``, which a tiny model rarely gets right by itself. SFT on a small share gives a
+deliberately weak warm start that rarely runs the search, so RL has a tool-call rate to raise
+(``configs/agent_python.yaml``).
 """
 
 from __future__ import annotations
@@ -12,8 +20,10 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
+from itertools import permutations
 from typing import Any, ClassVar
 
+from tandem.errors import ConfigError
 from tandem.rewards.expr import ExpressionError, evaluate
 from tandem.rewards.tasks.base import GeneratedTask, check_int, first_line, require_column
 
@@ -30,10 +40,25 @@ class CountdownTask(GeneratedTask):
     name: ClassVar[str] = "countdown"
     num_numbers: int = 3
     max_number: int = 20
+    tool_demos: float | None = None
 
     def __post_init__(self) -> None:
         check_int(self.name, "num_numbers", self.num_numbers, 2, 6)
         check_int(self.name, "max_number", self.max_number, 2, 1000)
+        share = self.tool_demos
+        if share is not None and (
+            isinstance(share, bool) or not isinstance(share, int | float) or not 0.0 <= share <= 1.0
+        ):
+            raise ConfigError(f"task '{self.name}': tool_demos must be a number in 0..1, got {share!r}")
+        if share is not None and self.num_numbers != 3:
+            raise ConfigError(f"task '{self.name}': tool_demos needs num_numbers 3, got {self.num_numbers}")
+
+    def _options_key(self) -> str:
+        """Without ``tool_demos`` the key (and so every row stream) is the one from before the option."""
+        key: list[tuple[str, Any]] = [("max_number", self.max_number), ("num_numbers", self.num_numbers)]
+        if self.tool_demos is not None:
+            key.append(("tool_demos", float(self.tool_demos)))
+        return repr(key)
 
     def sample_row(self, rng: random.Random) -> dict[str, Any]:
         """Draw numbers, then a random expression over them until its value is a positive integer."""
@@ -46,7 +71,16 @@ class CountdownTask(GeneratedTask):
         # The sum is always a valid target; it is only a fallback after _MAX_TRIES failed draws.
         text, target = built if built is not None else ("+".join(map(str, nums)), sum(nums))
         prompt = f"nums {' '.join(map(str, nums))} target {target}:"
-        return {"prompt": prompt, "answer": text, "nums": list(nums), "target": target}
+        row: dict[str, Any] = {"prompt": prompt, "answer": text, "nums": list(nums), "target": target}
+        if self.tool_demos is not None:
+            row["completion"] = text  # a direct answer, no tool call
+            if rng.random() < self.tool_demos:
+                found = search_result(nums, target)
+                if found is not None:  # the search misses ~2% of targets: those rows answer directly
+                    row["completion"] = (
+                        f"CALL python({search_program(nums, target)})\nRESULT {found}\n{found}"
+                    )
+        return row
 
     def reward(self, prompts: list[str], completions: list[str], **columns: Any) -> list[float | None]:
         """1.0 where the first line is an expression using each number once that equals ``target``."""
@@ -63,6 +97,29 @@ def is_solution(completion: str, nums: list[int], target: int) -> bool:
     except (ExpressionError, ZeroDivisionError):
         return False
     return Counter(result.numbers) == Counter(int(x) for x in nums) and result.value == Fraction(target)
+
+
+def search_program(nums: list[int], target: int) -> str:
+    """A one-line Python program (137 characters for ``[1,15,6]`` and 22) that prints the first
+    ``(a x b) y c`` over the permutations of three numbers and the operators ``+ - * /`` whose value is
+    ``target`` (``StopIteration`` when there is none: about 2% of targets need ``a x (b y c)``)."""
+    listed = ",".join(map(str, nums))
+    return (
+        f"from itertools import*;print(next(e for a,b,c in permutations([{listed}])"
+        f"for x in'+-*/'for y in'+-*/'if eval(e:=f'({{a}}{{x}}{{b}}){{y}}{{c}}')=={target}))"
+    )
+
+
+def search_result(nums: list[int], target: int) -> str | None:
+    """What :func:`search_program` prints (computed here, without running it), or None when it finds
+    nothing. Float comparison, as in the program."""
+    for a, b, c in permutations(nums):
+        for x in "+-*/":
+            for y in "+-*/":
+                expr = f"({a}{x}{b}){y}{c}"
+                if eval(expr) == target:  # noqa: S307 -- digits and + - * / only, built right here
+                    return expr
+    return None
 
 
 def _random_expression(nums: list[int], rng: random.Random) -> tuple[str, int] | None:
