@@ -6,10 +6,11 @@ the held-out evaluation call it where they called the engine. For ``n`` samples 
 
     reset(row) -> first prompt                      (all resets concurrently)
     turn 1: engine.generate(prompts, params)        (exactly the single-turn call)
-    repeat while an episode is live and turns < max_turns:
-        env.step(action) for every live episode     (concurrently, within the episode's time budget)
+    every episode whose turn ended: env.step(action)   (a future, within the episode's time budget)
         observation -> token ids, ONCE, appended    (never decode-then-re-encode the history)
-        engine.generate_ids(history ids of every live episode)   (one batched call per turn)
+    repeat while steps are in flight or episodes wait to continue:
+        when the schedule says go: engine.generate_ids(history ids of the waiting episodes)
+        (one batched call), then their next steps start
 
 Token exactness: an episode's response row is the concatenation of the ids the engine sampled and the
 observation ids, in order; ``response_mask`` is True on sampled tokens only (the loss never sees
@@ -22,11 +23,22 @@ appended: nothing would learn from it).
 A single-turn task is the one-step case of the same loop: with :class:`~tandem.agents.env.SingleTurn`
 every episode ends after turn 1 and the batch returned is the engine's own, unchanged.
 
-Concurrency: the engine call of a turn is batched over all live episodes; the environment steps of a
-turn run concurrently (``async`` steps on one event loop, plain ones in worker threads), so a tool with
-latency ``L`` costs about ``L`` per turn, not ``L`` times the episodes (``bench/agents_latency.py``).
-Turns stay in lockstep, which keeps sampling deterministic for a given seed (a resumed run samples what
-the original did).
+Concurrency: environment steps run as futures on an event loop in a thread of its own (``async``
+steps on the loop, plain ones in worker threads), so they go on while the caller's thread generates;
+the engine is only ever called from the caller's thread, one call at a time. ``schedule`` decides when
+an engine call continues the episodes whose step has ended:
+
+- ``lockstep`` (the default): when every step that may continue its episode has ended, so each call
+  holds every live episode at the same turn. A tool with latency ``L`` costs about ``L`` per turn (the
+  turn's slowest step), not ``L`` times the episodes. Batches, seeds and so samples are the same for a
+  seed every run (a resumed run samples what the original did).
+- ``async``: as soon as ``async_min_batch`` of the episodes that may continue are waiting, or the first
+  of them has waited ``async_max_wait_s``; the others' steps keep running meanwhile and are continued
+  by a later call. A slow step holds up its own episode only, and steps overlap generation. What it
+  gives up: which episodes share an engine call depends on timing, and with it the seed of each call,
+  so sampling is not reproducible for a seed. Token exactness does not depend on the schedule.
+
+``bench/agents_latency.py`` measures both against serial steps.
 """
 
 from __future__ import annotations
