@@ -16,13 +16,18 @@ from tandem.train.checkpoint import latest_checkpoint
 HERE = Path(__file__).parent
 
 
-def _cfg(model_dir, out, *, algo="grpo", architecture=None, critic=None):
+def _cfg(model_dir, out, *, algo="grpo", architecture=None, critic=None, schedule="lockstep"):
     data = {
         "run": {"output_dir": str(out), "seed": 1},
         "model": {"path": str(model_dir)},
         "data": {"task": "arith", "prompts_per_step": 2, "eval_size": 4, "train_size": 32},
         "reward": {"task_reward": False},
-        "env": {"path": f"{HERE / 'agent_envs.py'}:Counter", "options": {"bonus": 2.0}, "max_turns": 3},
+        "env": {
+            "path": f"{HERE / 'agent_envs.py'}:Counter",
+            "options": {"bonus": 2.0},
+            "max_turns": 3,
+            "schedule": schedule,
+        },
         "rollout": {"n": 4, "max_new_tokens": 4},
         "algorithm": {"name": algo},
         "trainer": {"total_steps": 2, "lr": 1e-3},
@@ -36,16 +41,25 @@ def _cfg(model_dir, out, *, algo="grpo", architecture=None, critic=None):
 
 
 @pytest.mark.parametrize(
-    ("algo", "architecture"),
+    ("algo", "architecture", "schedule"),
     [
-        ("grpo", None),
-        ("ppo", None),
-        pytest.param("grpo", {"mode": "decoupled", "staleness": 1, "num_workers": 1}, marks=pytest.mark.slow),
+        ("grpo", None, "lockstep"),
+        ("ppo", None, "async"),
+        pytest.param(
+            "grpo", {"mode": "decoupled", "staleness": 1, "num_workers": 1}, "async", marks=pytest.mark.slow
+        ),
     ],
 )
-def test_user_env_trains(tiny_model_dir, tmp_path, algo, architecture):
+def test_user_env_trains(tiny_model_dir, tmp_path, algo, architecture, schedule):
     critic = {"lr": 1e-3} if algo == "ppo" else None
-    cfg = _cfg(tiny_model_dir, tmp_path / "run", algo=algo, architecture=architecture, critic=critic)
+    cfg = _cfg(
+        tiny_model_dir,
+        tmp_path / "run",
+        algo=algo,
+        architecture=architecture,
+        critic=critic,
+        schedule=schedule,
+    )
     before = {k: v.clone() for k, v in load_causal_lm(tiny_model_dir).state_dict().items()}
     result = train(cfg, progress=False)
     assert result.steps == 2

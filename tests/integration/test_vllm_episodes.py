@@ -34,14 +34,19 @@ def test_vllm_episodes_equal_hf_episodes(tmp_path):
         build_engine("vllm", EngineSpec(path=str(path))),
         build_engine("hf", EngineSpec(path=str(path))),
     )
-    try:
+    try:  # vLLM in lockstep and async episodes (greedy: the batching does not change the samples), HF
         out = [
-            EpisodeRunner(e, Echo, EpisodeSettings(max_turns=3)).generate(["12*34=", "hello"], params)
-            for e in (vllm, hf)
+            EpisodeRunner(e, Echo, EpisodeSettings(max_turns=3, schedule=s)).generate(
+                ["12*34=", "hello"], params
+            )
+            for e, s in ((vllm, "lockstep"), (vllm, "async"), (hf, "lockstep"))
         ]
     finally:
         vllm.close()
-    a, b = out
-    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.response_mask, b.response_mask)
-    torch.testing.assert_close(a.behavior_logprobs, b.behavior_logprobs, atol=1e-4, rtol=0)
+    a = out[0]
+    for other in out[1:]:
+        assert torch.equal(a.response_ids, other.response_ids) and torch.equal(
+            a.response_mask, other.response_mask
+        )
+        torch.testing.assert_close(a.behavior_logprobs, other.behavior_logprobs, atol=1e-4, rtol=0)
     assert (~a.response_mask).sum() > 0  # observation tokens are in the rows, masked out
