@@ -23,20 +23,22 @@ appended: nothing would learn from it).
 A single-turn task is the one-step case of the same loop: with :class:`~tandem.agents.env.SingleTurn`
 every episode ends after turn 1 and the batch returned is the engine's own, unchanged.
 
-Concurrency: environment steps run as futures on an event loop in a thread of its own (``async``
-steps on the loop, plain ones in worker threads), so they go on while the caller's thread generates;
-the engine is only ever called from the caller's thread, one call at a time. ``schedule`` decides when
-an engine call continues the episodes whose step has ended:
+Concurrency: environment steps run as futures on an event loop (``async`` steps on the loop, plain
+ones in worker threads), so the steps of many episodes overlap; the engine is only ever called from the
+caller's thread, one call at a time. ``schedule`` decides when an engine call continues the episodes
+whose step has ended:
 
 - ``lockstep`` (the default): when every step that may continue its episode has ended, so each call
   holds every live episode at the same turn. A tool with latency ``L`` costs about ``L`` per turn (the
   turn's slowest step), not ``L`` times the episodes. Batches, seeds and so samples are the same for a
-  seed every run (a resumed run samples what the original did).
+  seed every run (a resumed run samples what the original did). The loop runs on the caller's thread
+  between engine calls.
 - ``async``: as soon as ``async_min_batch`` of the episodes that may continue are waiting, or the first
   of them has waited ``async_max_wait_s``; the others' steps keep running meanwhile and are continued
-  by a later call. A slow step holds up its own episode only, and steps overlap generation. What it
-  gives up: which episodes share an engine call depends on timing, and with it the seed of each call,
-  so sampling is not reproducible for a seed. Token exactness does not depend on the schedule.
+  by a later call. The loop runs in a thread of its own, so steps overlap generation, and a slow step
+  holds up its own episode only. What it gives up: which episodes share an engine call depends on
+  timing, and with it the seed of each call, so sampling is not reproducible for a seed. Token
+  exactness does not depend on the schedule.
 
 ``bench/agents_latency.py`` measures both against serial steps.
 """
@@ -49,7 +51,7 @@ import inspect
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -167,23 +169,16 @@ class EpisodeRunner:
         """The episodes of ``params.n`` samples per prompt (see the class docstring)."""
         each = per_prompt(params, len(prompts))
         rows = [{**(extras[i] if extras else {}), "prompt": p} for i, p in enumerate(prompts)]
-        loop = asyncio.new_event_loop()
         # One thread per episode at most: plain (blocking) steps and tools of every episode overlap.
-        pool = ThreadPoolExecutor(max_workers=min(MAX_THREADS, max(1, sum(p.n for p in each))))
-        loop.set_default_executor(pool)
-        # The environments' event loop runs in a thread of its own, so their steps go on while this
-        # thread generates; the engine stays on the caller's thread (CUDA device, vLLM's state).
-        thread = threading.Thread(target=loop.run_forever, name="tandem-env-loop", daemon=True)
-        thread.start()
+        envs = _EnvLoop(min(MAX_THREADS, max(1, sum(p.n for p in each))), self.settings.schedule == "async")
         try:
-            return self._run(loop, rows, params, each, group_offset, extras, on_chunk, chunk_tokens)
+            return self._run(envs, rows, params, each, group_offset, extras, on_chunk, chunk_tokens)
         finally:
-            _stop(loop, thread)
-            pool.shutdown(wait=False)  # a timed-out step's thread is not waited for
+            envs.close()
 
     def _run(
         self,
-        loop: asyncio.AbstractEventLoop,
+        envs: _EnvLoop,
         rows: list[dict[str, Any]],
         params: SamplingParams | Sequence[SamplingParams],
         each: list[SamplingParams],
@@ -197,7 +192,7 @@ class EpisodeRunner:
         episodes = [Episode(self._new_env(), budget) for p in each for _ in range(p.n)]
         owner = [i for i, p in enumerate(each) for _ in range(p.n)]  # prompt index of every episode
         t0 = time.perf_counter()
-        firsts = self._gather(loop, [self._reset(e, rows[i]) for e, i in zip(episodes, owner, strict=True)])
+        firsts = self._gather(envs, [self._reset(e, rows[i]) for e, i in zip(episodes, owner, strict=True)])
         env_s = time.perf_counter() - t0
         first = self.engine.generate(
             self._first_prompts(firsts, owner, len(rows)),
@@ -209,7 +204,7 @@ class EpisodeRunner:
         )
         for r in range(first.batch_size):
             _append_turn(episodes[r], first, r)
-        env_s += self._turns(loop, first, episodes, each, owner)
+        env_s += self._turns(envs, first, episodes, each, owner)
         self.last = _stats(episodes, env_s)
         if self.log is not None:
             self.log.append(self.last)
@@ -219,31 +214,31 @@ class EpisodeRunner:
 
     def _turns(
         self,
-        loop: asyncio.AbstractEventLoop,
+        envs: _EnvLoop,
         first: RolloutBatch,
         episodes: list[Episode],
         each: list[SamplingParams],
         owner: list[int],
     ) -> float:
         """Step every episode and continue it until all have ended; the seconds spent waiting on
-        environments. Steps run as futures on ``loop``; a batched ``generate_ids`` continues the
+        environments. Steps run as futures on ``envs``; a batched ``generate_ids`` continues the
         episodes whose step has finished when :meth:`_go` says so (see the module docstring)."""
         lock = None if self.settings.concurrent else asyncio.Lock()  # serial: one step at a time
-        steps: dict[Future[None], int] = {}  # step in flight -> its episode's row
+        steps: dict[Any, int] = {}  # step in flight (a future) -> its episode's row
         ready: dict[int, float] = {}  # row of an episode that continues -> when its step ended
         waited, calls = 0.0, 1  # calls: engine calls so far (turn 1's generate is the first)
 
         def launch(rows: list[int]) -> None:
             for r in rows:
                 job = _one_at_a_time(self._step(episodes[r], episodes[r].turns), lock)
-                steps[asyncio.run_coroutine_threadsafe(job, loop)] = r
+                steps[envs.submit(job)] = r
 
         launch(list(range(len(episodes))))
         try:
             while steps or ready:
                 if steps and not self._go(ready, steps, episodes):
                     t0 = time.perf_counter()
-                    done, _ = wait(list(steps), timeout=self._patience(ready), return_when=FIRST_COMPLETED)
+                    done = envs.wait(list(steps), self._patience(ready), FIRST_COMPLETED)
                     waited += time.perf_counter() - t0
                     for f in done:
                         r = steps.pop(f)
@@ -267,7 +262,7 @@ class EpisodeRunner:
                 f.cancel()
         return waited
 
-    def _go(self, ready: dict[int, float], steps: dict[Future[None], int], episodes: list[Episode]) -> bool:
+    def _go(self, ready: dict[int, float], steps: dict[Any, int], episodes: list[Episode]) -> bool:
         """Whether to continue the ``ready`` episodes now, with ``steps`` still in flight: always once
         no step in flight can continue its episode (its turn was the last); ``lockstep`` waits for
         every step, ``async`` goes once ``async_min_batch`` of the episodes that may continue are ready
@@ -309,13 +304,15 @@ class EpisodeRunner:
                 f"building the environment raised {type(err).__name__}: {err}", where=self.settings.where
             ) from None
 
-    def _gather(self, loop: asyncio.AbstractEventLoop, jobs: list[Any]) -> list[Any]:
-        """Run ``jobs`` (coroutines) on ``loop`` to completion: together, or one by one
+    def _gather(self, envs: _EnvLoop, jobs: list[Any]) -> list[Any]:
+        """Run ``jobs`` (coroutines) on ``envs`` to completion: together, or one by one
         (``concurrent=False``); the first error is raised at once."""
         lock = None if self.settings.concurrent else asyncio.Lock()
-        futures = [asyncio.run_coroutine_threadsafe(_one_at_a_time(j, lock), loop) for j in jobs]
+        futures = [envs.submit(_one_at_a_time(j, lock)) for j in jobs]
+        if not futures:
+            return []
         try:
-            wait(futures, return_when=FIRST_EXCEPTION)
+            envs.wait(futures, None, FIRST_EXCEPTION)
             return [f.result() for f in futures]
         finally:
             for f in futures:
@@ -387,20 +384,54 @@ class EpisodeRunner:
         return [t or "" for t in texts]
 
 
-def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
-    """Cancel what still runs on ``loop`` (an error ended the call), stop it, join its thread, close it."""
+class _EnvLoop:
+    """The event loop environment coroutines run on, with the worker threads of plain steps. Lockstep:
+    on the caller's thread, between engine calls (no step is in flight while the engine generates; an
+    ``inline`` environment then spawns no thread at all). ``threaded`` (async episodes): in a thread of
+    its own, so steps go on while the caller's thread generates; the engine stays on the caller's
+    thread (its CUDA device, vLLM's state)."""
 
-    async def cancel() -> None:
-        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    def __init__(self, workers: int, threaded: bool) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.pool = ThreadPoolExecutor(max_workers=workers)  # threads start only when a plain step runs
+        self.loop.set_default_executor(self.pool)
+        self.thread: threading.Thread | None = None
+        if threaded:
+            self.thread = threading.Thread(target=self.loop.run_forever, name="tandem-env-loop", daemon=True)
+            self.thread.start()
 
-    with contextlib.suppress(Exception):  # a step that ignores cancellation is dropped with the loop
-        asyncio.run_coroutine_threadsafe(cancel(), loop).result(timeout=5.0)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join()
-    loop.close()
+    def submit(self, job: Any) -> Any:
+        """Start coroutine ``job``: a future (``done``, ``result``, ``cancel``)."""
+        if self.thread is None:
+            return self.loop.create_task(job)  # runs while :meth:`wait` runs the loop
+        return asyncio.run_coroutine_threadsafe(job, self.loop)
+
+    def wait(self, futures: list[Any], timeout: float | None, when: str) -> set[Any]:
+        """The ``futures`` done once ``when`` (FIRST_COMPLETED, FIRST_EXCEPTION) holds or ``timeout`` passes."""
+        if self.thread is None:
+            done, _ = self.loop.run_until_complete(asyncio.wait(futures, timeout=timeout, return_when=when))
+        else:
+            done, _ = wait(futures, timeout=timeout, return_when=when)
+        return done
+
+    def close(self) -> None:
+        """Cancel what still runs (an error ended the call), stop the loop and close it."""
+
+        async def cancel() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        if self.thread is None:
+            self.loop.run_until_complete(cancel())
+        else:
+            with contextlib.suppress(Exception):  # a step that ignores cancellation is dropped with the loop
+                asyncio.run_coroutine_threadsafe(cancel(), self.loop).result(timeout=5.0)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join()
+        self.loop.close()
+        self.pool.shutdown(wait=False)  # a timed-out step's thread is not waited for
 
 
 async def _one_at_a_time(job: Any, lock: asyncio.Lock | None) -> Any:
