@@ -14,6 +14,10 @@ environment whose return rewards doing it in few turns.
     .venv/bin/python bench/agents_learning.py [--config configs/agent_calculator.yaml] [--steps 20]
         [--seeds 0 1] [--modes colocated decoupled] [--eval-every 5] [--set key=value ...]
 
+``--agent guess`` is ``--config configs/agent_guess.yaml --judge accuracy return``: the number-guessing
+game (1-10 in 4 tries) from a warm start whose greedy games count up from 1 while a quarter of its SFT
+games bisect; it learns when held-out success and return per episode both rise by more than the margin.
+
 Training on 2 shared CPU cores is slow: the load average is printed beside every run's wall time.
 """
 
@@ -37,6 +41,12 @@ KEYS = {
     "calls": "eval/agent/tool_calls_mean",
     "return": "eval/agent/return_mean",
     "turns": "eval/agent/turns_mean",
+}
+
+# --agent NAME: the shipped config and what must rise for it to count as learning
+AGENTS = {
+    "calculator": (ROOT / "configs/agent_calculator.yaml", ["accuracy", "calls"]),
+    "guess": (ROOT / "configs/agent_guess.yaml", ["accuracy", "return"]),
 }
 
 
@@ -75,9 +85,10 @@ def run(config: Path, mode: str, seed: int, args: argparse.Namespace, out: Path)
         if KEYS["accuracy"] in (summary.get(key) or {}):
             curve[step] = point(step, summary[key])
     curve = [curve[s] for s in sorted(curve)]
-    # the sampled (temperature-1) training episodes of every step: tool calls per episode, mean reward
+    # the sampled (temperature-1) training episodes of every step: tool calls and turns per episode,
+    # mean reward
     train = [
-        (r["step"], r["agent/tool_calls_mean"], r.get("reward/mean", 0.0))
+        (r["step"], r["agent/tool_calls_mean"], r.get("agent/turns_mean", 0.0), r.get("reward/mean", 0.0))
         for r in rows
         if "agent/tool_calls_mean" in r
     ]
@@ -87,6 +98,7 @@ def run(config: Path, mode: str, seed: int, args: argparse.Namespace, out: Path)
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--agent", choices=list(AGENTS), help="a shipped agent: its config and --judge")
     ap.add_argument("--config", type=Path, default=ROOT / "configs/agent_calculator.yaml")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
@@ -99,14 +111,18 @@ def main() -> None:
     ap.add_argument(
         "--judge",
         nargs="+",
-        default=["accuracy", "calls"],
+        default=None,
         choices=list(KEYS),
-        help="what must rise by more than --margin for a run to count as learning",
+        help="what must rise by more than --margin for a run to count as learning (accuracy calls)",
     )
     ap.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run")
     ap.add_argument("--set", nargs="*", default=[], help="extra dotted overrides for every run")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
+    if args.agent:
+        args.config, judge = AGENTS[args.agent]
+        args.judge = args.judge or judge
+    args.judge = args.judge or ["accuracy", "calls"]
 
     results = []
     with tempfile.TemporaryDirectory(prefix="agents_learning_") as tmp:
@@ -114,10 +130,10 @@ def main() -> None:
             for mode in args.modes:
                 r = run(args.config, mode, seed, args, Path(tmp) / f"{mode}_{seed}")
                 results.append(r)
-                points = "  ".join(f"{p[0]}:{p[1]:.2f}/{p[2]:.2f}/{p[3]:.2f}" for p in r["curve"])
-                print(f"{mode:10s} seed {seed}  step:accuracy/calls/return  {points}", flush=True)
-                sampled = " ".join(f"{c:.2f}/{m:.2f}" for _, c, m in r["train"])
-                print(f"{'':10s} training episodes' tool calls/reward per step: {sampled}", flush=True)
+                points = "  ".join(f"{p[0]}:{p[1]:.2f}/{p[2]:.2f}/{p[3]:.2f}/{p[4]:.2f}" for p in r["curve"])
+                print(f"{mode:10s} seed {seed}  step:accuracy/calls/return/turns  {points}", flush=True)
+                sampled = " ".join(f"{c:.2f}/{t:.2f}/{m:.2f}" for _, c, t, m in r["train"])
+                print(f"{'':10s} training episodes' tool calls/turns/reward per step: {sampled}", flush=True)
                 print(f"{'':10s} wall {r['wall']:.0f} s, load average ~{r['load']:.1f}", flush=True)
 
     names = list(KEYS)

@@ -1,5 +1,6 @@
-"""The calculator task's ``tool_demos`` option (a weak warm start by construction) and the shipped agent
-config that starts from such a warm start. Mechanisms only: whether RL then raises the tool-call rate is
+"""The options that make weak warm starts by construction (the calculator task's ``tool_demos``, the guess
+task's ``search_demos`` and ``naive_demos``) and the shipped agent configs that start from such warm starts.
+Mechanisms only: whether RL then raises the tool-call rate or the guess return is
 ``bench/agents_learning.py``'s question."""
 
 from __future__ import annotations
@@ -68,3 +69,39 @@ def test_guess_transcripts_replay_against_the_guess_environment():
     assert "completion" not in get_task("guess").make_rows("train", 1, seed=0)[0]
     with pytest.raises(ConfigError, match="search_demos must be a number in 0..1"):
         get_task("guess", search_demos=2)
+
+
+def test_linear_naive_demos_count_up_and_replay_against_the_guess_environment():
+    """``naive_demos: linear`` games count 1, 2, 3, ... to the secret (ignoring the feedback); the
+    bisecting share is unchanged, every transcript is a game the environment would play."""
+    rows = get_task("guess", high=10, search_demos=0.25, naive_demos="linear").make_rows("train", 200, seed=0)
+    linear = 0
+    for row in rows:
+        guesses = row["completion"].split("\n")[0::2]
+        if guesses == [str(i) for i in range(1, row["secret"] + 1)]:
+            linear += 1
+        else:  # bisection of 1-10: the first try is the midpoint
+            assert guesses[0] == "5", row["completion"]
+        env = GuessNumber()
+        env.reset(row)
+        for i, guess in enumerate(guesses):
+            assert env.step(guess + "\n")[2] == (i == len(guesses) - 1)
+    assert 0.6 < linear / len(rows) < 0.9  # ~75%, plus the bisection games of secret 5 (one try)
+    # the default keeps the options key (and so the row streams) from before the option
+    assert get_task("guess", high=10, search_demos=0.25)._options_key() == repr(
+        [("high", 10), ("search_demos", 0.25)]
+    )
+    with pytest.raises(ConfigError, match="naive_demos must be one of random, linear"):
+        get_task("guess", naive_demos="spiral")
+
+
+def test_shipped_guess_config_starts_from_its_weak_warm_start():
+    cfg = load_config(REPO / "configs/agent_guess.yaml")
+    ws = cfg.model.warm_start_sft
+    assert ws is not None and 0 < ws.task_options["search_demos"] < 0.5
+    assert ws.task_options["naive_demos"] == "linear"
+    assert ws.task_options["high"] == cfg.data.task_options["high"]  # the same game as trained and held out
+    assert "search_demos" not in cfg.data.task_options
+    model = REPO / cfg.model.path
+    assert (model / "config.json").is_file() and (model / "model.safetensors").is_file()
+    assert cfg.env is not None and cfg.env.name == "guess"
