@@ -14,10 +14,18 @@ beside each run's own background. While each run trains, a sampler reads the mac
 runnable threads, is saved as the run's ``machine.jsonl`` (the background). On the shared 2-core VM
 that count did not track how fast the machine ran (docs/planning.md, cross-prediction).
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/plan_validate.py [--steps 16] [--keep DIR] [--fixtures DIR]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/plan_validate.py [--steps 16] [--paired] [--keep DIR] [--fixtures DIR]
+    .venv/bin/python bench/plan_validate.py --analyse DIR [--paired] [--fixtures DIR]  # runs kept by --keep
 
 ``--fixtures DIR`` writes each run's config.yaml, metrics.jsonl (timing keys only) and machine.jsonl under
 DIR/<name>/, which is how ``tests/unit/plan/recorded*`` were made. The load average is printed too.
+
+The runs also log each phase's process CPU seconds (``cpu/<phase>``), and the sampler records the
+machine's busy CPU seconds and the run's own: the last two columns of the cross table predict from the
+colocated run's CPU seconds per phase (what each phase costs on a core of its own) instead of its wall
+times, under a load read from a run's share of a core (``RunTimings.load_background``): the colocated
+run's (assumed to stay), or the predicted run's own (the load stated; the layout's contention between its
+own processes is still the model's).
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tandem.plan.calibrate import check, cross_check, read_run  # noqa: E402
+from tandem.plan.calibrate import check, cross_check, cross_check_cpu, read_run  # noqa: E402
 from tandem.plan.sharing import CorePool  # noqa: E402
 
 LAYOUTS: dict[str, list[str]] = {
@@ -50,7 +58,7 @@ LAYOUTS: dict[str, list[str]] = {
     "dec_eta2_w2": ["architecture.staleness=2", "architecture.num_workers=2"],
 }
 KEEP_KEYS = ("step", "time", "response/length_mean", "perf/train_tokens_per_s", "idle/learner_ratio")
-KEEP_PREFIXES = ("timing/", "worker/sync_s", "staleness/lag_")
+KEEP_PREFIXES = ("timing/", "cpu/", "worker/cpu/", "worker/sync_s", "staleness/lag_")
 
 
 def run_layout(name: str, extra: list[str], out: Path, steps: int) -> None:
@@ -79,14 +87,23 @@ def run_layout(name: str, extra: list[str], out: Path, steps: int) -> None:
     (out / "machine.jsonl").write_text("".join(json.dumps(r) + "\n" for r in samples))
 
 
-def _stat(path: str) -> tuple[str, int] | None:
-    """(state, parent pid) from a /proc stat file; None if the task is gone."""
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _stat(path: str) -> tuple[str, int, float] | None:
+    """(state, parent pid, CPU seconds used) from a /proc stat file; None if the task is gone."""
     try:
         text = Path(path).read_text()
     except OSError:
         return None
     fields = text[text.rindex(")") + 2 :].split()  # after the command name, which may hold spaces
-    return fields[0], int(fields[1])
+    return fields[0], int(fields[1]), (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
+
+
+def _machine_busy() -> float:
+    """CPU seconds all cores have spent busy since boot (/proc/stat: everything but idle and iowait)."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / TICK
 
 
 def _sample(root: int, samples: list[dict[str, float]], stop: threading.Event, every: float = 0.1) -> None:
@@ -103,8 +120,10 @@ def _sample(root: int, samples: list[dict[str, float]], stop: threading.Event, e
             new = {pid for pid, ppid in parents.items() if ppid in tree} - tree
             tree |= new
             grew = bool(new)
-        own = 0
+        own, own_cpu = 0, 0.0
         for pid in tree:
+            st = _stat(f"/proc/{pid}/stat")
+            own_cpu += st[2] if st is not None else 0.0
             try:
                 tasks = os.listdir(f"/proc/{pid}/task")
             except OSError:
@@ -112,11 +131,20 @@ def _sample(root: int, samples: list[dict[str, float]], stop: threading.Event, e
             for tid in tasks:
                 st = _stat(f"/proc/{pid}/task/{tid}/stat")
                 own += st is not None and st[0] == "R"
-        samples.append({"time": round(time.time(), 2), "runnable": running, "own": own})
+        samples.append(
+            {
+                "time": round(time.time(), 2),
+                "runnable": running,
+                "own": own,
+                "busy_s": round(_machine_busy(), 2),  # cumulative: busy cores = its rate
+                "own_cpu_s": round(own_cpu, 2),  # cumulative CPU seconds of the run's live processes
+            }
+        )
 
 
-def save_fixture(run: Path, dest: Path) -> None:
-    """The run's config and its metrics rows reduced to what calibration reads."""
+def save_fixture(run: Path, dest: Path, *, every: int = 4) -> None:
+    """The run's config, its metrics rows reduced to what calibration reads, and every ``every``-th
+    machine sample (0.4 s apart: its means barely move, the fixture is a quarter of the size)."""
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copy(run / "config.yaml", dest / "config.yaml")
     rows = []
@@ -124,12 +152,18 @@ def save_fixture(run: Path, dest: Path) -> None:
         row = json.loads(line)
         if "timing/step" not in row:
             continue
-        rows.append({k: v for k, v in row.items() if k in KEEP_KEYS or k.startswith(KEEP_PREFIXES)})
+        rows.append(
+            {
+                k: round(v, 6) if isinstance(v, float) else v  # µs: what timing needs, half the bytes
+                for k, v in row.items()
+                if k in KEEP_KEYS or k.startswith(KEEP_PREFIXES)
+            }
+        )
     (dest / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     start = rows[0]["time"] - 1.0 if rows else 0.0  # start-up samples are never used
     samples = [
         line for line in (run / "machine.jsonl").read_text().splitlines() if json.loads(line)["time"] >= start
-    ]
+    ][::every]
     (dest / "machine.jsonl").write_text("".join(line + "\n" for line in samples))
 
 
@@ -145,8 +179,14 @@ def main() -> None:
         action="store_true",
         help="run a colocated run right before each decoupled one and predict each from its own pair",
     )
+    ap.add_argument(
+        "--analyse",
+        type=Path,
+        default=None,
+        help="run nothing: read the run folders a --keep left in this folder and print the tables",
+    )
     args = ap.parse_args()
-    base = args.keep or Path(tempfile.mkdtemp(prefix="tandem-plan-"))
+    base = args.analyse or args.keep or Path(tempfile.mkdtemp(prefix="tandem-plan-"))
     names = args.only or list(LAYOUTS)
     if args.paired:
         names = [m for n in names if n != "colocated" for m in (f"colocated_before_{n}", n)]
@@ -160,10 +200,15 @@ def main() -> None:
     pairs = []
     for name in names:
         out = base / name
-        if out.exists():
-            shutil.rmtree(out)
-        load = os.getloadavg()[0]
-        run_layout(name, LAYOUTS.get(name, []), out, args.steps)
+        if args.analyse is not None:
+            if not (out / "machine.jsonl").is_file():  # written when the run ended
+                continue
+            load = float("nan")
+        else:
+            if out.exists():
+                shutil.rmtree(out)
+            load = os.getloadavg()[0]
+            run_layout(name, LAYOUTS.get(name, []), out, args.steps)
         timings = read_run(out)
         res = check(timings)
         results.append((name, timings, res))
@@ -183,41 +228,61 @@ def main() -> None:
     print(f"\nwithin 15 %: {len(results) - len(bad)}/{len(results)}" + (f" (outside: {bad})" if bad else ""))
     if pairs:
         print(cross_table(pairs, cores=args.cores))
-    if args.keep is None:
+    if args.keep is None and args.analyse is None:
         shutil.rmtree(base, ignore_errors=True)
 
 
 def cross_table(pairs, *, cores: float) -> str:
-    """Markdown: each decoupled run predicted from a colocated run's phases (``pairs``: (colocated,
-    decoupled) timings) — on cores of its own; on ``cores`` shared cores beside the colocated run's
-    background (assumed to stay); and beside the run's own measured background (when it was sampled)."""
+    """Markdown: each decoupled run predicted from a colocated run (``pairs``: (colocated, decoupled)
+    timings) — from its wall-time phases: on cores of its own; on ``cores`` shared cores beside the colocated
+    run's sampled background (assumed to stay); beside the run's own sampled background — and from its CPU
+    seconds per phase (``cpu/<phase>``), on ``cores`` shared cores beside the load that explains the
+    colocated run's share of a core (assumed to stay), and beside the load that explains the decoupled
+    run's own share (a stated load: the layout's contention is still the model's)."""
     lines = [
-        f"\nFrom a colocated run's phases alone ({cores:g} cores; background = other jobs' runnable threads):",
-        "| run | from | measured s/step | own cores | error | shared, colocated's background | error "
-        "| shared, run's background | background | error |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"\nFrom a colocated run alone ({cores:g} cores; B = other jobs' runnable threads, sampled or from the "
+        "share of a core):",
+        "| run | from (sampled B) | measured s/step | wall, own cores | wall, shared, colocated's B "
+        "| wall, shared, run's sampled B | cpu, colocated's load (B) | cpu, run's load (B) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
-    errors: dict[str, list[float]] = {"own": [], "stay": [], "run": []}
+    errors: dict[str, list[float]] = {"own": [], "stay": [], "run": [], "cpu_stay": [], "cpu_run": []}
     for colocated, t in pairs:
         bg = colocated.background or 0.0
-        own = cross_check(colocated, t, pool=None)
-        stay = cross_check(colocated, replace(t, background=None), pool=CorePool(cores, background=bg))
-        run = cross_check(colocated, t, pool=CorePool(cores, background=bg))
-        for key, res in (("own", own), ("stay", stay), ("run", run)):
-            errors[key].append(res.error)
+        res = {
+            "own": cross_check(colocated, t, pool=None),
+            "stay": cross_check(colocated, replace(t, background=None), pool=CorePool(cores, background=bg)),
+            "run": cross_check(colocated, t, pool=CorePool(cores, background=bg)),
+        }
+        loads = {}
+        if colocated.cpu is not None and t.cpu is not None:
+            loads = {"cpu_stay": colocated.load_background(cores), "cpu_run": t.load_background(cores)}
+            for key, load in loads.items():
+                res[key] = cross_check_cpu(colocated, t, cores=cores, background=load)
+        for key, r in res.items():
+            errors[key].append(r.error)
+
+        cells = " | ".join(_cell(res, loads, key) for key in errors)
         lines.append(
-            f"| {Path(t.run_dir).name} | {Path(colocated.run_dir).name} ({bg:.2f}) | {t.measured_step_s:.3f} "
-            f"| {own.predicted.step_s:.3f} | {own.error:+.1%} "
-            f"| {stay.predicted.step_s:.3f} | {stay.error:+.1%} | {run.predicted.step_s:.3f} | {_bg(t.background)} "
-            f"| {run.error:+.1%} |"
+            f"| {Path(t.run_dir).name} | {Path(colocated.run_dir).name} ({_bg(colocated.background)}) "
+            f"| {t.measured_step_s:.3f} | {cells} |"
         )
-    inside = {k: sum(abs(e) <= 0.15 for e in v) for k, v in errors.items()}
-    n = len(pairs)
-    lines.append(
-        f"\nwithin 15 %: own cores {inside['own']}/{n} · shared, colocated's background {inside['stay']}/{n}"
-        f" · shared, run's background {inside['run']}/{n}"
+    summary = " · ".join(
+        f"{key} {sum(abs(e) <= 0.15 for e in v)}/{len(v)} (worst {max(abs(e) for e in v):.1%})"
+        for key, v in errors.items()
+        if v
     )
+    lines.append(f"\nwithin 15 %: {summary}")
     return "\n".join(lines)
+
+
+def _cell(res: dict, loads: dict[str, float], key: str) -> str:
+    """``predicted s/step (error)``, with the load it assumed for the CPU-time models."""
+    if key not in res:
+        return "—"
+    r = res[key]
+    extra = f" (B {loads[key]:.2f})" if key in loads else ""
+    return f"{r.predicted.step_s:.3f} ({r.error:+.1%}){extra}"
 
 
 def _bg(background: float | None) -> str:

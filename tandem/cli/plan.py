@@ -224,7 +224,7 @@ def _calibrate(
         threads = run.layout.learner_threads
         if run.cpu is not None:  # CPU seconds: each phase's time on cores of its own, whatever the load
             if background is None:
-                background = run.cpu.background(cores, threads)
+                background = run.load_background(cores)
             phases, basis = run.cpu.phases, "cpu"
             pool = CorePool(
                 cores,

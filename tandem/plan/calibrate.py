@@ -21,8 +21,7 @@ Runs also log each phase's process CPU seconds (``cpu/<phase>``; a decoupled wor
 would take with its threads on cores of their own, whatever else ran on the machine — and the share of a
 core each side's threads got (:class:`CpuTimes`). :func:`cross_check_cpu` predicts a layout from those
 CPU seconds under a stated load: ``cores`` shared with ``background`` runnable threads of other jobs (by
-default the background that explains the source run's own share, :func:`~tandem.plan.sharing.
-background_from_share`).
+default the background that explains the source run's own share of a core, :func:`background_for_share`).
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ import yaml
 
 from tandem.errors import ConfigError, DataError
 from tandem.plan.cost import PhaseTimes
-from tandem.plan.sharing import CorePool, background_from_share
+from tandem.plan.sharing import CorePool
 from tandem.plan.simulate import Layout, SimResult, simulate
 
 
@@ -59,17 +58,15 @@ class RunTimings:
     cpu: CpuTimes | None = None  # the phases in CPU seconds (runs that log cpu/<phase>)
 
     def load_background(self, cores: float) -> float | None:
-        """Other jobs' runnable threads while this run trained: the background under which fair sharing of
-        ``cores`` gives its phases' threads the share of a core they got (``cpu/<phase>`` over
-        ``timing/<phase>``), beside its own busy phase threads (their CPU seconds per step over that
-        share and the step's wall time). None without CPU times."""
+        """Other jobs' runnable threads while this run trained: the background under which this run's CPU
+        seconds, simulated in its own layout on ``cores`` shared cores, get the share of a core its threads
+        measured (:func:`background_for_share`; it uses the run's CPU times, not its wall times). None
+        without CPU times."""
         if self.cpu is None:
             return None
-        p, lay = self.cpu.phases, self.layout
-        wt = lay.worker_threads if lay.mode == "decoupled" else lay.learner_threads
-        cpu_per_step = p.rollout_s * wt + (p.learn_s + p.weight_sync + p.overhead) * lay.learner_threads
-        busy = cpu_per_step / (min(1.0, self.cpu.share) * self.measured_step_s)
-        return background_from_share(self.cpu.share, cores, max(busy, 1e-9))
+        return background_for_share(
+            self.cpu.phases, self.layout, self.cpu.share, cores, samples_per_step=self.samples_per_step
+        )
 
 
 @dataclass(frozen=True)
@@ -81,10 +78,6 @@ class CpuTimes:
     rollout_share: float
     learner_share: float
     share: float  # over every timed phase of both sides
-
-    def background(self, cores: float, threads: float = 1.0) -> float:
-        """Other jobs' runnable threads that explain :attr:`share` on ``cores`` under fair sharing."""
-        return background_from_share(self.share, cores, threads)
 
 
 @dataclass(frozen=True)
@@ -339,7 +332,7 @@ def cross_check_cpu(
     if source.cpu is None:
         raise ValueError(f"{source.run_dir} logged no cpu/<phase> times")
     threads = source.layout.learner_threads
-    bg = source.cpu.background(cores, threads) if background is None else background
+    bg = source.load_background(cores) if background is None else background
     pool = CorePool(
         cores,
         background=bg,
@@ -356,3 +349,49 @@ def cross_check_cpu(
         pool=pool,
     )
     return Check(target, predicted)
+
+
+def simulated_share(
+    cpu: PhaseTimes, layout: Layout, pool: CorePool, *, samples_per_step: int, steps: int = 200
+) -> float:
+    """The share of a core per busy thread that phases of ``cpu`` CPU seconds per thread get in
+    ``layout`` under ``pool``: their work over their busy thread-seconds, simulated."""
+    wt = layout.worker_threads if layout.mode == "decoupled" else layout.learner_threads
+    lt = layout.learner_threads
+    work = cpu.rollout_s * wt + (cpu.learn_s + cpu.weight_sync + cpu.overhead) * lt
+    r = simulate(cpu, layout, samples_per_step=samples_per_step, steps=steps, pool=pool)
+    busy = (r.learner_util * lt + r.rollout_util * layout.workers * wt) * r.step_s
+    return work / busy if busy > 0 else 1.0
+
+
+def background_for_share(
+    cpu: PhaseTimes,
+    layout: Layout,
+    share: float,
+    cores: float,
+    *,
+    samples_per_step: int,
+    tolerance: float = 0.005,
+) -> float:
+    """Other jobs' runnable threads under which a run of ``cpu`` CPU seconds per phase in ``layout`` on
+    ``cores`` cores gets ``share`` of a core per busy thread (its measured CPU over wall seconds): the
+    run's own overlapping phases count as the simulator has them, the rest of the slowdown is background.
+    0 when the run got at least what it gets on an idle machine. Bisection; the share falls as the
+    background grows."""
+
+    def got(background: float) -> float:
+        pool = CorePool(
+            cores, background=background, reference_threads=layout.learner_threads, reference_background=0.0
+        )
+        return simulated_share(cpu, layout, pool, samples_per_step=samples_per_step)
+
+    target = min(1.0, share)
+    if got(0.0) <= target:
+        return 0.0
+    lo, hi = 0.0, cores / target
+    while got(hi) > target:
+        hi *= 2
+    while hi - lo > tolerance * max(1.0, hi):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if got(mid) > target else (lo, mid)
+    return (lo + hi) / 2

@@ -92,16 +92,6 @@ def speeds(
     return {k: pool.speed(t, total - t, kinds.get(k)) for k, t in busy.items()}
 
 
-def background_from_share(share: float, cores: float, threads: float = 1.0) -> float:
-    """Runnable threads of other jobs that, under fair sharing of ``cores``, leave each of a phase's
-    ``threads`` the measured ``share`` of a core (its CPU seconds over its wall seconds per thread):
-    ``cores / share - threads``, at least 0. A share of 1 reads as a machine just full (``cores -
-    threads``); a phase that also waits (I/O, locks) reads as more background than there was."""
-    if not (share > 0 and cores > 0 and threads > 0):
-        raise ValueError(f"need share, cores and threads > 0 (got {share}, {cores}, {threads})")
-    return max(0.0, cores / min(1.0, share) - threads)
-
-
 def fair_slowdown(processes: int, cores: float) -> float:
     """How much longer each of ``processes`` single-thread processes computing at once takes than one
     alone, under fair sharing of ``cores`` idle cores: 1 while they fit, else ``processes / cores``."""

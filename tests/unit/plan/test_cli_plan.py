@@ -161,3 +161,17 @@ def test_parse_interference():
         parse_interference("1.2")
     with pytest.raises(ConfigError, match="expected a factor > 0, got 'inf'"):
         parse_interference("update=inf")
+
+
+def test_calibrate_a_run_with_cpu_times_predicts_from_them_under_its_own_load():
+    """A run that logged cpu/<phase>: the table shows CPU seconds, the default background is the load that
+    explains its share of a core, so the colocated row gives its own step time back; --background 0 (the
+    machine idle) predicts it faster."""
+    run = Path(__file__).parent / "recorded_paired" / "colocated_before_dec_eta1_w1"
+    loaded = invoke("--calibrate", str(run), "--cores", "2")
+    idle = invoke("--calibrate", str(run), "--cores", "2", "--background", "0")
+    assert loaded.exit_code == 0 and idle.exit_code == 0, loaded.output
+    assert "cpu s per thread" in loaded.output and "share of a core per thread" in loaded.output
+    measured = float(loaded.output.split("measured ")[1].split(" s/step")[0])
+    assert _rows(loaded.output)["colocated"] == pytest.approx(measured, rel=0.05)
+    assert _rows(idle.output)["colocated"] < 0.6 * measured  # the run got well under half a core

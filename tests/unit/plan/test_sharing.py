@@ -8,7 +8,6 @@ from tandem.errors import ConfigError
 from tandem.plan.cost import PhaseTimes
 from tandem.plan.sharing import (
     CorePool,
-    background_from_share,
     fair_slowdown,
     interference_factor,
     speeds,
@@ -176,26 +175,3 @@ def test_no_pool_is_the_old_simulator():
     b = simulate(p, dec(2, workers=2), samples_per_step=B, seed=3, pool=CorePool(64))
     assert a.step_s == pytest.approx(b.step_s)
     assert a.lag == b.lag
-
-
-@pytest.mark.parametrize(
-    ("share", "threads", "background"),
-    [
-        (0.5, 1, 3.0),  # half a core on 2 cores: 4 runnable threads, 3 of them other jobs'
-        (2 / 3, 1, 2.0),  # the pool's own case above: beside 2 threads a phase gets 2/3 of a core
-        (0.25, 2, 6.0),  # two threads at a quarter each: 8 runnable, 6 others
-        (1.0, 1, 1.0),  # a full core: the machine just full (the upper end of what a full core allows)
-        (1.2, 1, 1.0),  # CPU above wall (clock noise) reads as a full core
-        (1.0, 4, 0.0),  # more threads than cores: never a negative background
-    ],
-)
-def test_background_from_share_inverts_the_fair_share(share, threads, background):
-    assert background_from_share(share, 2, threads) == pytest.approx(background)
-    pool = CorePool(2, background=background_from_share(share, 2, threads))
-    if share < 1 and threads <= 2:
-        assert pool.share(threads) / threads == pytest.approx(share)  # the pool gives the share back
-
-
-def test_background_from_share_rejects_nonsense():
-    with pytest.raises(ValueError, match="share, cores and threads > 0"):
-        background_from_share(0.0, 2)
