@@ -197,7 +197,7 @@ def child(args: argparse.Namespace) -> None:
     torch.set_num_interop_threads(1)
     w, folder = warm_starts.WARM_STARTS[args.start], args.warm / args.start
     if args.child == "tandem":
-        out = run_tandem(w, folder, args.steps, args.seed, args.every, tuple(args.overrides))
+        out = run_tandem(w, folder, args.steps, args.seed, args.every, tuple(args.override))
     else:
         out = run_trl(w, folder, args.steps, args.seed, args.every, args.lr)
     print("@@RESULT " + json.dumps(out), flush=True)

@@ -18,14 +18,16 @@ sub2           ``sub: 37-58=`` (2-digit, answers may be <0)  96x3, seed 13, 300 
 countdown      ``nums 3 5 7 target 22:`` (3 numbers <= 9)    128x4, seed 14, 300 steps, lr 3e-3
 add2-mid       ``add: 37+58=``                              128x4, seed 31, 200-step chunks, lr 3e-3
 sub2-mid       ``sub: 37-58=``                              128x4, seed 33, 200-step chunks, lr 3e-3
-countdown-mid  ``nums 3 5 7 target 22:``                    160x4, seed 34, 150-step chunks, lr 3e-3
+countdown-mid  ``countdown``'s files and model, SFT continued  seed 34, 150-step chunks, lr 3e-3
 =============  ===========================================  ====================================
 
 The first four (``--strength weak``) are weaker than the outside model of issue 17 (35 % held-out
 greedy); the ``-mid`` ones (``--strength mid``) are built to land near it: SFT runs in chunks of
 ``sft_steps`` (each a fresh ``tandem sft`` from the previous chunk's model) until greedy accuracy on the
 512 *training* prompts (never the held-out ones) reaches ``target``, or ``max_sft_steps`` is spent. The
-SFT steps used and the accuracy after each chunk go to ``build.json``.
+SFT steps used and the accuracy after each chunk go to ``build.json``. A warm start with a ``parent``
+continues the parent's model (built first if missing) on the parent's prompt files, with its own seeds:
+a longer SFT budget of the same run, the way a user keeps training a checkpoint.
 
 Every warm start gets a fixed 512-row training prompt file (``train.jsonl``: ``prompt``, ``answer``, and
 for countdown ``nums``/``target``) and a disjoint 300-row held-out file (``eval.jsonl``); the SFT rows are
@@ -67,7 +69,6 @@ TANDEM = Path(sys.executable).parent / "tandem"
 REWARD = f"{Path(__file__).resolve()}:reward"
 TRAIN_ROWS, EVAL_ROWS = 512, 300
 _INT = re.compile(r"-?\d+")
-MID_CD = ("--hidden-size", "160", "--num-layers", "4")
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,7 @@ class WarmStart:
     target: float = 0.0  # > 0: SFT in chunks of sft_steps until train-prompt greedy accuracy >= target
     max_sft_steps: int = 0  # the chunked build's budget
     strength: str = "weak"  # the --strength preset this warm start belongs to
+    parent: str = ""  # continue this warm start's model, on its files (chunked SFT)
 
 
 WARM_STARTS: dict[str, WarmStart] = {
@@ -97,7 +99,9 @@ WARM_STARTS: dict[str, WarmStart] = {
         WarmStart("countdown", "countdown", 1, 14, 300, 3e-3, 4096, 12),
         WarmStart("add2-mid", "add", 2, 31, 200, 3e-3, 4096, 6, (), 0.27, 2400, "mid"),
         WarmStart("sub2-mid", "sub", 2, 33, 200, 3e-3, 4096, 6, (), 0.27, 2400, "mid"),
-        WarmStart("countdown-mid", "countdown", 1, 34, 150, 3e-3, 4096, 12, MID_CD, 0.27, 1800, "mid"),
+        WarmStart(
+            "countdown-mid", "countdown", 1, 34, 150, 3e-3, 4096, 12, (), 0.27, 1800, "mid", "countdown"
+        ),
     )
 }
 STRENGTHS = sorted({w.strength for w in WARM_STARTS.values()})
@@ -214,7 +218,7 @@ def sft_chunks(w: WarmStart, folder: Path) -> dict[str, Any]:
     ``w.target`` or ``w.max_sft_steps`` are spent; the last chunk's model becomes ``model``."""
     import shutil
 
-    current, steps, curve = folder / "base", 0, []
+    current, steps, curve = folder / "base", 0, []  # base: the initial model (or the parent's copy)
     while steps < w.max_sft_steps:
         nxt = folder / f"sft{steps + w.sft_steps}"
         shutil.rmtree(nxt, ignore_errors=True)
@@ -244,13 +248,26 @@ def build(w: WarmStart, root: Path, rebuild: bool) -> dict[str, Any]:
             "sft_steps": info.get("sft_steps"),
         }
     t0 = time.perf_counter()
-    make_files(w, folder)
-    _run(
-        [str(TANDEM), "init-model", str(folder / "base"), "--seed", str(w.seed), *w.model_args],
-        folder / "log.txt",
-    )
+    if w.parent:  # the parent's files and model (same held-out prompts, disjoint from its SFT rows)
+        import shutil
+
+        build(WARM_STARTS[w.parent], root, rebuild=False)
+        for name in ("train.jsonl", "eval.jsonl", "sft.jsonl"):
+            shutil.copyfile(root / w.parent / name, folder / name)
+        shutil.rmtree(folder / "base", ignore_errors=True)
+        shutil.copytree(root / w.parent / "model", folder / "base")
+    else:
+        make_files(w, folder)
+        _run(
+            [str(TANDEM), "init-model", str(folder / "base"), "--seed", str(w.seed), *w.model_args],
+            folder / "log.txt",
+        )
     if w.target > 0:
         info = sft_chunks(w, folder)
+        if w.parent:  # the SFT budget counts the parent's steps too
+            pjson = root / w.parent / "build.json"
+            parent = json.loads(pjson.read_text()) if pjson.is_file() else {}
+            info["sft_steps"] += parent.get("sft_steps", WARM_STARTS[w.parent].sft_steps)
     else:
         _sft(w, folder, folder / "base", w.sft_steps, w.seed, folder / "model")
         info = {"sft_steps": w.sft_steps}
