@@ -60,8 +60,8 @@ class RunTimings:
     def load_background(self, cores: float) -> float | None:
         """Other jobs' runnable threads while this run trained: the background under which this run's CPU
         seconds, simulated in its own layout on ``cores`` shared cores, get the share of a core its threads
-        measured (:func:`background_for_share`; it uses the run's CPU times, not its wall times). None
-        without CPU times."""
+        measured (:func:`background_for_share`; the share is per phase, CPU over wall seconds: the run's
+        step time is not used). None without CPU times."""
         if self.cpu is None:
             return None
         return background_for_share(

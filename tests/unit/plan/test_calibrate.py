@@ -19,7 +19,15 @@ from pathlib import Path
 import pytest
 
 from tandem.errors import ConfigError, DataError
-from tandem.plan.calibrate import check, cross_check, cross_check_cpu, mean_background, read_run
+from tandem.plan.calibrate import (
+    background_for_share,
+    check,
+    cross_check,
+    cross_check_cpu,
+    mean_background,
+    read_run,
+)
+from tandem.plan.cost import PhaseTimes
 from tandem.plan.sharing import CorePool
 from tandem.plan.simulate import Layout
 
@@ -197,3 +205,19 @@ def test_cpu_seconds_of_the_paired_colocated_run_predict_the_decoupled_run_under
         colocated, replace(target, background=None), pool=CorePool(2, background=colocated.background)
     )
     assert abs(cpu.error) <= abs(wall.error) + 0.02, (name, cpu.error, wall.error)
+
+
+@pytest.mark.parametrize(
+    ("layout", "share", "background"),
+    [
+        (Layout(), 0.5, 3.0),  # one thread at half a core of 2: 4 runnable, 3 of them others'
+        (Layout(), 1.0, 0.0),  # a full core: nothing to explain
+        # η = 1, G = T: the worker and the learner compute side by side all the time, 2 of ours
+        (Layout(mode="decoupled", staleness=1), 0.5, 2.0),
+        (Layout(mode="decoupled", staleness=1), 0.25, 6.0),
+    ],
+)
+def test_background_for_share_inverts_fair_sharing_by_hand(layout, share, background):
+    cpu = PhaseTimes(generate=1.0, update=1.0)
+    got = background_for_share(cpu, layout, share, 2, samples_per_step=8)
+    assert got == pytest.approx(background, rel=0.02, abs=0.02)
