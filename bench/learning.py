@@ -288,7 +288,8 @@ def parent(args: argparse.Namespace) -> None:
     block = 0
     for seed in args.seeds:
         for start in args.starts:
-            plan = [("tandem", 0.0, v) for v in variants] + [("trl", lr, DEFAULT) for lr in args.lrs]
+            plan = [] if args.no_tandem else [("tandem", 0.0, v) for v in variants]
+            plan += [("trl", lr, DEFAULT) for lr in args.lrs]
             for system, lr, variant in plan if block % 2 == 0 else plan[::-1]:
                 key = (start, system, variant, lr, seed, args.steps, args.every)
                 if key in have:
@@ -328,6 +329,7 @@ def main() -> None:
         default=[],
         help="LABEL=key=value[,key=value...]: also run Tandem with these overrides (one table row each).",
     )
+    ap.add_argument("--no-tandem", action="store_true", help="Run only TRL (e.g. its sweep in another OUT).")
     ap.add_argument("--table-only", action="store_true", help="Print the table of OUT/results.jsonl.")
     ap.add_argument("--override", action="append", default=[], help=argparse.SUPPRESS)
     ap.add_argument("--child", choices=("tandem", "trl"), help=argparse.SUPPRESS)
