@@ -157,7 +157,7 @@ class BodyLimit:
             if state["done"]:
                 return await receive()
             try:
-                message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0.0))
+                message = await _within(receive(), max(deadline - loop.time(), 0.0))
             except asyncio.TimeoutError:
                 raise _SlowBodyError() from None
             if message["type"] != "http.request" or not message.get("more_body", False):
@@ -183,6 +183,18 @@ class BodyLimit:
                     code="request_timeout",
                 )
                 await send_json(send, 408, body)
+
+
+_timeout = getattr(asyncio, "timeout", None)  # Python >= 3.11
+
+
+async def _within(awaitable, seconds: float):
+    """``await awaitable``, raising :class:`asyncio.TimeoutError` after ``seconds``. On Python >= 3.11 this
+    runs in the caller's task (``asyncio.timeout``); ``asyncio.wait_for`` wraps every receive in a new task."""
+    if _timeout is None:
+        return await asyncio.wait_for(awaitable, seconds)
+    async with _timeout(seconds):
+        return await awaitable
 
 
 async def _too_large(send, limit: int) -> None:
