@@ -42,6 +42,13 @@ def export_cmd(
         list[str] | None, typer.Option(help="Task option KEY=VALUE (repeatable), e.g. digits=2.")
     ] = None,
     eval_size: Annotated[int, typer.Option(help="Held-out prompts for the INT8 accuracy check.")] = 64,
+    int8_min_weights: Annotated[
+        int,
+        typer.Option(
+            help="INT8: keep Linears with fewer weights (in x out) than this in float32, where dynamic "
+            "INT8 is slower than fp32 (below ~65536 on one CPU thread; 0: quantise every Linear)."
+        ),
+    ] = 0,
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Also write the report as JSON here.")
     ] = None,
@@ -62,7 +69,13 @@ def export_cmd(
     status = out.status(f"exporting {escape(model)} as {format} ...")
     with local_input(model) as src, output_folder(target, "export") as local_target, status:  # URLs
         report = export_model(
-            src, local_target, format, task=task, task_options=task_opts, eval_size=eval_size
+            src,
+            local_target,
+            format,
+            task=task,
+            task_options=task_opts,
+            eval_size=eval_size,
+            int8_min_weights=int8_min_weights,
         )
     table = Table(title=f"tandem export --format {format}")
     table.add_column("metric")

@@ -77,11 +77,18 @@ def export_model(
     task: str | None = None,
     task_options: dict[str, Any] | None = None,
     eval_size: int = 64,
+    int8_min_weights: int = 0,
 ) -> ExportReport:
-    """Export ``path`` (run, checkpoint or model folder) as ``fmt`` into ``out_dir`` (atomic)."""
+    """Export ``path`` (run, checkpoint or model folder) as ``fmt`` into ``out_dir`` (atomic). For
+    ``int8``, Linears with fewer than ``int8_min_weights`` weights (in x out) stay float32."""
     if fmt not in FORMATS:
         raise ConfigError(
             f"unknown format '{fmt}'", where="--format", hint=f"use one of {', '.join(FORMATS)}"
+        )
+    if int8_min_weights < 0 or (int8_min_weights and fmt != "int8"):
+        raise ConfigError(
+            f"{int8_min_weights} needs --format int8 and a count >= 0",
+            where="--int8-min-weights",
         )
     target = resolve_target(path)
     # An unrelated folder, a file or the source model (or a folder holding it) is refused; an earlier
@@ -107,7 +114,8 @@ def export_model(
         report.parity_max_abs_diff = export_torchscript(model, tokenizer, out_dir, str(target.model_dir))
         report.latency_export_ms = _latency_ms(torch.jit.load(str(Path(out_dir) / TS_FILE)), batch)
     else:
-        _export_int8(model, tokenizer, target, out_dir, report, batch, task, task_options, eval_size)
+        names = _int8_names(model, int8_min_weights)
+        _export_int8(model, tokenizer, target, out_dir, report, batch, task, task_options, eval_size, names)
     report.size_after = folder_bytes(Path(out_dir))
     return report
 
@@ -120,12 +128,32 @@ def _save_hf(model, tokenizer, out_dir: str | Path, source: str) -> None:
         (tmp / MANIFEST).write_text(json.dumps({"format": "hf", "source": source}, indent=2) + "\n")
 
 
+def _int8_names(model, min_weights: int) -> list[str] | None:
+    """The Linears to quantise: all (None) without a threshold, else those with ``min_weights`` or more
+    weights; ConfigError (before anything is written) when the threshold leaves none."""
+    if not min_weights:
+        return None
+    from tandem.models.int8 import linears_at_least
+
+    names = linears_at_least(model, min_weights)
+    if not names:
+        largest = max(
+            m.in_features * m.out_features for m in model.modules() if isinstance(m, torch.nn.Linear)
+        )
+        raise ConfigError(
+            f"{min_weights} leaves no Linear to quantise (the largest has {largest} weights)",
+            where="--int8-min-weights",
+            hint="lower it, or export --format hf",
+        )
+    return names
+
+
 def _export_int8(
-    model, tokenizer, target, out_dir, report: ExportReport, batch, task, task_options, eval_size
+    model, tokenizer, target, out_dir, report: ExportReport, batch, task, task_options, eval_size, names
 ) -> None:
     from tandem.export.int8 import load_int8, quantize_int8, save_int8
 
-    quantized = quantize_int8(model)
+    quantized = quantize_int8(model, names)
     save_int8(quantized, tokenizer, out_dir, str(target.model_dir))
     reloaded = load_int8(out_dir)  # measure what will be served, not the in-memory copy
     from tandem.export.graph import LogitsForward
