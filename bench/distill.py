@@ -3,7 +3,8 @@ GRPO-trained quickstart teacher, against the same student trained by SFT alone a
 the same start and with the same budget; optionally serving QPS of the INT8 student vs the teacher.
 
 Budgets (CPU, shared machine: keep them small): every arm starts from the student warm start of
-configs/opd.yaml (0.27M params, hidden 64) and trains ``--steps`` steps.
+configs/opd.yaml (0.27M params, hidden 64, 4 layers; ``--start`` another, e.g. the latency-shaped
+hidden-96, 2-layer student of docs/distillation.md) and trains ``--steps`` steps.
 - OPD: configs/opd.yaml (32 prompts x 4 samples per step, lr 1e-3); opd_reward adds the task reward
   (algorithm.opd.reward_weight=1).
 - GRPO: the same student and steps with the quickstart's GRPO settings (16 prompts x 8 samples, lr 6e-4,
@@ -149,6 +150,8 @@ def main() -> None:
     if not TEACHER.exists():
         sys.exit(f"no teacher at {TEACHER}: run `tandem train configs/quickstart.yaml` first")
     torch.set_num_threads(1)
+    from tandem.models import load_causal_lm
+
     arms = args.arms.split(",")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
@@ -178,7 +181,10 @@ def main() -> None:
             rows.append((f"offline KD (teacher answers, top-20, lr {args.sup_lr:g})", start_acc, acc, secs))
         print(f"teacher (1.06M params, GRPO quickstart): held-out greedy accuracy {teacher_acc:.3f}")
         print(f"load average at the end: {os.getloadavg()}")
-        print("| student (0.27M params) | accuracy before → after | × teacher | train s | points / minute |")
+        size = sum(p.numel() for p in load_causal_lm(start_dir).parameters()) / 1e6
+        print(
+            f"| student ({size:.2f}M params) | accuracy before → after | × teacher | train s | points / minute |"
+        )
         print("|---|---|---|---|---|")
         for name, before, after, secs in rows:
             ppm = 100 * (after - before) / (secs / 60)

@@ -2,7 +2,8 @@
 
 Runs :func:`tandem.serve.decode.decode_rows` (what the in-process server runs per batch) on each model
 folder (HF folder or INT8 export, loaded by :func:`tandem.models.load_model` as the server loads it) for
-32 sampled arithmetic prompts, ``max_tokens`` 16, interleaved over ``--rounds``, and reports the median
+32 sampled arithmetic prompts, ``max_tokens`` 16, without seeds as bench/serve.py's requests (seeded rows
+are sampled one by one, unseeded ones as a batch), interleaved over ``--rounds``, and reports the median
 thread CPU time per batch (CPU time, not wall: the machine is shared) with the fast Llama stepper and
 with the generic HF stepper, plus the CPU of one dynamic INT8 Linear against fp32 at the models' widths.
 Compare with bench/serve.py's server CPU per request to see the fixed per-request share (HTTP, JSON,
@@ -80,7 +81,7 @@ def main() -> None:
         rows = [
             RowRequest(
                 list(tok(f"{i}+{(7 * i) % 50}=")["input_ids"]),
-                SamplingParams(max_new_tokens=args.max_tokens, temperature=0.8, seed=i),
+                SamplingParams(max_new_tokens=args.max_tokens, temperature=0.8),
             )
             for i in range(32)
         ]
