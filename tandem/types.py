@@ -21,6 +21,7 @@ ROLLOUT_TENSORS = (
     "group_ids",
     "policy_version",
 )  # the tensor fields of RolloutBatch, in declaration order (serialisers iterate over them)
+OPTIONAL_ROLLOUT_TENSORS = ("turn_rewards",)  # tensor fields that may be None (serialisers send them if set)
 
 
 @dataclass
@@ -42,6 +43,11 @@ class RolloutBatch:
     finish_reasons: list[str]  # [B] "stop" (EOS or stop string) or "length"
     sample_ids: list[str] = field(default_factory=list)  # [B] globally unique ids
     extras: list[dict] = field(default_factory=list)  # [B] extra dataset columns per sample (for rewards)
+    # turn_rewards: the environment rewards of a multi-turn episode, each on the last sampled token of the
+    # turn whose step earned it (env.turn_rewards=per_turn); 0 elsewhere. They are part of the sequence
+    # score already: token-level estimators put them here and the rest of the score on the last token.
+    # None: the whole score is earned at the end (single-turn batches; env.turn_rewards=sum)
+    turn_rewards: torch.Tensor | None = None  # [B, R] float32
 
     @property
     def batch_size(self) -> int:
@@ -102,7 +108,7 @@ def _select(batch: RolloutBatch, index: torch.Tensor | list[int]) -> RolloutBatc
             kwargs[f.name] = v[idx]
         elif isinstance(v, list):
             kwargs[f.name] = [v[i] for i in ilist] if v else []
-        else:  # pragma: no cover - no other field kinds
+        else:  # an optional tensor that is None
             kwargs[f.name] = v
     return replace(batch, **kwargs)
 
@@ -133,4 +139,19 @@ def concat_rollouts(batches: list[RolloutBatch], pad_token_id: int) -> RolloutBa
         finish_reasons=[r for b in batches for r in b.finish_reasons],
         sample_ids=[s for b in batches for s in b.sample_ids],
         extras=[e for b in batches for e in b.extras],
+        turn_rewards=_concat_turn_rewards(batches, R),
     )
+
+
+def _concat_turn_rewards(batches: list[RolloutBatch], width: int) -> torch.Tensor | None:
+    """The batches' ``turn_rewards`` side by side ``[B, width]``: zeros for a batch without them (its whole
+    score is earned at the end); None when no batch has them."""
+    if all(b.turn_rewards is None for b in batches):
+        return None
+    parts = [
+        torch.zeros(b.batch_size, width)
+        if b.turn_rewards is None
+        else torch.nn.functional.pad(b.turn_rewards.float(), (0, width - b.turn_rewards.shape[1]))
+        for b in batches
+    ]
+    return torch.cat(parts)

@@ -25,6 +25,9 @@ class AdvantageInputs:
     response_mask: torch.Tensor  # [B, T] bool
     group_ids: torch.Tensor  # [B] long, samples of one prompt share an id
     token_rewards: torch.Tensor | None = None  # [B, T] float, e.g. a per-token KL penalty
+    # turn_rewards: the part of ``scores`` earned at given tokens (a multi-turn episode's step rewards);
+    # token-level estimators credit it there and the rest of the score on the last token
+    turn_rewards: torch.Tensor | None = None  # [B, T] float
     values: torch.Tensor | None = None  # [B, T] float, critic values V(s_t)
     baseline_scores: torch.Tensor | None = None  # [B] float, e.g. reward of the greedy sample (ReMax)
     logprobs: torch.Tensor | None = None  # [B, T] float, the sampling policy's log-prob of each token
@@ -85,6 +88,7 @@ def compute_advantages(
     response_mask: torch.Tensor,
     group_ids: torch.Tensor,
     token_rewards: torch.Tensor | None = None,
+    turn_rewards: torch.Tensor | None = None,
     values: torch.Tensor | None = None,
     baseline_scores: torch.Tensor | None = None,
     logprobs: torch.Tensor | None = None,
@@ -98,7 +102,9 @@ def compute_advantages(
     """Advantages and returns with the estimator registered as ``name``.
 
     scores ``[B]``, response_mask ``[B, T]``, group_ids ``[B]`` -> (advantages ``[B, T]``,
-    returns ``[B, T]``) float32, zero on masked positions, computed without gradient.
+    returns ``[B, T]``) float32, zero on masked positions, computed without gradient. ``turn_rewards``
+    ``[B, T]``: the part of ``scores`` earned at given tokens (only estimators that use per-token rewards
+    look at it).
     Raises ``UnknownNameError`` for an unknown name and ``ValueError`` when a required input is missing.
     """
     spec = ADVANTAGE_ESTIMATORS.get(name)
@@ -107,6 +113,7 @@ def compute_advantages(
         response_mask=response_mask.to(torch.bool),
         group_ids=group_ids,
         token_rewards=None if token_rewards is None else token_rewards.detach().float(),
+        turn_rewards=None if turn_rewards is None else turn_rewards.detach().float(),
         values=None if values is None else values.detach().float(),
         baseline_scores=None if baseline_scores is None else baseline_scores.detach().float(),
         logprobs=None if logprobs is None else logprobs.detach().float(),
@@ -136,7 +143,12 @@ def _check_inputs(name: str, spec: AdvantageSpec, inp: AdvantageInputs) -> None:
             raise ValueError(
                 f"advantage estimator {name!r} needs {field}=...; pass it or pick another estimator"
             )
-    shapes = [("token_rewards", (b, t)), ("values", (b, t)), ("baseline_scores", (b,))]
+    shapes = [
+        ("token_rewards", (b, t)),
+        ("turn_rewards", (b, t)),
+        ("values", (b, t)),
+        ("baseline_scores", (b,)),
+    ]
     shapes += [("logprobs", (b, t)), ("teacher_logprobs", (b, t))]
     for field, shape in shapes:
         x = getattr(inp, field)
@@ -150,9 +162,14 @@ def _broadcast(per_seq: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def _token_rewards(inp: AdvantageInputs, per_seq: torch.Tensor) -> torch.Tensor:
-    """Per-token rewards: ``per_seq`` on the last valid token plus ``token_rewards``. ``[B, T]``."""
+    """Per-token rewards: ``per_seq`` on the last valid token plus ``token_rewards``. ``[B, T]``. With
+    ``turn_rewards`` (part of the score earned earlier), those go where they were earned and the last
+    token keeps the rest of ``per_seq``: a row's rewards still sum to ``per_seq`` (plus ``token_rewards``)."""
     last = last_token_mask(inp.response_mask).to(per_seq.dtype)  # [B, T]
     rewards = per_seq.unsqueeze(-1) * last
+    if inp.turn_rewards is not None:
+        placed = inp.turn_rewards * inp.response_mask.to(per_seq.dtype)  # [B, T], on valid tokens only
+        rewards = rewards - placed.sum(-1, keepdim=True) * last + placed
     if inp.token_rewards is not None:
         rewards = rewards + inp.token_rewards
     return rewards * inp.response_mask.to(per_seq.dtype)

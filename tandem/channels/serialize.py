@@ -1,6 +1,6 @@
 """Explicit wire format of a :class:`~tandem.channels.base.TrajectoryMessage`: safetensors bytes.
 
-Tensors travel as safetensors (raw little-endian arrays with a JSON header — no pickle, so a message from
+Tensors travel as safetensors (an optional one, such as per-turn rewards, only when set) (raw little-endian arrays with a JSON header — no pickle, so a message from
 an untrusted producer cannot execute code); list fields (prompts, completions, finish reasons, sample ids,
 extras) and the message header travel as JSON in the safetensors metadata. Round trip is exact.
 """
@@ -14,7 +14,7 @@ from safetensors.torch import save as st_save
 
 from tandem.channels.base import TrajectoryMessage
 from tandem.errors import DataError
-from tandem.types import ROLLOUT_TENSORS, RolloutBatch
+from tandem.types import OPTIONAL_ROLLOUT_TENSORS, ROLLOUT_TENSORS, RolloutBatch
 
 FORMAT = "tandem.trajectory/1"
 _LISTS = ("prompts", "completions", "finish_reasons", "sample_ids", "extras")
@@ -25,6 +25,9 @@ def encode_message(msg: TrajectoryMessage) -> bytes:
     b = msg.batch
     # clone: fields may share storage (e.g. one mask tensor used twice), which safetensors refuses
     tensors = {name: getattr(b, name).detach().clone().contiguous() for name in ROLLOUT_TENSORS}
+    for name in OPTIONAL_ROLLOUT_TENSORS:  # sent only when set; absent decodes as None
+        if getattr(b, name) is not None:
+            tensors[name] = getattr(b, name).detach().clone().contiguous()
     tensors["scores"] = msg.scores.detach().float().clone().contiguous()
     header = {
         "format": FORMAT,
@@ -48,6 +51,7 @@ def decode_message(data: bytes) -> TrajectoryMessage:
     batch = RolloutBatch(
         **{name: tensors[name] for name in ROLLOUT_TENSORS},
         **{name: list(header[name]) for name in _LISTS},
+        **{name: tensors.get(name) for name in OPTIONAL_ROLLOUT_TENSORS},
     )
     return TrajectoryMessage(
         batch=batch,

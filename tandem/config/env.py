@@ -60,6 +60,14 @@ class EnvConfig(Section):
         ge=0,
         description="async: or once the first ready episode has waited this many seconds for others.",
     )
+    turn_rewards: Literal["sum", "per_turn"] = Field(
+        "sum",
+        description="Where token-level estimators (gae, reinforce_pp, reinforce_pp_baseline) credit each "
+        "step's reward. sum: on the episode's last sampled token, with the task reward. per_turn: on the "
+        "last sampled token of the turn whose step earned it, so a turn is credited with the rewards from "
+        "its own step on, not with earlier ones. Group estimators (grpo, rloo, ...) score the episode's "
+        "sum either way.",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> EnvConfig:

@@ -68,6 +68,7 @@ def episode_settings(cfg: EnvConfig | None) -> EpisodeSettings:
         schedule=cfg.schedule,
         async_min_batch=cfg.async_min_batch,
         async_max_wait_s=cfg.async_max_wait_s,
+        turn_rewards=cfg.turn_rewards,
         where=f"env.{'name' if cfg.name is not None else 'path'}",
     )
 

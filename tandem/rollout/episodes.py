@@ -41,6 +41,12 @@ whose step has ended:
   exactness does not depend on the schedule.
 
 ``bench/agents_latency.py`` measures both against serial steps.
+
+Rewards: an episode's return is the sum of its steps' rewards (:attr:`EpisodeStats.returns`, added to
+the sequence score). ``turn_rewards`` says where the token-level estimators credit them: ``sum`` (the
+default) on the episode's last sampled token with the rest of the score; ``per_turn`` on the last sampled
+token of the turn whose step earned each (the batch's ``turn_rewards`` ``[B, R]``), so GAE and
+REINFORCE++ credit a turn with what came after it only. Group estimators score the sum either way.
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ from tandem.types import RolloutBatch
 
 EnvFactory = Callable[[], Any]
 SCHEDULES = ("lockstep", "async")  # how turns are batched (EpisodeSettings.schedule)
+TURN_REWARDS = ("sum", "per_turn")  # where step rewards are credited (EpisodeSettings.turn_rewards)
 MAX_THREADS = 256  # worker threads for plain (non-async) environment steps and tools, per call
 
 
@@ -88,6 +95,7 @@ class EpisodeSettings:
     schedule: str = "lockstep"  # or "async": an episode continues without waiting for the others' steps
     async_min_batch: float = 0.5  # async: continue once this fraction of the continuing episodes is ready
     async_max_wait_s: float = 0.05  # async: or once the first ready episode has waited this long
+    turn_rewards: str = "sum"  # or "per_turn": each step's reward on its turn's last sampled token
 
 
 @dataclass
@@ -104,6 +112,7 @@ class Episode:
     pieces: list[list[int] | str] = field(default_factory=list)
     answer: str = ""  # the last action's text (what reward functions score)
     ret: float = 0.0  # sum of the environment's rewards
+    earned: list[tuple[int, float]] = field(default_factory=list)  # (index in ids, reward) of each step
     turns: int = 0
     done: bool = False  # ended by the environment
     live: bool = True
@@ -143,6 +152,11 @@ class EpisodeRunner:
             raise ConfigError(
                 f"unknown schedule '{self.settings.schedule}'; valid: {', '.join(SCHEDULES)}",
                 where="env.schedule",
+            )
+        if self.settings.turn_rewards not in TURN_REWARDS:
+            raise ConfigError(
+                f"unknown turn_rewards '{self.settings.turn_rewards}'; valid: {', '.join(TURN_REWARDS)}",
+                where="env.turn_rewards",
             )
         self.tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
         self.last: EpisodeStats | None = None
@@ -210,7 +224,7 @@ class EpisodeRunner:
             self.log.append(self.last)
         if all(not e.pieces[1:] for e in episodes):  # single-turn: the engine's batch, unchanged
             return first
-        return _assemble(first, episodes, self.tokenizer)
+        return _assemble(first, episodes, self.tokenizer, self.settings.turn_rewards == "per_turn")
 
     def _turns(
         self,
@@ -348,6 +362,7 @@ class EpisodeRunner:
             ) from None
         obs, reward, done, info = _check_step(out, self.settings.where)
         e.ret += reward
+        e.earned.append((_last_sampled(e.mask), reward))  # before the observation is appended
         for key in INFO_COUNTERS:
             e.counters[key] += int(info.get(key, 0) or 0)
         e.done = bool(done)
@@ -514,8 +529,14 @@ def _turn_params(
     return [replace(each[owner[r]], n=1, seed=turn_seed(each[owner[r]], r)) for r in live_rows]
 
 
-def _assemble(first: RolloutBatch, episodes: list[Episode], tokenizer: Any) -> RolloutBatch:
-    """The episodes as one batch: turn 1's prompts and labels, the episodes' response rows."""
+def _last_sampled(mask: list[bool]) -> int:
+    """Index of the last sampled token so far (-1 when none: its reward is credited at the end)."""
+    return next((i for i in range(len(mask) - 1, -1, -1) if mask[i]), -1)
+
+
+def _assemble(first: RolloutBatch, episodes: list[Episode], tokenizer: Any, per_turn: bool) -> RolloutBatch:
+    """The episodes as one batch: turn 1's prompts and labels, the episodes' response rows; with
+    ``per_turn``, each step's reward on the last sampled token of its turn (``turn_rewards``)."""
     pad = tokenizer.pad_token_id
     B, R = len(episodes), max(1, max(len(e.ids) for e in episodes))
     ids = torch.full((B, R), pad, dtype=torch.long)  # [B, R]
@@ -537,7 +558,19 @@ def _assemble(first: RolloutBatch, episodes: list[Episode], tokenizer: Any) -> R
             {**x, "conversation": _conversation(e.pieces, tokenizer)}
             for x, e in zip(first.extras, episodes, strict=True)
         ],
+        turn_rewards=_placed_rewards(episodes, R) if per_turn else None,
     )
+
+
+def _placed_rewards(episodes: list[Episode], R: int) -> torch.Tensor:
+    """Each episode's step rewards on the tokens that earned them ``[B, R]`` float32 (a step with no
+    sampled token before it has its reward left to the end, with the rest of the score)."""
+    out = torch.zeros((len(episodes), R), dtype=torch.float32)  # [B, R]
+    for b, e in enumerate(episodes):
+        for i, reward in e.earned:
+            if i >= 0:
+                out[b, i] += reward
+    return out
 
 
 def _conversation(pieces: list[list[int] | str], tokenizer: Any) -> str:

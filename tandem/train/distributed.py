@@ -33,7 +33,7 @@ import torch.distributed as dist
 from tandem.errors import ConfigError, TandemError
 from tandem.train.experience import ExperienceSettings
 from tandem.train.update import metric_reduction
-from tandem.types import ROLLOUT_TENSORS, Experience, RolloutBatch
+from tandem.types import OPTIONAL_ROLLOUT_TENSORS, ROLLOUT_TENSORS, Experience, RolloutBatch
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +191,13 @@ class DataParallel:
     def send_step(self, inputs: StepInputs) -> None:
         """Rank 0: broadcast one step's batch, scores, β and generator state."""
         tensors = {name: getattr(inputs.batch, name) for name in ROLLOUT_TENSORS}
+        tensors.update(
+            {
+                n: getattr(inputs.batch, n)
+                for n in OPTIONAL_ROLLOUT_TENSORS
+                if getattr(inputs.batch, n) is not None
+            }
+        )
         tensors["scores"] = inputs.scores.float()
         header = {
             "cmd": "step",
@@ -221,7 +228,11 @@ class DataParallel:
         self.in_step = True
         t = broadcast_packed(None, header["meta"], self.device)
         batch = RolloutBatch(
-            **{name: t[name] for name in ROLLOUT_TENSORS}, prompts=[], completions=[], finish_reasons=[]
+            **{name: t[name] for name in ROLLOUT_TENSORS},
+            **{name: t.get(name) for name in OPTIONAL_ROLLOUT_TENSORS},
+            prompts=[],
+            completions=[],
+            finish_reasons=[],
         )
         gen = torch.tensor(header["generator"], dtype=torch.uint8)
         return StepInputs(batch, t["scores"], header["beta"], gen)

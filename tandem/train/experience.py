@@ -173,6 +173,7 @@ def make_experience(
         response_mask=mask,
         group_ids=rollout.group_ids,
         token_rewards=token_rewards,
+        turn_rewards=rollout.turn_rewards,  # per-turn environment rewards (env.turn_rewards=per_turn)
         gamma=s.gamma,
         lam=s.lam,
         norm_by_std=s.norm_by_std,

@@ -16,7 +16,9 @@ from tandem.train.checkpoint import latest_checkpoint
 HERE = Path(__file__).parent
 
 
-def _cfg(model_dir, out, *, algo="grpo", architecture=None, critic=None, schedule="lockstep"):
+def _cfg(
+    model_dir, out, *, algo="grpo", architecture=None, critic=None, schedule="lockstep", turn_rewards="sum"
+):
     data = {
         "run": {"output_dir": str(out), "seed": 1},
         "model": {"path": str(model_dir)},
@@ -27,6 +29,7 @@ def _cfg(model_dir, out, *, algo="grpo", architecture=None, critic=None, schedul
             "options": {"bonus": 2.0},
             "max_turns": 3,
             "schedule": schedule,
+            "turn_rewards": turn_rewards,
         },
         "rollout": {"n": 4, "max_new_tokens": 4},
         "algorithm": {"name": algo},
@@ -41,16 +44,20 @@ def _cfg(model_dir, out, *, algo="grpo", architecture=None, critic=None, schedul
 
 
 @pytest.mark.parametrize(
-    ("algo", "architecture", "schedule"),
+    ("algo", "architecture", "schedule", "turn_rewards"),
     [
-        ("grpo", None, "lockstep"),
-        ("ppo", None, "async"),
+        ("grpo", None, "lockstep", "sum"),
+        ("ppo", None, "async", "per_turn"),  # GAE credits each step's reward on its turn
         pytest.param(
-            "grpo", {"mode": "decoupled", "staleness": 1, "num_workers": 1}, "async", marks=pytest.mark.slow
+            "grpo",
+            {"mode": "decoupled", "staleness": 1, "num_workers": 1},
+            "async",
+            "per_turn",  # the batches cross the channel with their per-turn rewards
+            marks=pytest.mark.slow,
         ),
     ],
 )
-def test_user_env_trains(tiny_model_dir, tmp_path, algo, architecture, schedule):
+def test_user_env_trains(tiny_model_dir, tmp_path, algo, architecture, schedule, turn_rewards):
     critic = {"lr": 1e-3} if algo == "ppo" else None
     cfg = _cfg(
         tiny_model_dir,
@@ -59,6 +66,7 @@ def test_user_env_trains(tiny_model_dir, tmp_path, algo, architecture, schedule)
         architecture=architecture,
         critic=critic,
         schedule=schedule,
+        turn_rewards=turn_rewards,
     )
     before = {k: v.clone() for k, v in load_causal_lm(tiny_model_dir).state_dict().items()}
     result = train(cfg, progress=False)

@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tandem.algos import ADVANTAGE_ESTIMATORS
 from tandem.config import build_config
 from tandem.errors import ConfigError, TandemError
 from tandem.models import load_causal_lm
@@ -157,15 +158,26 @@ def _run_case(cfg, dp: DataParallel | None) -> dict:
     learn, grads, rows = _learner(cfg)
     learn.dp = dp
     if dp is None or dp.rank == 0:
-        metrics = learn(*_batch(learn.policy.config.vocab_size))
+        batch, scores = _batch(learn.policy.config.vocab_size)
+        if not ADVANTAGE_ESTIMATORS.get(cfg.algorithm.advantage).uses_token_rewards:
+            # per-turn rewards travel to the other ranks (ignored by this estimator: the numbers stay)
+            batch.turn_rewards = torch.arange(B * R, dtype=torch.float32).view(B, R) * batch.response_mask
+        metrics = learn(batch, scores)
     else:
         inputs = dp.receive()
         assert inputs is not None
         learn.generator.set_state(inputs.generator_state)
         metrics = learn(inputs.batch, inputs.scores)
+        batch = inputs.batch
     models = [learn.policy] + ([] if learn.critic is None else [learn.critic])
     weights = torch.cat([p.detach().reshape(-1) for m in models for p in m.parameters()])
-    return {"grads": grads, "weights": weights, "metrics": metrics, "head_rows": rows}
+    return {
+        "grads": grads,
+        "weights": weights,
+        "metrics": metrics,
+        "head_rows": rows,
+        "turns": batch.turn_rewards,
+    }
 
 
 def _rank_main(rank: int, port: int, model_dir: str, out: str) -> None:
@@ -221,6 +233,8 @@ def test_two_ranks_equal_one_process(name, dp_results, tiny_model_dir):
             n0, n1, n = rank0["head_rows"][kind], rank1["head_rows"][kind], ref["head_rows"][kind]
             assert n0 + n1 == n and 0 < n0 < n, (kind, n0, n1, n)
     assert torch.equal(rank0["weights"], rank1["weights"])  # replicas identical
+    if ref["turns"] is not None:  # rank 1 received the batch's per-turn rewards
+        assert torch.equal(rank1["turns"], ref["turns"])
     torch.testing.assert_close(rank0["weights"], ref["weights"], rtol=0, atol=WEIGHT_ATOL)
     start = torch.cat([p.detach().reshape(-1) for p in load_causal_lm(tiny_model_dir).parameters()])
     policy_moved = not torch.equal(start, ref["weights"][: start.numel()])
