@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+from fake_replies import reply_batch
 
 from tandem.config.env import EnvConfig
 from tandem.errors import ConfigError
@@ -63,18 +64,7 @@ class Fake:
         self.busy: list[int] = []  # steps in flight at each generate_ids call
 
     def _batch(self, contexts: list[list[int]], n: int) -> RolloutBatch:
-        rows = [c for c in contexts for _ in range(n)]
-        resp = self.tokenizer(self.reply, add_special_tokens=False)["input_ids"]
-        B, P, R = len(rows), max(map(len, rows)), len(resp)
-        pid, pm = torch.zeros(B, P, dtype=torch.long), torch.zeros(B, P, dtype=torch.bool)
-        for i, c in enumerate(rows):
-            pid[i, P - len(c) :], pm[i, P - len(c) :] = torch.tensor(c), True
-        rm = torch.ones(B, R, dtype=torch.bool)
-        return RolloutBatch(
-            pid, pm, torch.tensor([resp] * B), rm, rm.float() * -0.5,
-            torch.arange(len(contexts)).repeat_interleave(n), torch.zeros(B, dtype=torch.long), [""] * B,
-            [self.reply.rstrip("\n")] * B, ["stop"] * B, [str(i) for i in range(B)], [{} for _ in range(B)],
-        )  # fmt: skip
+        return reply_batch(self.tokenizer, contexts, n, self.reply)
 
     def generate(self, prompts, params, **kw):
         return self._batch([self.tokenizer(p)["input_ids"] for p in prompts], params.n)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fake_replies import reply_batch
 
 from tandem.channels import TrajectoryMessage
 from tandem.channels.serialize import decode_message, encode_message
@@ -49,20 +50,9 @@ class Turns:
         self.tokenizer, self.version, self.calls = tokenizer, 0, 0
 
     def _batch(self, contexts: list[list[int]], n: int) -> RolloutBatch:
-        rows = [c for c in contexts for _ in range(n)]
         reply = REPLIES[self.calls]
         self.calls += 1
-        resp = self.tokenizer(reply, add_special_tokens=False)["input_ids"]
-        B, P, R = len(rows), max(map(len, rows)), len(resp)
-        pid, pm = torch.zeros(B, P, dtype=torch.long), torch.zeros(B, P, dtype=torch.bool)
-        for i, c in enumerate(rows):
-            pid[i, P - len(c) :], pm[i, P - len(c) :] = torch.tensor(c), True
-        rm = torch.ones(B, R, dtype=torch.bool)
-        return RolloutBatch(
-            pid, pm, torch.tensor([resp] * B), rm, rm.float() * -0.5,
-            torch.arange(len(contexts)).repeat_interleave(n), torch.zeros(B, dtype=torch.long), [""] * B,
-            [reply.rstrip("\n")] * B, ["stop"] * B, [str(i) for i in range(B)], [{} for _ in range(B)],
-        )  # fmt: skip
+        return reply_batch(self.tokenizer, contexts, n, reply)
 
     def generate(self, prompts, params, **kw):
         return self._batch([self.tokenizer(p)["input_ids"] for p in prompts], params.n)
