@@ -302,15 +302,7 @@ def cross_check(
             reference_background=source.background,
             reference_threads=source.layout.learner_threads,
         )
-    predicted = simulate(
-        source.phases,
-        target.layout,
-        samples_per_step=target.samples_per_step,
-        steps=steps,
-        seed=seed,
-        pool=pool,
-    )
-    return Check(target, predicted)
+    return _predict(source.phases, target, pool, steps=steps, seed=seed)
 
 
 def cross_check_cpu(
@@ -340,13 +332,15 @@ def cross_check_cpu(
         reference_background=0.0,  # CPU seconds: the time with the threads on cores of their own
         interference=interference or {},
     )
+    return _predict(source.cpu.phases, target, pool, steps=steps, seed=seed)
+
+
+def _predict(
+    phases: PhaseTimes, target: RunTimings, pool: CorePool | None, *, steps: int, seed: int
+) -> Check:
+    """``target``'s layout simulated from ``phases`` under ``pool``, beside its measured step time."""
     predicted = simulate(
-        source.cpu.phases,
-        target.layout,
-        samples_per_step=target.samples_per_step,
-        steps=steps,
-        seed=seed,
-        pool=pool,
+        phases, target.layout, samples_per_step=target.samples_per_step, steps=steps, seed=seed, pool=pool
     )
     return Check(target, predicted)
 
