@@ -78,40 +78,59 @@ def check_admin_key(state: ServerState, request: Request) -> None:
         )
 
 
+async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+    param = validation_param(tuple(first.get("loc", ())))
+    kind = first.get("type", "")
+    message = "body is not valid JSON" if kind == "json_invalid" else f"{param or 'body'}: {first['msg']}"
+    return JSONResponse(error_body(message, "invalid_request_error", param, kind or None), status_code=400)
+
+
+async def _row_failed(request: Request, exc: RowFailedError) -> JSONResponse:
+    return JSONResponse(error_body(str(exc), "server_error", None, "generation_failed"), status_code=500)
+
+
+async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    return JSONResponse(
+        error_body(str(exc.detail), "invalid_request_error", None, code), status_code=exc.status_code
+    )
+
+
+async def _bug(request: Request, exc: Exception) -> JSONResponse:
+    logger.exception("unhandled error on %s", request.url.path)
+    return JSONResponse(
+        error_body("internal server error", "server_error", None, "internal_error"), status_code=500
+    )
+
+
+# Expected errors and their responses; anything else is a bug (``_bug``: logged, 500).
+ERROR_HANDLERS = {
+    ApiError: _api_error,
+    RequestValidationError: _invalid,
+    RowFailedError: _row_failed,
+    StarletteHTTPException: _http,
+}
+
+
+def error_handler(exc: Exception):
+    """The handler of ``exc`` in :data:`ERROR_HANDLERS` (nearest class first, as Starlette looks them
+    up), or None for a bug."""
+    for kind in type(exc).__mro__:
+        if kind in ERROR_HANDLERS:
+            return ERROR_HANDLERS[kind]
+    return None
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Every error as ``{"error": {...}}``: validation 400, HTTP errors their status, bugs 500."""
-
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        param = validation_param(tuple(first.get("loc", ())))
-        kind = first.get("type", "")
-        message = "body is not valid JSON" if kind == "json_invalid" else f"{param or 'body'}: {first['msg']}"
-        return JSONResponse(
-            error_body(message, "invalid_request_error", param, kind or None), status_code=400
-        )
-
-    @app.exception_handler(RowFailedError)
-    async def _row_failed(request: Request, exc: RowFailedError) -> JSONResponse:
-        return JSONResponse(error_body(str(exc), "server_error", None, "generation_failed"), status_code=500)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return JSONResponse(
-            error_body(str(exc.detail), "invalid_request_error", None, code), status_code=exc.status_code
-        )
-
-    @app.exception_handler(Exception)
-    async def _bug(request: Request, exc: Exception) -> JSONResponse:
-        logger.exception("unhandled error on %s", request.url.path)
-        return JSONResponse(
-            error_body("internal server error", "server_error", None, "internal_error"), status_code=500
-        )
+    for kind, handler in ERROR_HANDLERS.items():
+        app.add_exception_handler(kind, handler)
+    app.add_exception_handler(Exception, _bug)
 
 
 def metrics_text(state: ServerState) -> PlainTextResponse:

@@ -518,18 +518,25 @@ def _feedback(state: ServerState, data: dict) -> dict:
     return {"id": row, "object": "feedback", "stored": True}
 
 
-def register_routes(app: FastAPI, state: ServerState) -> None:
-    """Attach every public route to ``app``."""
+def generation_endpoints(state: ServerState) -> dict:
+    """The generation endpoints by path (``POST``): registered as FastAPI routes and also dispatched
+    directly, past the router (:mod:`tandem.serve.direct`). They take only the request."""
 
-    @app.post("/v1/completions")
     async def completions(request: Request):
         require_json(request)
         return await _completions(state, await _parse(request, CompletionRequest), request)
 
-    @app.post("/v1/chat/completions")
     async def chat(request: Request):
         require_json(request)
         return await _chat(state, await _parse(request, ChatRequest), request)
+
+    return {"/v1/completions": completions, "/v1/chat/completions": chat}
+
+
+def register_routes(app: FastAPI, state: ServerState, endpoints: dict | None = None) -> None:
+    """Attach every public route to ``app``; ``endpoints``: :func:`generation_endpoints`."""
+    for path, endpoint in (endpoints or generation_endpoints(state)).items():
+        app.post(path)(endpoint)
 
     @app.post("/predict")
     async def predict(request: Request):

@@ -52,21 +52,25 @@ def build_state(
 
 def make_app(state):
     """The ASGI app over ``state``: the routes (:mod:`tandem.serve.routes`, :mod:`tandem.serve.admin`)
-    inside the middleware (:mod:`tandem.serve.middleware`), with a lifespan that starts the batchers,
-    catches up with the admin state and marks the server ready."""
+        inside the middleware (:mod:`tandem.serve.middleware`; the generation routes are dispatched directly,
+    :mod:`tandem.serve.direct`), with a lifespan that starts the batchers,
+        catches up with the admin state and marks the server ready."""
     from fastapi import FastAPI
 
     from tandem.serve.admin import register_admin, sync
     from tandem.serve.app import install_error_handlers
+    from tandem.serve.direct import Direct
     from tandem.serve.middleware import BodyLimit, Gate
-    from tandem.serve.routes import register_routes
+    from tandem.serve.routes import generation_endpoints, register_routes
 
     app = FastAPI(title="Tandem", version="1", docs_url=None, redoc_url=None)
     app.state.tandem = state
     install_error_handlers(app)
-    register_routes(app, state)
+    endpoints = generation_endpoints(state)
+    register_routes(app, state, endpoints)
     register_admin(app, state)
     s = state.settings
+    app.add_middleware(Direct, endpoints=endpoints)
     app.add_middleware(BodyLimit, limit=s.max_body_bytes, timeout_s=s.read_timeout_s)
     paths = {route.path for route in app.routes}
     app.add_middleware(
