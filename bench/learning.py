@@ -26,7 +26,9 @@ loading and evaluations excluded, for both). The table and the targets are compu
 
 ``--variant LABEL=key=value[,key=value...]`` (repeatable) also runs Tandem's recipe with those dotted
 overrides (e.g. ``--variant frontier=data.curriculum.kind=frontier``), interleaved with the others; each
-variant gets its own table row (``warm start (LABEL)``) against the same TRL sweep.
+variant gets its own table row (``warm start (LABEL)``) against the same TRL sweep. ``--no-tandem`` runs
+only the TRL sweep (e.g. in another ``--out`` beside the Tandem runs; concatenate the ``results.jsonl``
+files and use ``--table-only`` to compare them).
 
 Missing warm starts are built first under ``--warm`` (``warm_starts.build``, ≈ 20 min each on a loaded
 2-core machine). Every finished run is appended to ``OUT/results.jsonl``; a rerun skips runs already
