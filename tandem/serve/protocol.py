@@ -10,6 +10,7 @@ values are 400 errors that name the field in ``param``; ``null`` means the defau
 from __future__ import annotations
 
 import json
+from functools import cache
 from typing import Any, Literal
 
 from pydantic import (
@@ -162,9 +163,16 @@ class GenerationRequest(BaseModel):
             raise ApiError(
                 400, "'stream_options' is only allowed with 'stream': true", param="stream_options"
             )
-        for name, (no_ops, why) in _REFUSED.items():
-            if name in type(self).model_fields and getattr(self, name) not in no_ops:
+        for name, no_ops, why in _refused_fields(type(self)):
+            if getattr(self, name) not in no_ops:
                 raise unsupported(name, why)
+
+
+@cache
+def _refused_fields(model: type[BaseModel]) -> list[tuple[str, tuple[Any, ...], str]]:
+    """The :data:`_REFUSED` fields ``model`` has (looked up once per model: ``model_fields`` is a
+    property that costs about as much as the check itself)."""
+    return [(name, *rule) for name, rule in _REFUSED.items() if name in model.model_fields]
 
 
 TokenIds = list[StrictInt]
