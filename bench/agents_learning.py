@@ -18,6 +18,10 @@ environment whose return rewards doing it in few turns.
 game (1-10 in 4 tries) from a warm start whose greedy games count up from 1 while a quarter of its SFT
 games bisect; it learns when held-out success and return per episode both rise by more than the margin.
 
+``--agent python`` is ``--config configs/agent_python.yaml``: countdown from a warm start of which 30% of
+the SFT transcripts run a one-line search in the sandbox (a subprocess per call); every run also prints
+the environment time per step (``timing/env``) and the sandbox kills.
+
 Training on 2 shared CPU cores is slow: the load average is printed beside every run's wall time.
 """
 
@@ -47,6 +51,7 @@ KEYS = {
 AGENTS = {
     "calculator": (ROOT / "configs/agent_calculator.yaml", ["accuracy", "calls"]),
     "guess": (ROOT / "configs/agent_guess.yaml", ["accuracy", "return"]),
+    "python": (ROOT / "configs/agent_python.yaml", ["accuracy", "calls"]),
 }
 
 
@@ -93,7 +98,12 @@ def run(config: Path, mode: str, seed: int, args: argparse.Namespace, out: Path)
         if "agent/tool_calls_mean" in r
     ]
     load = (load0 + os.getloadavg()[0]) / 2
-    return {"mode": mode, "seed": seed, "curve": curve, "train": train, "wall": wall, "load": load}
+    # seconds per step waiting on environments (tool calls: the python sandbox's subprocesses), kills
+    env_s = [r["timing/env"] for r in rows if "timing/env" in r]
+    kills = sum(r.get("agent/sandbox_kills", 0.0) for r in rows)
+    env = {"env_s_mean": statistics.mean(env_s) if env_s else 0.0, "env_s_max": max(env_s, default=0.0)}
+    env["sandbox_kills"] = kills
+    return {"mode": mode, "seed": seed, "curve": curve, "train": train, "wall": wall, "load": load, **env}
 
 
 def main() -> None:
@@ -135,6 +145,11 @@ def main() -> None:
                 sampled = " ".join(f"{c:.2f}/{t:.2f}/{m:.2f}" for _, c, t, m in r["train"])
                 print(f"{'':10s} training episodes' tool calls/turns/reward per step: {sampled}", flush=True)
                 print(f"{'':10s} wall {r['wall']:.0f} s, load average ~{r['load']:.1f}", flush=True)
+                print(
+                    f"{'':10s} env time per step {r['env_s_mean']:.2f} s (max {r['env_s_max']:.2f} s), "
+                    f"sandbox kills in training episodes {r['sandbox_kills']:.0f}",
+                    flush=True,
+                )
 
     names = list(KEYS)
     head = "  ".join(f"{n + ' ' + w:>14s}" for n in names for w in ("before", "after"))
