@@ -52,12 +52,9 @@ REINFORCE++ credit a turn with what came after it only. Group estimators score t
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import inspect
-import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, FIRST_EXCEPTION
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -67,6 +64,7 @@ from tandem.agents.env import INFO_COUNTERS, SingleTurn
 from tandem.data.chat import render_prompts
 from tandem.errors import ConfigError, TandemError
 from tandem.rollout.base import ChunkCallback, RolloutEngine, SamplingParams
+from tandem.rollout.env_loop import EnvLoop, call, one_at_a_time
 from tandem.rollout.rows import per_prompt
 from tandem.types import RolloutBatch
 
@@ -184,7 +182,7 @@ class EpisodeRunner:
         each = per_prompt(params, len(prompts))
         rows = [{**(extras[i] if extras else {}), "prompt": p} for i, p in enumerate(prompts)]
         # One thread per episode at most: plain (blocking) steps and tools of every episode overlap.
-        envs = _EnvLoop(min(MAX_THREADS, max(1, sum(p.n for p in each))), self.settings.schedule == "async")
+        envs = EnvLoop(min(MAX_THREADS, max(1, sum(p.n for p in each))), self.settings.schedule == "async")
         try:
             return self._run(envs, rows, params, each, group_offset, extras, on_chunk, chunk_tokens)
         finally:
@@ -192,7 +190,7 @@ class EpisodeRunner:
 
     def _run(
         self,
-        envs: _EnvLoop,
+        envs: EnvLoop,
         rows: list[dict[str, Any]],
         params: SamplingParams | Sequence[SamplingParams],
         each: list[SamplingParams],
@@ -228,7 +226,7 @@ class EpisodeRunner:
 
     def _turns(
         self,
-        envs: _EnvLoop,
+        envs: EnvLoop,
         first: RolloutBatch,
         episodes: list[Episode],
         each: list[SamplingParams],
@@ -244,7 +242,7 @@ class EpisodeRunner:
 
         def launch(rows: list[int]) -> None:
             for r in rows:
-                job = _one_at_a_time(self._step(episodes[r], episodes[r].turns), lock)
+                job = one_at_a_time(self._step(episodes[r], episodes[r].turns), lock)
                 steps[envs.submit(job)] = r
 
         launch(list(range(len(episodes))))
@@ -318,11 +316,11 @@ class EpisodeRunner:
                 f"building the environment raised {type(err).__name__}: {err}", where=self.settings.where
             ) from None
 
-    def _gather(self, envs: _EnvLoop, jobs: list[Any]) -> list[Any]:
+    def _gather(self, envs: EnvLoop, jobs: list[Any]) -> list[Any]:
         """Run ``jobs`` (coroutines) on ``envs`` to completion: together, or one by one
         (``concurrent=False``); the first error is raised at once."""
         lock = None if self.settings.concurrent else asyncio.Lock()
-        futures = [envs.submit(_one_at_a_time(j, lock)) for j in jobs]
+        futures = [envs.submit(one_at_a_time(j, lock)) for j in jobs]
         if not futures:
             return []
         try:
@@ -334,7 +332,7 @@ class EpisodeRunner:
 
     async def _reset(self, e: Episode, row: dict[str, Any]) -> Any:
         try:
-            return await _timed(e, _call(e.env.reset, row))
+            return await _timed(e, call(e.env.reset, row))
         except TimeoutError:
             raise EnvError(
                 f"the environment's reset took longer than {self.settings.timeout_s:g}s",
@@ -350,7 +348,7 @@ class EpisodeRunner:
     async def _step(self, e: Episode, turn: int) -> None:
         """Step ``e`` with its last action: reward, counters, then the observation ids (or the end)."""
         try:
-            out = await _timed(e, _call(e.env.step, e.answer))
+            out = await _timed(e, call(e.env.step, e.answer))
         except TimeoutError:
             e.live, e.timed_out = False, True  # the episode stops here; no reward for the turn
             return
@@ -397,75 +395,6 @@ class EpisodeRunner:
                     where=self.settings.where,
                 )
         return [t or "" for t in texts]
-
-
-class _EnvLoop:
-    """The event loop environment coroutines run on, with the worker threads of plain steps. Lockstep:
-    on the caller's thread, between engine calls (no step is in flight while the engine generates; an
-    ``inline`` environment then spawns no thread at all). ``threaded`` (async episodes): in a thread of
-    its own, so steps go on while the caller's thread generates; the engine stays on the caller's
-    thread (its CUDA device, vLLM's state)."""
-
-    def __init__(self, workers: int, threaded: bool) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.pool = ThreadPoolExecutor(max_workers=workers)  # threads start only when a plain step runs
-        self.loop.set_default_executor(self.pool)
-        self.thread: threading.Thread | None = None
-        if threaded:
-            self.thread = threading.Thread(target=self.loop.run_forever, name="tandem-env-loop", daemon=True)
-            self.thread.start()
-
-    def submit(self, job: Any) -> Any:
-        """Start coroutine ``job``: a future (``done``, ``result``, ``cancel``)."""
-        if self.thread is None:
-            return self.loop.create_task(job)  # runs while :meth:`wait` runs the loop
-        return asyncio.run_coroutine_threadsafe(job, self.loop)
-
-    def wait(self, futures: list[Any], timeout: float | None, when: str) -> set[Any]:
-        """The ``futures`` done once ``when`` (FIRST_COMPLETED, FIRST_EXCEPTION) holds or ``timeout`` passes."""
-        if self.thread is None:
-            done, _ = self.loop.run_until_complete(asyncio.wait(futures, timeout=timeout, return_when=when))
-        else:
-            done, _ = wait(futures, timeout=timeout, return_when=when)
-        return done
-
-    def close(self) -> None:
-        """Cancel what still runs (an error ended the call), stop the loop and close it."""
-
-        async def cancel() -> None:
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-        if self.thread is None:
-            self.loop.run_until_complete(cancel())
-        else:
-            with contextlib.suppress(Exception):  # a step that ignores cancellation is dropped with the loop
-                asyncio.run_coroutine_threadsafe(cancel(), self.loop).result(timeout=5.0)
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join()
-        self.loop.close()
-        self.pool.shutdown(wait=False)  # a timed-out step's thread is not waited for
-
-
-async def _one_at_a_time(job: Any, lock: asyncio.Lock | None) -> Any:
-    """Await ``job``, holding ``lock`` when there is one (serial environment steps, in order)."""
-    if lock is None:
-        return await job
-    async with lock:
-        return await job
-
-
-async def _call(fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)``: awaited when async, in a worker thread when plain (so blocking steps overlap),
-    inline when its environment says its plain methods never block (``inline = True``)."""
-    if inspect.iscoroutinefunction(fn):
-        return await fn(*args)
-    if getattr(getattr(fn, "__self__", None), "inline", False):
-        return fn(*args)
-    out = await asyncio.to_thread(fn, *args)
-    return await out if inspect.isawaitable(out) else out
 
 
 async def _timed(e: Episode, job: Any) -> Any:

@@ -1,0 +1,85 @@
+"""Where environment steps run: an event loop for their coroutines plus worker threads for plain steps.
+
+:class:`EnvLoop` runs on the caller's thread (lockstep episodes) or in a thread of its own (async
+episodes, so steps go on while the engine generates); :func:`call` awaits a step however it is written
+(``async def``, plain and blocking, or plain and ``inline``); :func:`one_at_a_time` serialises steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Any
+
+
+class EnvLoop:
+    """The event loop environment coroutines run on, with the worker threads of plain steps. Lockstep:
+    on the caller's thread, between engine calls (no step is in flight while the engine generates; an
+    ``inline`` environment then spawns no thread at all). ``threaded`` (async episodes): in a thread of
+    its own, so steps go on while the caller's thread generates; the engine stays on the caller's
+    thread (its CUDA device, vLLM's state)."""
+
+    def __init__(self, workers: int, threaded: bool) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.pool = ThreadPoolExecutor(max_workers=workers)  # threads start only when a plain step runs
+        self.loop.set_default_executor(self.pool)
+        self.thread: threading.Thread | None = None
+        if threaded:
+            self.thread = threading.Thread(target=self.loop.run_forever, name="tandem-env-loop", daemon=True)
+            self.thread.start()
+
+    def submit(self, job: Any) -> Any:
+        """Start coroutine ``job``: a future (``done``, ``result``, ``cancel``)."""
+        if self.thread is None:
+            return self.loop.create_task(job)  # runs while :meth:`wait` runs the loop
+        return asyncio.run_coroutine_threadsafe(job, self.loop)
+
+    def wait(self, futures: list[Any], timeout: float | None, when: str) -> set[Any]:
+        """The ``futures`` done once ``when`` (FIRST_COMPLETED, FIRST_EXCEPTION) holds or ``timeout`` passes."""
+        if self.thread is None:
+            done, _ = self.loop.run_until_complete(asyncio.wait(futures, timeout=timeout, return_when=when))
+        else:
+            done, _ = wait(futures, timeout=timeout, return_when=when)
+        return done
+
+    def close(self) -> None:
+        """Cancel what still runs (an error ended the call), stop the loop and close it."""
+
+        async def cancel() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        if self.thread is None:
+            self.loop.run_until_complete(cancel())
+        else:
+            with contextlib.suppress(Exception):  # a step that ignores cancellation is dropped with the loop
+                asyncio.run_coroutine_threadsafe(cancel(), self.loop).result(timeout=5.0)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join()
+        self.loop.close()
+        self.pool.shutdown(wait=False)  # a timed-out step's thread is not waited for
+
+
+async def one_at_a_time(job: Any, lock: asyncio.Lock | None) -> Any:
+    """Await ``job``, holding ``lock`` when there is one (serial environment steps, in order)."""
+    if lock is None:
+        return await job
+    async with lock:
+        return await job
+
+
+async def call(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``: awaited when async, in a worker thread when plain (so blocking steps overlap),
+    inline when its environment says its plain methods never block (``inline = True``)."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args)
+    if getattr(getattr(fn, "__self__", None), "inline", False):
+        return fn(*args)
+    out = await asyncio.to_thread(fn, *args)
+    return await out if inspect.isawaitable(out) else out
