@@ -59,9 +59,10 @@ def test_bad_specs_raise_config_error_naming_key(spec, message):
     assert "\n" not in str(info.value)
 
 
-def test_missing_attribute_lists_callables():
-    with pytest.raises(ConfigError, match=r"\(callables there: CountdownTask, is_solution\)$"):
-        load_callable("tandem.rewards.tasks.countdown:nope")
+def test_missing_attribute_lists_callables(tmp_path):
+    (tmp_path / "mine.py").write_text("import os\nLIMIT = 3\nclass Judge: ...\ndef score(c): return 1.0\n")
+    with pytest.raises(ConfigError, match=r"\(callables there: Judge, score\)$"):
+        load_callable("mine.py:nope", base_dir=tmp_path)
 
 
 def test_missing_file(tmp_path):
