@@ -157,7 +157,7 @@ class BodyLimit:
             if state["done"]:
                 return await receive()
             try:
-                message = await _within(receive(), max(deadline - loop.time(), 0.0))
+                message = await within_deadline(receive(), max(deadline - loop.time(), 0.0))
             except asyncio.TimeoutError:
                 raise _SlowBodyError() from None
             if message["type"] != "http.request" or not message.get("more_body", False):
@@ -188,7 +188,7 @@ class BodyLimit:
 _timeout = getattr(asyncio, "timeout", None)  # Python >= 3.11
 
 
-async def _within(awaitable, seconds: float):
+async def within_deadline(awaitable, seconds: float):
     """``await awaitable``, raising :class:`asyncio.TimeoutError` after ``seconds``. On Python >= 3.11 this
     runs in the caller's task (``asyncio.timeout``); ``asyncio.wait_for`` wraps every receive in a new task."""
     if _timeout is None:

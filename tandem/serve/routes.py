@@ -263,7 +263,7 @@ async def _until_done_or_gone(futures: list, request: Request, cancel: threading
     behind). A server that answers with another message falls back to that polling. ``rows`` is one
     plain future completed by the rows' done-callbacks, not a task running ``asyncio.wait`` (a task per
     request cost about 20 us of the event loop's CPU)."""
-    rows = _all_done(futures)
+    rows = all_done(futures)
     listener = asyncio.ensure_future(request.receive())
     try:
         await asyncio.wait([rows, listener], return_when=asyncio.FIRST_COMPLETED)
@@ -284,7 +284,7 @@ async def _until_done_or_gone(futures: list, request: Request, cancel: threading
         rows.cancel()
 
 
-def _all_done(futures: list) -> asyncio.Future:
+def all_done(futures: list) -> asyncio.Future:
     """A future that completes (with None) once every one of ``futures`` has; cancelling it leaves them."""
     done = asyncio.get_running_loop().create_future()
     left = [len(futures)]

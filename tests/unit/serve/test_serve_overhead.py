@@ -11,9 +11,9 @@ import pytest
 pytest.importorskip("fastapi")
 
 from tandem.models import init_model, load_tokenizer  # noqa: E402
-from tandem.serve.middleware import _within  # noqa: E402
+from tandem.serve.middleware import within_deadline  # noqa: E402
 from tandem.serve.model import fast_encoder  # noqa: E402
-from tandem.serve.routes import _all_done  # noqa: E402
+from tandem.serve.routes import all_done  # noqa: E402
 
 TEXTS = ["12+34=", "", "  a  b\tc\n", "caf\u00e9 \u2713", "<|im_end|>x", "Hello, world"]
 
@@ -48,7 +48,7 @@ def test_all_done_waits_for_every_row_and_cancelling_it_leaves_them():
     async def main():
         loop = asyncio.get_running_loop()
         rows = [loop.create_future() for _ in range(3)]
-        done = _all_done(rows)
+        done = all_done(rows)
         rows[0].set_result(1)
         rows[2].cancel()  # a cancelled row counts as finished
         await asyncio.sleep(0)
@@ -56,7 +56,7 @@ def test_all_done_waits_for_every_row_and_cancelling_it_leaves_them():
         rows[1].set_result(2)
         await asyncio.wait_for(done, 1)
         other = [loop.create_future()]
-        _all_done(other).cancel()
+        all_done(other).cancel()
         assert not other[0].cancelled()
 
     asyncio.run(main())
@@ -64,8 +64,8 @@ def test_all_done_waits_for_every_row_and_cancelling_it_leaves_them():
 
 def test_within_times_out_and_passes_results():
     async def main():
-        assert await _within(asyncio.sleep(0, result="ok"), 1.0) == "ok"
+        assert await within_deadline(asyncio.sleep(0, result="ok"), 1.0) == "ok"
         with pytest.raises(asyncio.TimeoutError):
-            await _within(asyncio.sleep(5), 0.01)
+            await within_deadline(asyncio.sleep(5), 0.01)
 
     asyncio.run(main())
