@@ -12,6 +12,10 @@ Targets (issue 17), per warm start and seed:
 - time: Tandem's training wall time to that evaluation (to its best one when the target is not
   reached) is at most a third of TRL's training wall time to *its own* best accuracy, TRL taken at the
   learning rate of its sweep with the highest best accuracy (ties: the faster one).
+
+Beside the targets, each row also says how long Tandem took to first reach *TRL's* best accuracy (the same
+bar for both systems), in wall and CPU seconds against TRL's time to it: the like-for-like speed-up when
+the two reach a similar plateau.
 """
 
 from __future__ import annotations
@@ -58,6 +62,9 @@ class Row:
     trl_lr: float  # the sweep's best learning rate
     ratio: float  # Tandem's wall to target (else to best) / TRL's wall to its best
     cpu_ratio: float  # the same in process CPU seconds (steadier on a shared machine)
+    tandem_match: Eval | None  # Tandem's first evaluation at or above TRL's best accuracy (within max_steps)
+    match_ratio: float  # Tandem's wall to TRL's best accuracy / TRL's wall to it (inf: never reached)
+    match_cpu_ratio: float  # the same in process CPU seconds
     acc_met: bool
     time_met: bool
 
@@ -84,6 +91,10 @@ def first_reaching(evals: tuple[Eval, ...] | list[Eval], target: float, max_step
     return None
 
 
+def _ratio(mine: float, theirs: float) -> float:
+    return mine / theirs if theirs > 0 else math.inf
+
+
 def compare(start: str, tandem: Run, trl: list[Run], max_steps: int = 300) -> Row:
     """Tandem's run against TRL's sweep on one warm start and seed (same warm start, so step 0 agrees;
     Tandem's is taken as the start accuracy)."""
@@ -96,8 +107,7 @@ def compare(start: str, tandem: Run, trl: list[Run], max_steps: int = 300) -> Ro
     trl_best = {r.lr: best_eval(r.evals, max_steps) for r in trl}
     lr = max(trl_best, key=lambda k: (trl_best[k].acc, -trl_best[k].wall))
     mine, theirs = hit or best, trl_best[lr]
-    ratio = mine.wall / theirs.wall if theirs.wall > 0 else math.inf
-    cpu_ratio = mine.cpu / theirs.cpu if theirs.cpu > 0 else math.inf
+    match = first_reaching(tandem.evals, theirs.acc, max_steps)
     return Row(
         start=start,
         seed=tandem.seed,
@@ -107,10 +117,13 @@ def compare(start: str, tandem: Run, trl: list[Run], max_steps: int = 300) -> Ro
         tandem_hit=hit,
         trl_best=trl_best,
         trl_lr=lr,
-        ratio=ratio,
-        cpu_ratio=cpu_ratio,
+        ratio=_ratio(mine.wall, theirs.wall),
+        cpu_ratio=_ratio(mine.cpu, theirs.cpu),
+        tandem_match=match,
+        match_ratio=_ratio(match.wall, theirs.wall) if match else math.inf,
+        match_cpu_ratio=_ratio(match.cpu, theirs.cpu) if match else math.inf,
         acc_met=hit is not None,
-        time_met=hit is not None and ratio <= TIME_FRACTION + 1e-12,
+        time_met=hit is not None and _ratio(mine.wall, theirs.wall) <= TIME_FRACTION + 1e-12,
     )
 
 
@@ -119,15 +132,26 @@ def _pct(x: float) -> str:
 
 
 def _at(e: Eval) -> str:
-    return f"{_pct(e.acc)} @{e.step} ({e.wall:.0f} s)"
+    return f"{_pct(e.acc)} @{e.step} ({e.wall:.0f} s, CPU {e.cpu:.0f} s)"
+
+
+def _match(r: Row) -> str:
+    """Tandem's time to TRL's best accuracy, as ratios of TRL's time to it."""
+    if r.tandem_match is None:
+        return "not reached"
+    if r.tandem_match.step == 0:
+        return f"@0 (TRL best {_pct(r.trl_best[r.trl_lr].acc)} = start)"
+    return f"@{r.tandem_match.step}: {r.match_ratio:.2f} ({r.match_cpu_ratio:.2f})"
 
 
 def format_table(rows: list[Row]) -> str:
-    """A markdown table: one line per warm start and seed. ``@N (S s)``: step N, S training wall seconds."""
+    """A markdown table: one line per warm start and seed. ``@N (S s, CPU C s)``: step N, S training wall
+    seconds, C process CPU seconds. Ratios are wall (CPU) of Tandem over TRL at its best learning rate."""
     lrs = sorted({lr for r in rows for lr in r.trl_best})
     head = ["warm start", "seed", "start", "target", "Tandem best", "Tandem to target"]
     head += [f"TRL lr {lr:g} best" for lr in lrs]
-    head += ["TRL best lr", "wall ratio (CPU)", "acc target", "time target (≤ 1/3 wall)"]
+    head += ["TRL best lr", "wall ratio (CPU)", "Tandem to TRL's best: ratio (CPU)"]
+    head += ["acc target", "time target (≤ 1/3 wall)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r.start, str(r.seed), _pct(r.start_acc), _pct(r.target), _at(r.tandem_best)]
@@ -138,7 +162,7 @@ def format_table(rows: list[Row]) -> str:
             ratio = "inf (TRL best at step 0)"
         elif r.tandem_hit is None and r.tandem_best.step == 0:
             ratio = "- (Tandem best at step 0)"
-        cells += [f"{r.trl_lr:g}", ratio, "met" if r.acc_met else "not met"]
+        cells += [f"{r.trl_lr:g}", ratio, _match(r), "met" if r.acc_met else "not met"]
         cells.append("met" if r.time_met else "not met")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

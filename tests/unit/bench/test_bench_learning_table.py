@@ -78,6 +78,20 @@ def test_trl_that_never_improves_gives_an_infinite_ratio_and_ties_pick_the_faste
         lt.compare("add2", tandem, [])
 
 
+def test_tandem_time_to_trls_best_accuracy_is_measured_against_trls_time_to_it():
+    tandem = run("tandem", 6e-4, [(0, 0.34, 0), (30, 0.40, 30), (60, 0.44, 60), (90, 0.45, 90)], cpu=0.25)
+    trl = run("trl", 6e-4, [(0, 0.34, 0), (60, 0.38, 100), (120, 0.44, 200), (180, 0.43, 300)], cpu=0.5)
+    row = lt.compare("countdown-mid", tandem, [trl])
+    assert row.tandem_match.step == 60  # first Tandem evaluation at or above TRL's best (44 %)
+    assert row.match_ratio == pytest.approx(60 / 200) and row.match_cpu_ratio == pytest.approx(15 / 100)
+    assert row.ratio == pytest.approx(90 / 200)  # the target is missed: Tandem's best against TRL's
+    assert "| @60: 0.30 (0.15) |" in lt.format_table([row])
+    behind = run("tandem", 6e-4, [(0, 0.34, 0), (30, 0.43, 30)])
+    row = lt.compare("countdown-mid", behind, [trl])
+    assert row.tandem_match is None and math.isinf(row.match_ratio)
+    assert "| not reached | not met | not met |" in lt.format_table([row])
+
+
 def test_format_table_has_one_column_per_trl_lr_and_one_row_per_start():
     tandem = run("tandem", 6e-4, [(0, 0.15, 0), (20, 0.42, 20)])
     rows = [
@@ -88,7 +102,10 @@ def test_format_table_has_one_column_per_trl_lr_and_one_row_per_start():
     assert len(text) == 4
     assert "TRL lr 0.0002 best" in text[0] and "TRL lr 0.0006 best" in text[0]
     assert all(line.count("|") == text[0].count("|") for line in text)
-    assert "42.0 % @20 (20 s)" in text[2] and "0.22 (0.22)" in text[2] and "| met | met |" in text[2]
+    assert (
+        "42.0 % @20 (20 s, CPU 20 s)" in text[2] and "0.22 (0.22)" in text[2] and "| met | met |" in text[2]
+    )
+    assert "| @20: 0.22 (0.22) |" in text[2]  # Tandem reached TRL's best (20 %) at step 20
     assert "inf (TRL best at step 0)" in text[3] and "| - |" in text[3]
     flat = run("tandem", 6e-4, [(0, 0.15, 0), (20, 0.10, 20)])
     row = lt.compare("sub2", flat, [run("trl", 2e-4, [(0, 0.15, 0), (20, 0.2, 90)])])
