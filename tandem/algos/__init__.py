@@ -29,6 +29,7 @@ from tandem.algos.corrections import CORRECTIONS, correction_weights
 from tandem.algos.curriculum import CURRICULA, CurriculumOptions, PromptStats
 from tandem.algos.dapo import degeneracy_metrics, filter_groups, group_outcomes, overlong_penalty
 from tandem.algos.distill import topk_forward_kl
+from tandem.algos.imitation import success_mask, success_nll, success_tokens
 from tandem.algos.kl import KL_ESTIMATORS, AdaptiveKL, FixedKL, kl_penalty
 from tandem.algos.mismatch import logprob_mismatch
 from tandem.algos.policy import policy_loss
@@ -90,6 +91,9 @@ __all__ = [
     "reward_model_loss",
     "selective_log_softmax",
     "sequence_sum",
+    "success_mask",
+    "success_nll",
+    "success_tokens",
     "topk_forward_kl",
     "value_loss",
 ]

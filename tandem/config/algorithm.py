@@ -88,6 +88,16 @@ class AlgorithmConfig(Section):
     )
     kl: KLConfig = Field(default_factory=KLConfig, description="KL estimator and placement.")
     entropy_coef: float = Field(0.0, description="Entropy bonus coefficient (subtracted from the loss).")
+    sft_coef: float = Field(
+        0.0,
+        ge=0,
+        description="Auxiliary NLL (SFT) term on the batch's successful samples (RAFT-style): sft_coef × the "
+        "mean negative log-likelihood of the tokens of every sample whose reward is >= sft_min_score, added "
+        "to the policy loss (0 = off).",
+    )
+    sft_min_score: float = Field(
+        1.0, description="Sequence reward at or above which a sample counts as successful for sft_coef."
+    )
     dynamic_sampling: bool | None = Field(
         None, description="DAPO: drop groups whose rewards are all equal, resample to fill."
     )

@@ -24,7 +24,15 @@ from typing import Any, Protocol
 
 import torch
 
-from tandem.algos import POLICY_LOSSES, aggregate, logprob_mismatch, policy_loss, value_loss
+from tandem.algos import (
+    POLICY_LOSSES,
+    aggregate,
+    logprob_mismatch,
+    policy_loss,
+    success_nll,
+    success_tokens,
+    value_loss,
+)
 from tandem.config.schema import AlgorithmConfig, TrainerConfig
 from tandem.errors import ModelError
 from tandem.models.forward import response_logprobs
@@ -59,6 +67,8 @@ class UpdateSettings:
     )
     whole_groups: bool = False  # the loss needs every row of a group in one micro-batch
     gradient_checkpointing: bool = False
+    sft_coef: float = 0.0  # auxiliary NLL on successful samples (tandem.algos.imitation); 0 = off
+    sft_min_score: float = 1.0
 
     @classmethod
     def from_config(
@@ -94,6 +104,8 @@ class UpdateSettings:
             micro_batch_tokens=trainer.micro_batch_tokens,
             whole_groups=POLICY_LOSSES.get(algo.policy_loss).needs_whole_groups,
             gradient_checkpointing=trainer.gradient_checkpointing,
+            sft_coef=algo.sft_coef,
+            sft_min_score=algo.sft_min_score,
         )
 
     @property
@@ -281,12 +293,14 @@ def _optimizer_step(
     n = mb.batch_size
     mini_tokens = max(1, int(mb.rollout.response_mask.sum()))  # global counts, also under data parallelism
     mini_seqs = max(1, int(mb.rollout.response_mask.any(dim=1).sum()))
+    # the SFT term's normaliser: successful tokens of the whole mini-batch (0 when the term is off)
+    mini_success = success_tokens(mb.scores, mb.rollout.response_mask, s.sft_min_score) if s.sft_coef else 0
     sums: dict[str, float] = defaultdict(float)
     rows = torch.arange(n) if sync is None else sync.local_rows(mb)
     for micro_idx in micro_batches(mb, rows, micro, s):
         m = mb.select(micro_idx) if len(micro_idx) < n else mb
         share = len(micro_idx) / n
-        metrics = _micro_backward(model, m, mini_tokens, mini_seqs, share, s, value)
+        metrics = _micro_backward(model, m, mini_tokens, mini_seqs, share, s, value, mini_success)
         for k, v in metrics.items():
             accumulate_metric(sums, k, v, share)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -322,6 +336,7 @@ def _micro_backward(
     share: float,
     s: UpdateSettings,
     value: SharedValue | None = None,
+    mini_success: int = 0,
 ) -> dict[str, float]:
     r = m.rollout
     mask = r.response_mask
@@ -372,6 +387,14 @@ def _micro_backward(
             norm_constant=s.norm_constant,
         )
         loss = loss - s.entropy_coef * ent
+    sft: dict[str, float] = {}
+    if s.sft_coef:
+        nll, sft_metrics = success_nll(logprobs, mask, m.scores, s.sft_min_score, max(mini_success, 1))
+        loss = loss + s.sft_coef * nll
+        sft = {
+            "actor/sft_loss": float(nll.detach()) / share,
+            "actor/sft_frac": float(sft_metrics["sft_frac"]),
+        }
     vf, vf_term = _shared_value_loss(value, cap, m, mini_tokens, share) if value is not None else ({}, 0.0)
     (loss + vf_term).backward()  # actor/loss below stays the policy's part; the value part is critic/vf_loss
     # Metrics are averaged over micro-batches weighted by ``share``; losses are shares of the mini-batch
@@ -380,6 +403,7 @@ def _micro_backward(
     out["actor/pg_loss"] = float(metrics["pg_loss"]) / share
     out["actor/loss"] = float(loss.detach()) / share
     out["actor/entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
+    out.update(sft)
     if m.old_logprobs is None:  # this forward is the policy before the update: the engine's yardstick
         out.update(_mismatch_shares(logprobs.detach(), r.behavior_logprobs, mask, mini_tokens, share))
     out.update(vf)
