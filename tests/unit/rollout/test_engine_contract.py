@@ -45,8 +45,21 @@ def model_dir(tmp_path_factory):
     )
 
 
-@pytest.fixture(params=sorted(ENGINES))
+@pytest.fixture(scope="module", params=sorted(ENGINES))
 def engine(request, model_dir):
+    """One engine per name for the module's tests that only generate (starting vLLM and shutting it down
+    costs seconds each): they leave its weights and version alone, so each sees what a fresh engine would.
+    A test that changes the engine takes ``fresh_engine``; teardown checks that none changed the version."""
+    eng = _build(request.param, model_dir)
+    version = eng.version
+    yield eng
+    assert eng.version == version, "a test that updates the engine must take the `fresh_engine` fixture"
+    eng.close()
+
+
+@pytest.fixture(params=sorted(ENGINES))
+def fresh_engine(request, model_dir):
+    """An engine of its own, for the tests that update its weights or close it."""
     eng = _build(request.param, model_dir)
     yield eng
     eng.close()
@@ -169,41 +182,41 @@ def test_per_prompt_sampling_params(engine, reference):
         engine.generate(PROMPTS, each)
 
 
-def test_update_weights_changes_outputs_and_version(engine, tmp_path):
+def test_update_weights_changes_outputs_and_version(fresh_engine, tmp_path):
     greedy = SamplingParams(max_new_tokens=8, temperature=0.0)
-    before = engine.generate(PROMPTS, greedy)
-    engine.update_weights(None, 3)
-    assert engine.version == 3 and engine.generate(["a"], greedy).policy_version.tolist() == [3]
+    before = fresh_engine.generate(PROMPTS, greedy)
+    fresh_engine.update_weights(None, 3)
+    assert fresh_engine.version == 3 and fresh_engine.generate(["a"], greedy).policy_version.tolist() == [3]
     other = init_tiny_model(tmp_path / "other", hidden_size=32, num_layers=2, num_heads=1, seed=123)
-    engine.update_weights(load_causal_lm(other).state_dict(), 4)
-    after = engine.generate(PROMPTS, greedy)
-    assert engine.version == 4 and after.policy_version.tolist() == [4] * 3
+    fresh_engine.update_weights(load_causal_lm(other).state_dict(), 4)
+    after = fresh_engine.generate(PROMPTS, greedy)
+    assert fresh_engine.version == 4 and after.policy_version.tolist() == [4] * 3
     assert not torch.equal(after.behavior_logprobs, before.behavior_logprobs)  # other weights sampled
 
 
-def test_in_flight_updates_between_chunks_keep_the_start_version(engine, tmp_path):
+def test_in_flight_updates_between_chunks_keep_the_start_version(fresh_engine, tmp_path):
     other = load_causal_lm(
         init_tiny_model(tmp_path / "other", hidden_size=32, num_layers=2, num_heads=1, seed=9)
     ).state_dict()
-    engine.update_weights(None, 1)
+    fresh_engine.update_weights(None, 1)
     calls = []
 
     def on_chunk() -> None:
-        calls.append(engine.version)
-        if engine.version == 1:
-            engine.update_weights(other, 2)
+        calls.append(fresh_engine.version)
+        if fresh_engine.version == 1:
+            fresh_engine.update_weights(other, 2)
 
     params = SamplingParams(max_new_tokens=12, temperature=2.0, n=2, seed=0)  # hot: rows rarely end early
-    batch = engine.generate(PROMPTS, params, on_chunk=on_chunk, chunk_tokens=2)
-    assert calls and calls[0] == 1 and engine.version == 2
+    batch = fresh_engine.generate(PROMPTS, params, on_chunk=on_chunk, chunk_tokens=2)
+    assert calls and calls[0] == 1 and fresh_engine.version == 2
     assert batch.policy_version.tolist() == [1] * batch.batch_size
 
 
-def test_close_is_idempotent_and_refuses_generation(engine):
-    engine.close()
-    engine.close()
+def test_close_is_idempotent_and_refuses_generation(fresh_engine):
+    fresh_engine.close()
+    fresh_engine.close()
     with pytest.raises(TandemError):
-        engine.generate(["a"], SamplingParams(max_new_tokens=2))
+        fresh_engine.generate(["a"], SamplingParams(max_new_tokens=2))
 
 
 # -- the table -------------------------------------------------------------------------------------------------
