@@ -10,7 +10,6 @@ learning is measured by ``bench/vllm_learning.py``.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -120,16 +119,17 @@ def test_bad_requests_and_models_are_one_line_errors(tmp_path, models):
         build_engine("vllm", EngineSpec(model=load_causal_lm(models[0])))
 
 
-def test_missing_vllm_names_the_extra():
-    """Without the package the registry answers with one line that says how to install it."""
-    code = (
-        "import sys; sys.modules['vllm'] = None\n"
-        "from tandem.rollout.registry import engine_class, EngineUnavailableError\n"
-        "try:\n    engine_class('vllm')\nexcept EngineUnavailableError as e:\n    print('ERR', e)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    line = [s for s in out.stdout.splitlines() if s.startswith("ERR")]
-    assert line and "tandem-rl[vllm]" in line[0] and "rollout.backend" in line[0], out.stdout + out.stderr
+def test_missing_vllm_names_the_extra(monkeypatch):
+    """Without the package the registry answers with one line that says how to install it. Here ``vllm``
+    is made unimportable and the engine module imported afresh (in process: a subprocess would spend
+    seconds importing torch for the same check)."""
+    monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` fail as if it were not installed
+    monkeypatch.delitem(sys.modules, "tandem.rollout.vllm_engine", raising=False)
+    with pytest.raises(EngineUnavailableError) as err:
+        engine_class("vllm")
+    line = str(err.value)
+    assert err.value.missing == "vllm" and "\n" not in line
+    assert "tandem-rl[vllm]" in line and "rollout.backend" in line, line
 
 
 @pytest.mark.parametrize("mode", ["colocated", "decoupled"])
