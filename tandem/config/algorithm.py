@@ -81,6 +81,12 @@ class AlgorithmConfig(Section):
         "listed below. algorithm.clip_low, clip_high and dual_clip are shorthands for the option of that name.",
     )
     norm_by_std: bool | None = Field(None, description="Divide group-relative advantages by the group std.")
+    pass_k: int = Field(
+        2,
+        ge=1,
+        description="k of the passk advantage estimator's pass@k objective (clamped to rollout.n; 1 = GRPO); "
+        "other estimators ignore it.",
+    )
     gamma: float = Field(1.0, ge=0, le=1, description="Discount.")
     lam: float = Field(1.0, ge=0, le=1, description="GAE λ.")
     beta: float = Field(

@@ -40,6 +40,7 @@ class ExperienceSettings:
     micro_batch_tokens: int | None = None  # score packed chunks of this many real tokens (not rows)
     needs_teacher: bool = False  # the estimator needs a teacher's log-probs (registry metadata)
     reward_weight: float = 0.0  # opd: weight of the task reward beside the teacher term
+    pass_k: int = 2  # the passk estimator's k
 
     @classmethod
     def from_config(
@@ -68,6 +69,7 @@ class ExperienceSettings:
             micro_batch_tokens=micro_batch_tokens,
             needs_teacher="teacher_logprobs" in ADVANTAGE_ESTIMATORS.get(algo.advantage).requires,
             reward_weight=algo.opd.reward_weight,
+            pass_k=algo.pass_k,
         )
 
 
@@ -181,6 +183,7 @@ def make_experience(
         logprobs=current if teacher_lp is not None else None,
         teacher_logprobs=teacher_lp,
         reward_weight=s.reward_weight,
+        pass_k=s.pass_k,
     )
     exp = Experience(
         rollout=rollout,
