@@ -31,9 +31,10 @@ def train(
     """
     from tandem.cli.report import print_run_result
     from tandem.config import load_config
+
+    cfg = load_config(config, overrides or [])  # a config error is reported before torch loads (seconds)
     from tandem.orchestration.runner import train as run_train
 
-    cfg = load_config(config, overrides or [])
     _ensure_warm_start(cfg)
     result = run_train(cfg, resume=resume, progress=progress)
     print_run_result(out, result)
