@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 
 from tandem.errors import TandemError, first_line
 from tandem.serve import admin_state as ops
+from tandem.serve import heap
 from tandem.serve.app import check_admin_key, parse_json_object
 from tandem.serve.protocol import ApiError
 from tandem.serve.router import build_arm
@@ -70,6 +71,7 @@ def _register(state: ServerState, load: str, arm) -> None:
     arm.batcher.start()
     state.batchers.append(arm.batcher)
     state.loaded[load] = arm
+    heap.refreeze()  # the new arm's model joins the frozen start-up heap (tandem.serve.heap)
 
 
 def _change(state: ServerState, change: ops.Change) -> dict:

@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from tandem.serve.batcher import RowFailedError
 from tandem.serve.middleware import key_from_headers, key_matches
@@ -53,6 +54,45 @@ def parse_json_object(raw: bytes) -> dict:
                 code="invalid_unicode",
             ) from err
     return data
+
+
+_JSON = b"application/json"
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))  # JSONResponse's
+
+
+class BodyResponse(JSONResponse):
+    """A ``JSONResponse`` (status 200) with the same bytes and headers, built for the generation routes'
+    hot path: one prebuilt encoder with ``JSONResponse.render``'s options, and the header list written
+    out instead of going through Starlette's generic header handling (about 3x cheaper)."""
+
+    def __init__(self, content: object, headers: dict[str, str]) -> None:
+        self.status_code, self.background = 200, None
+        self.body = _ENCODER.encode(content).encode("utf-8")
+        self.raw_headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+        self.raw_headers += [(b"content-length", str(len(self.body)).encode()), (b"content-type", _JSON)]
+
+
+def header(request: Request, name: bytes) -> str | None:
+    """The first value of header ``name`` (lower case), as ``request.headers.get`` gives it, read from
+    the raw scope without building Starlette's ``Headers``."""
+    for key, value in request.scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+async def read_body(request: Request) -> bytes:
+    """The request body, as ``await request.body()`` reads it (``ClientDisconnect`` if the client goes
+    away first), straight from ``receive``: Starlette's async generator costs more than the read."""
+    chunks = []
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.request":
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+        elif message["type"] == "http.disconnect":
+            raise ClientDisconnect()
 
 
 def check_user_key(state: ServerState, request: Request) -> None:

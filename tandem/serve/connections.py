@@ -25,34 +25,48 @@ DEFAULT_READ_TIMEOUT_S = 30.0  # ServeSettings.read_timeout_s
 class HeadTimeoutProtocol(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
     """uvicorn's HTTP protocol with a deadline for every request head (see the module docstring).
 
-    The deadline is armed when the connection opens and again whenever a response completes; it fires
-    harmlessly if a new request head has arrived since (uvicorn then holds a new ``cycle``)."""
+    The wait for a head starts when the connection opens and again whenever a response completes. One
+    timer per connection checks it: when the timer fires and the connection is still waiting, it closes
+    the connection if the wait is ``timeout_s`` old, else it fires again when it will be; when a request
+    is running, the timer is dropped and the next completed response arms a new one. A keep-alive
+    connection thus re-arms about once per ``timeout_s``, not once per request."""
 
     timeout_s: float | None = None  # None: the replicas' spec (TANDEM_SERVE_SPEC), else the default
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._head_timer = None
-        self._arm_head_deadline()
+        self._waiting_since = self.loop.time()
+        self._arm_head_deadline(self._head_timeout())
 
     def connection_lost(self, exc) -> None:  # type: ignore[override]
         if self._head_timer is not None:
             self._head_timer.cancel()
+            self._head_timer = None
         super().connection_lost(exc)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        self._arm_head_deadline()
+        self._waiting_since = self.loop.time()
+        if self._head_timer is None:
+            self._arm_head_deadline(self._head_timeout())
 
-    def _arm_head_deadline(self) -> None:
-        seconds = self.timeout_s if self.timeout_s is not None else _spec_timeout(os.environ.get(SPEC_ENV))
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-        self._head_timer = self.loop.call_later(seconds, self._head_deadline, self.cycle)
+    def _head_timeout(self) -> float:
+        return self.timeout_s if self.timeout_s is not None else _spec_timeout(os.environ.get(SPEC_ENV))
 
-    def _head_deadline(self, cycle) -> None:
-        waiting = self.cycle is cycle and (cycle is None or cycle.response_complete)
-        if waiting and not self.transport.is_closing():
+    def _arm_head_deadline(self, delay: float) -> None:
+        self._head_timer = self.loop.call_later(delay, self._head_deadline)
+
+    def _head_deadline(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            return  # a request is running: its response arms the next deadline
+        left = self._waiting_since + self._head_timeout() - self.loop.time()
+        if left > 0:
+            self._arm_head_deadline(left)
+        else:
             self.transport.close()  # connection_lost then tidies the protocol state
 
 

@@ -34,19 +34,21 @@ class Metrics:
         self._gauges: dict[str, dict[Labels, float]] = defaultdict(dict)
         self._hists: dict[str, tuple[tuple[float, ...], dict[Labels, list[float]]]] = {}
         self._help: dict[str, str] = {}
+        self._keys: dict[tuple[tuple[str, str], ...], Labels] = {}  # labels as passed -> sorted
 
     def inc(self, name: str, value: float = 1.0, help: str = "", **labels: str) -> None:
         """Add ``value`` to counter ``name``."""
-        key = tuple(sorted(labels.items()))
+        key = self._key(labels)
         with self._lock:
             self._help.setdefault(name, help)
             self._counters[name][key] = self._counters[name].get(key, 0.0) + value
 
     def set(self, name: str, value: float, help: str = "", **labels: str) -> None:
         """Set gauge ``name``."""
+        key = self._key(labels)
         with self._lock:
             self._help.setdefault(name, help)
-            self._gauges[name][tuple(sorted(labels.items()))] = value
+            self._gauges[name][key] = value
 
     def observe(
         self,
@@ -57,7 +59,7 @@ class Metrics:
         **labels: str,
     ) -> None:
         """Record ``value`` in histogram ``name`` (bucket counts, then sum and count)."""
-        key = tuple(sorted(labels.items()))
+        key = self._key(labels)
         with self._lock:
             self._help.setdefault(name, help)
             bounds, series = self._hists.setdefault(name, (buckets, {}))
@@ -67,6 +69,15 @@ class Metrics:
                     row[i] += 1
             row[-2] += value
             row[-1] += 1
+
+    def _key(self, labels: dict[str, str]) -> Labels:
+        """The sorted label tuple of ``labels``, remembered by the labels as passed (a call site passes
+        them in one order, so this is one dict lookup instead of a sort per update)."""
+        given = tuple(labels.items())
+        key = self._keys.get(given)
+        if key is None:
+            key = self._keys[given] = tuple(sorted(given))
+        return key
 
     def counter_value(self, name: str, **labels: str) -> float:
         """Current value of a counter series (0 if never incremented)."""

@@ -147,6 +147,7 @@ class ServedModel:
     context_length: int
     config: PretrainedConfig | None = None
     _encoder: Callable[[str], list[int]] | None = field(default=None, repr=False, compare=False)
+    _config_vocab: int | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def load(cls, path: str | Path, name: str | None = None, *, engine: str | None = None) -> ServedModel:
@@ -171,7 +172,9 @@ class ServedModel:
     def vocab_size(self) -> int:
         """Token ids a request may name: those both the tokenizer and the model's embedding know."""
         size = len(self.tokenizer)
-        return min(size, int(getattr(self.config, "vocab_size", size) or size))
+        if self._config_vocab is None:  # read once: a transformers config attribute costs ~3 us a read
+            self._config_vocab = int(getattr(self.config, "vocab_size", 0) or 0)
+        return min(size, self._config_vocab or size)
 
     @property
     def label(self) -> str:

@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from tandem.errors import ConfigError, MissingDependencyError
+from tandem.serve import heap
 from tandem.serve.router import build_arm
 from tandem.utils.net import is_loopback_host
 
@@ -52,14 +53,14 @@ def build_state(
 
 def make_app(state):
     """The ASGI app over ``state``: the routes (:mod:`tandem.serve.routes`, :mod:`tandem.serve.admin`)
-        inside the middleware (:mod:`tandem.serve.middleware`; the generation routes are dispatched directly,
-    :mod:`tandem.serve.direct`), with a lifespan that starts the batchers,
-        catches up with the admin state and marks the server ready."""
+    inside the middleware (:mod:`tandem.serve.middleware`), with a lifespan that starts the batchers,
+    catches up with the admin state and marks the server ready. The generation POSTs reach their
+    endpoints through the same middleware but past FastAPI (:class:`~tandem.serve.direct.Front`)."""
     from fastapi import FastAPI
 
     from tandem.serve.admin import register_admin, sync
     from tandem.serve.app import install_error_handlers
-    from tandem.serve.direct import Direct
+    from tandem.serve.direct import Direct, Front
     from tandem.serve.middleware import BodyLimit, Gate
     from tandem.serve.routes import generation_endpoints, register_routes
 
@@ -70,12 +71,11 @@ def make_app(state):
     register_routes(app, state, endpoints)
     register_admin(app, state)
     s = state.settings
-    app.add_middleware(Direct, endpoints=endpoints)
     app.add_middleware(BodyLimit, limit=s.max_body_bytes, timeout_s=s.read_timeout_s)
     paths = {route.path for route in app.routes}
-    app.add_middleware(
-        Gate, api_keys=s.api_keys, metrics=state.metrics, paths=paths, before=lambda: sync(state)
-    )
+    gate = {"api_keys": s.api_keys, "metrics": state.metrics, "paths": paths, "before": lambda: sync(state)}
+    app.add_middleware(Gate, **gate)
+    limited = BodyLimit(Direct(app, endpoints), limit=s.max_body_bytes, timeout_s=s.read_timeout_s)
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -92,7 +92,7 @@ def make_app(state):
                 await batcher.stop()
 
     app.router.lifespan_context = lifespan
-    return app
+    return Front(app, Gate(limited, **gate), set(endpoints))
 
 
 def check_bind(host: str, has_keys: bool) -> None:
@@ -119,7 +119,9 @@ def app_from_env():
     spec = json.loads(os.environ[SPEC_ENV])
     fields = {f.name for f in dataclasses.fields(ServeSettings)}
     settings = ServeSettings(**{k: v for k, v in spec["settings"].items() if k in fields})
-    return make_app(build_state(spec["arms"], settings, name=spec["name"], split=spec["split"]))
+    app = make_app(build_state(spec["arms"], settings, name=spec["name"], split=spec["split"]))
+    heap.freeze()
+    return app
 
 
 def check_tls(certfile: str | None, keyfile: str | None) -> None:
@@ -194,11 +196,18 @@ def run_replicas(
             ssl_certfile=ssl_certfile,
             ssl_keyfile=ssl_keyfile,
             log_level="warning",
+            access_log=False,  # never logged at "warning"; off, uvicorn skips formatting each line
             timeout_graceful_shutdown=5,
             **uvicorn_limits(settings, replicas=True),
         )
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _logs_access(log_level: str) -> bool:
+    """Whether uvicorn's access log is on: only at a level that shows it (``info`` and below). Above,
+    it would still format every line's client address and quoted path before dropping it."""
+    return log_level.lower() in ("info", "debug", "trace")
 
 
 def run_server(
@@ -215,13 +224,16 @@ def run_server(
     uvicorn = _uvicorn()
     from tandem.serve.connections import uvicorn_limits
 
+    app = make_app(state)
+    heap.freeze()
     uvicorn.run(
-        make_app(state),
+        app,
         host=host,
         port=port,
         ssl_certfile=ssl_certfile,
         ssl_keyfile=ssl_keyfile,
         log_level=log_level,
+        access_log=_logs_access(log_level),
         timeout_graceful_shutdown=5,
         **uvicorn_limits(state.settings),
     )
