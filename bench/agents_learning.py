@@ -8,7 +8,8 @@ tool calls per episode (``eval/agent/tool_calls_mean``), then before/after per r
 architecture. The calculator config starts from a deliberately weak warm start (SFT on transcripts of
 which only 25% call the tool), so the tool-call rate has room to rise. A run "learns" when both held-out
 accuracy and tool calls per episode rise by more than ``--margin`` (default 0.2: 20 points and 0.2 calls);
-``--judge`` picks other measures (``accuracy calls return turns``), e.g. ``accuracy return`` for an
+``--judge`` picks other measures (``accuracy calls ok_calls return turns``; ``ok_calls``: calls per
+episode that ran without an error), e.g. ``accuracy return`` for an
 environment whose return rewards doing it in few turns.
 
     .venv/bin/python bench/agents_learning.py [--config configs/agent_calculator.yaml] [--steps 20]
@@ -18,9 +19,11 @@ environment whose return rewards doing it in few turns.
 game (1-10 in 4 tries) from a warm start whose greedy games count up from 1 while a quarter of its SFT
 games bisect; it learns when held-out success and return per episode both rise by more than the margin.
 
-``--agent python`` is ``--config configs/agent_python.yaml``: countdown from a warm start of which 30% of
-the SFT transcripts run a one-line search in the sandbox (a subprocess per call); every run also prints
-the environment time per step (``timing/env``) and the sandbox kills.
+``--agent python`` is ``--config configs/agent_python.yaml --judge accuracy ok_calls``: countdown from a
+warm start that writes a one-line search for the sandbox (a subprocess per call) in nearly every held-out
+episode but often miscopies the prompt into it, so many calls fail; it learns when held-out success and the
+calls that run without an error both rise by more than the margin. Every run also prints the environment
+time per step (``timing/env``) and the sandbox kills.
 
 Training on 2 shared CPU cores is slow: the load average is printed beside every run's wall time.
 """
@@ -39,25 +42,31 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TANDEM = Path(sys.executable).parent / "tandem"
-# what each curve point holds: held-out greedy accuracy, tool calls, return and turns per episode
+# the metrics a curve point is read from: held-out greedy accuracy, tool calls, return and turns per episode
 KEYS = {
     "accuracy": "eval/accuracy",
     "calls": "eval/agent/tool_calls_mean",
     "return": "eval/agent/return_mean",
     "turns": "eval/agent/turns_mean",
 }
+ERROR_RATE = "eval/agent/tool_error_rate"  # failed calls per call
+# what each curve point holds, in order; ok_calls: calls per episode that ran without an error
+MEASURES = ("accuracy", "calls", "ok_calls", "return", "turns")
 
 # --agent NAME: the shipped config and what must rise for it to count as learning
 AGENTS = {
     "calculator": (ROOT / "configs/agent_calculator.yaml", ["accuracy", "calls"]),
     "guess": (ROOT / "configs/agent_guess.yaml", ["accuracy", "return"]),
-    "python": (ROOT / "configs/agent_python.yaml", ["accuracy", "calls"]),
+    "python": (ROOT / "configs/agent_python.yaml", ["accuracy", "ok_calls"]),
 }
 
 
 def point(step: int, metrics: dict) -> tuple:
-    """``(step, accuracy, calls, return, turns)`` from one evaluation's metrics."""
-    return (step, *(float(metrics.get(key, 0.0)) for key in KEYS.values()))
+    """``(step, accuracy, calls, ok_calls, return, turns)`` from one evaluation's metrics; ``ok_calls`` is
+    tool calls per episode that ran without an error."""
+    values = {name: float(metrics.get(key, 0.0)) for name, key in KEYS.items()}
+    values["ok_calls"] = values["calls"] * (1.0 - float(metrics.get(ERROR_RATE, 0.0)))
+    return (step, *(values[name] for name in MEASURES))
 
 
 def run(config: Path, mode: str, seed: int, args: argparse.Namespace, out: Path) -> dict:
@@ -122,7 +131,7 @@ def main() -> None:
         "--judge",
         nargs="+",
         default=None,
-        choices=list(KEYS),
+        choices=list(MEASURES),
         help="what must rise by more than --margin for a run to count as learning (accuracy calls)",
     )
     ap.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run")
@@ -140,8 +149,8 @@ def main() -> None:
             for mode in args.modes:
                 r = run(args.config, mode, seed, args, Path(tmp) / f"{mode}_{seed}")
                 results.append(r)
-                points = "  ".join(f"{p[0]}:{p[1]:.2f}/{p[2]:.2f}/{p[3]:.2f}/{p[4]:.2f}" for p in r["curve"])
-                print(f"{mode:10s} seed {seed}  step:accuracy/calls/return/turns  {points}", flush=True)
+                points = "  ".join(f"{p[0]}:" + "/".join(f"{v:.2f}" for v in p[1:]) for p in r["curve"])
+                print(f"{mode:10s} seed {seed}  step:{'/'.join(MEASURES)}  {points}", flush=True)
                 sampled = " ".join(f"{c:.2f}/{t:.2f}/{m:.2f}" for _, c, t, m in r["train"])
                 print(f"{'':10s} training episodes' tool calls/turns/reward per step: {sampled}", flush=True)
                 print(f"{'':10s} wall {r['wall']:.0f} s, load average ~{r['load']:.1f}", flush=True)
@@ -151,7 +160,7 @@ def main() -> None:
                     flush=True,
                 )
 
-    names = list(KEYS)
+    names = list(MEASURES)
     head = "  ".join(f"{n + ' ' + w:>14s}" for n in names for w in ("before", "after"))
     print(f"\n{'mode':10s} {'seed':>4s}  {head}  learns")
     verdict = True

@@ -8,10 +8,10 @@ built from a random expression over the numbers, so every prompt is solvable; th
 Option ``tool_demos`` (a share in 0..1; unset by default, leaving the rows as they were) adds a
 ``completion`` column for ``tandem sft``: that share of rows is a transcript that solves the prompt with the
 ``python`` tool of the ``python`` environment (plain format) -- a one-line brute-force search
-(:func:`search_program`), the ``RESULT`` line it prints, then that expression as the answer; the others
-answer at once with ``answer``, which a tiny model rarely gets right by itself. SFT on a small share gives a
-deliberately weak warm start that rarely runs the search, so RL has a tool-call rate to raise
-(``configs/agent_python.yaml``).
+(:func:`search_program`) that starts with the prompt copied into a string, the ``RESULT`` line it prints, then
+that expression as the answer; the others answer at once with ``answer``, which a tiny model rarely gets
+right by itself. A short SFT on them gives a weak warm start that writes the search but often miscopies the
+prompt, so RL has a success rate to raise (``configs/agent_python.yaml``).
 """
 
 from __future__ import annotations
@@ -70,8 +70,12 @@ class CountdownTask(GeneratedTask):
                 break
         # The sum is always a valid target; it is only a fallback after _MAX_TRIES failed draws.
         text, target = built if built is not None else ("+".join(map(str, nums)), sum(nums))
-        prompt = f"nums {' '.join(map(str, nums))} target {target}:"
-        row: dict[str, Any] = {"prompt": prompt, "answer": text, "nums": list(nums), "target": target}
+        row: dict[str, Any] = {
+            "prompt": countdown_prompt(nums, target),
+            "answer": text,
+            "nums": list(nums),
+            "target": target,
+        }
         if self.tool_demos is not None:
             row["completion"] = text  # a direct answer, no tool call
             if rng.random() < self.tool_demos:
@@ -89,6 +93,11 @@ class CountdownTask(GeneratedTask):
         return [float(is_solution(c, n, t)) for c, n, t in zip(completions, nums, targets, strict=True)]
 
 
+def countdown_prompt(nums: list[int], target: int) -> str:
+    """``"nums 3 7 12 target 33:"``."""
+    return f"nums {' '.join(map(str, nums))} target {target}:"
+
+
 def is_solution(completion: str, nums: list[int], target: int) -> bool:
     """TinyZero's rule: the numbers used equal ``nums`` as a multiset and the value equals ``target``.
     Anything unparsable, disallowed or dividing by zero is simply not a solution."""
@@ -100,13 +109,17 @@ def is_solution(completion: str, nums: list[int], target: int) -> bool:
 
 
 def search_program(nums: list[int], target: int) -> str:
-    """A one-line Python program (137 characters for ``[1,15,6]`` and 22) that prints the first
+    """A one-line Python program (184 characters for ``[1,7,9]`` and 72) that prints the first
     ``(a x b) y c`` over the permutations of three numbers and the operators ``+ - * /`` whose value is
-    ``target`` (``StopIteration`` when there is none: about 2% of targets need ``a x (b y c)``)."""
-    listed = ",".join(map(str, nums))
+    ``target`` (``StopIteration`` when there is none: about 2% of targets need ``a x (b y c)``).
+
+    It starts with the prompt copied verbatim into a string (``s='nums 1 7 9 target 72:'``) and reads the
+    numbers from it; the rest is the same for every prompt. A verbatim copy right after the prompt is the
+    easiest thing for a small model to learn to copy (it repeats what followed the same characters
+    before), much easier than rewriting the numbers into a list."""
     return (
-        f"from itertools import*;print(next(e for a,b,c in permutations([{listed}])"
-        f"for x in'+-*/'for y in'+-*/'if eval(e:=f'({{a}}{{x}}{{b}}){{y}}{{c}}')=={target}))"
+        f"s='{countdown_prompt(nums, target)}';_,*n,_,t=s[:-1].split();from itertools import*;print(next(e for a,b,c in "
+        "permutations(n)for x in'+-*/'for y in'+-*/'if eval(e:=f'({a}{x}{b}){y}{c}')==int(t)))"
     )
 
 

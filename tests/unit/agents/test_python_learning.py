@@ -63,7 +63,7 @@ def test_search_transcripts_replay_against_the_python_environment():
 def test_shipped_python_agent_config_fits_its_model():
     cfg = load_config(REPO / "configs/agent_python.yaml")
     ws = cfg.model.warm_start_sft
-    assert ws is not None and ws.task == "countdown" and 0 < ws.task_options["tool_demos"] < 0.5
+    assert ws is not None and ws.task == "countdown" and 0 < ws.task_options["tool_demos"] < 1
     assert "tool_demos" not in cfg.data.task_options and cfg.env is not None and cfg.env.name == "python"
     model = REPO / cfg.model.path
     assert (model / "model.safetensors").is_file()
