@@ -32,7 +32,8 @@ from tandem.serve.batcher import QueueFullError
 from tandem.serve.cache import cache_key
 from tandem.serve.decode import RowRequest, RowResult
 from tandem.serve.engines import check_request
-from tandem.serve.feedback import Conversation, check_pair, check_rating
+from tandem.serve.feedback import Conversation
+from tandem.serve.feedback_route import store_feedback
 from tandem.serve.model import ServedModel
 from tandem.serve.protocol import ApiError, ChatRequest, CompletionRequest, GenerationRequest, PredictRequest
 from tandem.serve.router import Arm
@@ -501,53 +502,6 @@ async def _parse_dict(request: Request) -> dict:
     return parse_json_object(await request.body())
 
 
-def _feedback(state: ServerState, data: dict) -> dict:
-    """``{"id", "rating", "index"?}`` rates one completion; ``{"id", "other_id", "preferred"}`` picks the
-    better of two completions (``preferred`` is one of the two ids). Stored durably before answering."""
-    if state.feedback is None:
-        raise ApiError(
-            404, "feedback is disabled (start the server with --feedback-db)", code="feedback_disabled"
-        )
-    rid = data.get("id")
-    if not isinstance(rid, str):
-        raise ApiError(400, "field 'id' (a response id) must be a string", param="id")
-    found = state.feedback.lookup(rid)
-    if found is None:
-        raise ApiError(404, f"unknown response id '{rid}'", param="id", code="response_not_found")
-    arm, prompts, texts = found
-    index = data.get("index", 0)
-    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(texts):
-        raise ApiError(400, f"'index' must be an integer in [0, {len(texts)})", param="index")
-    common = {"response_id": rid, "prompt": prompts[index], "arm": arm, "choice_index": index}
-    if "other_id" in data:
-        other = data.get("other_id")
-        other_found = state.feedback.lookup(other) if isinstance(other, str) else None
-        if other_found is None:
-            raise ApiError(404, f"unknown response id '{other}'", param="other_id", code="response_not_found")
-        if other_found[1][0] != prompts[index]:
-            raise ApiError(400, "the two responses answer different prompts", param="other_id")
-        preferred = data.get("preferred")
-        if preferred not in (rid, other):
-            raise ApiError(400, "'preferred' must equal 'id' or 'other_id'", param="preferred")
-        mine, theirs = texts[index], other_found[2][0]
-        chosen, rejected = (mine, theirs) if preferred == rid else (theirs, mine)
-        try:
-            check_pair(rid, other, chosen, rejected)
-        except ValueError as err:
-            raise ApiError(400, str(err), param="other_id") from err
-        row = state.feedback.add(
-            **common, other_id=other, preferred=preferred, chosen=chosen, rejected=rejected
-        )
-    else:
-        try:
-            rating = check_rating(data.get("rating"))
-        except ValueError as err:
-            raise ApiError(400, str(err), param="rating") from err
-        row = state.feedback.add(**common, rating=rating, chosen=texts[index])
-    state.metrics.inc("feedback_total", 1, "Feedback rows stored.", arm=arm)
-    return {"id": row, "object": "feedback", "stored": True}
-
-
 def generation_endpoints(state: ServerState) -> dict:
     """The generation endpoints by path (``POST``): registered as FastAPI routes and also dispatched
     directly, past the router (:mod:`tandem.serve.direct`). They take only the request."""
@@ -616,4 +570,4 @@ def register_routes(app: FastAPI, state: ServerState, endpoints: dict | None = N
     @app.post("/v1/feedback")
     async def feedback(request: Request):
         check_user_key(state, request)
-        return _feedback(state, await _parse_dict(request))
+        return store_feedback(state, await _parse_dict(request))
