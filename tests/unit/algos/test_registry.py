@@ -48,7 +48,17 @@ def test_empty_name_rejected() -> None:
     [
         (
             A.ADVANTAGE_ESTIMATORS,
-            {"gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "remax", "opd"},
+            {
+                "gae",
+                "grpo",
+                "passk",
+                "dr_grpo",
+                "rloo",
+                "reinforce_pp",
+                "reinforce_pp_baseline",
+                "remax",
+                "opd",
+            },
         ),
         (A.POLICY_LOSSES, {"ppo_clip", "decoupled_ppo", "gspo", "cispo", "topr", "agro"}),
         (A.KL_ESTIMATORS, {"k1", "k2", "k3", "low_var_kl", "abs", "k3+"}),
