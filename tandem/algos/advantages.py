@@ -238,44 +238,6 @@ def _grpo(inp: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     return _broadcast(adv, inp.response_mask), _broadcast(inp.scores, inp.response_mask)
 
 
-def pass_k_advantages(n: int, c: int, k: int, eps: float = 1e-6) -> tuple[float, float]:
-    """Analytical pass@k advantages of one group of ``n`` samples of which ``c`` are correct (Chen et al.
-    2025, "Pass@k Training", arXiv 2508.10751): the group reward is pass@k of a random ``k``-subset,
-    ``R = 1 - C(n-c, k) / C(n, k)``, ``sigma = sqrt(R (1 - R))``; a correct sample gets ``(1 - R) / sigma``,
-    an incorrect one ``(1 - R - C(n-c-1, k-1) / C(n-1, k-1)) / sigma`` (its share of the subsets that
-    still fail). ``k`` is clamped to ``[1, n]``; k = 1 is GRPO with the population std. Returns
-    ``(A_correct, A_incorrect)``; both 0 when none is correct or every k-subset holds a correct one
-    (``c > n - k``: the group's pass@k is 1 whatever the sample). Per group the advantages sum to 0, as
-    GRPO's; what changes is the weight of a group: those with few successes (hard prompts) count more."""
-    k = max(1, min(k, n))
-    if c <= 0 or c > n - k:
-        return 0.0, 0.0
-    r = 1.0 - math.comb(n - c, k) / math.comb(n, k)
-    sigma = math.sqrt(max(r * (1.0 - r), 0.0)) + eps
-    fail_share = math.comb(n - c - 1, k - 1) / math.comb(n - 1, k - 1)
-    return (1.0 - r) / sigma, (1.0 - r - fail_share) / sigma
-
-
-@_register(
-    "passk",
-    summary="pass@k group advantage (0/1 rewards; algorithm.pass_k): keeps exploring",
-    group_relative=True,
-)
-def _passk(inp: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    correct = inp.scores > 0.5  # [B]; a 0/1 verifier's success
-    _, inverse = torch.unique(inp.group_ids, return_inverse=True)  # [B] in 0..G-1
-    g = int(inverse.max()) + 1 if inverse.numel() else 0
-    n = torch.zeros(g, dtype=torch.long).index_add_(0, inverse.cpu(), torch.ones_like(inverse.cpu()))
-    c = torch.zeros(g, dtype=torch.long).index_add_(0, inverse.cpu(), correct.long().cpu())
-    table = torch.tensor(
-        [pass_k_advantages(int(ni), int(ci), inp.pass_k, inp.eps) for ni, ci in zip(n, c, strict=True)],
-        dtype=inp.scores.dtype,
-    ).reshape(g, 2)  # [G, 2]: (A_correct, A_incorrect)
-    per_group = table.to(inp.scores.device)[inverse]  # [B, 2]
-    adv = torch.where(correct, per_group[:, 0], per_group[:, 1])  # [B]
-    return _broadcast(adv, inp.response_mask), _broadcast(inp.scores, inp.response_mask)
-
-
 @_register("dr_grpo", summary="R - group mean (no std)", group_relative=True)
 def _dr_grpo(inp: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     mean, _, _ = group_stats(inp.scores, inp.group_ids)
@@ -343,3 +305,41 @@ def _opd(inp: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
         adv = adv + inp.reward_weight * (inp.scores - mean).unsqueeze(-1)
     adv = torch.where(inp.response_mask, adv, torch.zeros_like(adv))  # padding may hold any value
     return adv, adv
+
+
+def pass_k_advantages(n: int, c: int, k: int, eps: float = 1e-6) -> tuple[float, float]:
+    """Analytical pass@k advantages of one group of ``n`` samples of which ``c`` are correct (Chen et al.
+    2025, "Pass@k Training", arXiv 2508.10751): the group reward is pass@k of a random ``k``-subset,
+    ``R = 1 - C(n-c, k) / C(n, k)``, ``sigma = sqrt(R (1 - R))``; a correct sample gets ``(1 - R) / sigma``,
+    an incorrect one ``(1 - R - C(n-c-1, k-1) / C(n-1, k-1)) / sigma`` (its share of the subsets that
+    still fail). ``k`` is clamped to ``[1, n]``; k = 1 is GRPO with the population std. Returns
+    ``(A_correct, A_incorrect)``; both 0 when none is correct or every k-subset holds a correct one
+    (``c > n - k``: the group's pass@k is 1 whatever the sample). Per group the advantages sum to 0, as
+    GRPO's; what changes is the weight of a group: those with few successes (hard prompts) count more."""
+    k = max(1, min(k, n))
+    if c <= 0 or c > n - k:
+        return 0.0, 0.0
+    r = 1.0 - math.comb(n - c, k) / math.comb(n, k)
+    sigma = math.sqrt(max(r * (1.0 - r), 0.0)) + eps
+    fail_share = math.comb(n - c - 1, k - 1) / math.comb(n - 1, k - 1)
+    return (1.0 - r) / sigma, (1.0 - r - fail_share) / sigma
+
+
+@_register(
+    "passk",
+    summary="pass@k group advantage (0/1 rewards; algorithm.pass_k): keeps exploring",
+    group_relative=True,
+)
+def _passk(inp: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    correct = inp.scores > 0.5  # [B]; a 0/1 verifier's success
+    _, inverse = torch.unique(inp.group_ids, return_inverse=True)  # [B] in 0..G-1
+    g = int(inverse.max()) + 1 if inverse.numel() else 0
+    n = torch.zeros(g, dtype=torch.long).index_add_(0, inverse.cpu(), torch.ones_like(inverse.cpu()))
+    c = torch.zeros(g, dtype=torch.long).index_add_(0, inverse.cpu(), correct.long().cpu())
+    table = torch.tensor(
+        [pass_k_advantages(int(ni), int(ci), inp.pass_k, inp.eps) for ni, ci in zip(n, c, strict=True)],
+        dtype=inp.scores.dtype,
+    ).reshape(g, 2)  # [G, 2]: (A_correct, A_incorrect)
+    per_group = table.to(inp.scores.device)[inverse]  # [B, 2]
+    adv = torch.where(correct, per_group[:, 0], per_group[:, 1])  # [B]
+    return _broadcast(adv, inp.response_mask), _broadcast(inp.scores, inp.response_mask)

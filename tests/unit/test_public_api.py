@@ -59,6 +59,7 @@ def test_algos_exports():
         "reinforce_pp_baseline",
         "remax",
         "opd",
+        "passk",
     ]
     assert tandem.algos.POLICY_LOSSES.names() == [
         "ppo_clip",

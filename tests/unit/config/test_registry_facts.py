@@ -40,6 +40,7 @@ def test_builtin_facts():
         "dr_grpo",
         "rloo",
         "reinforce_pp_baseline",
+        "passk",
     ]
     token = [n for n in ADVANTAGE_ESTIMATORS if ADVANTAGE_ESTIMATORS[n].uses_token_rewards]
     assert token == ["gae", "reinforce_pp", "reinforce_pp_baseline"]
