@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from grad_capture import capture_grads
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from tandem.config import load_config
@@ -139,14 +140,7 @@ def _grads_after_one_step(model_dir, exp, aggregation, **trainer_kw):
         group_size=4,
     )
     opt = build_optimizer(model, trainer)
-    grads = {}
-    original_step = opt.step
-
-    def step_and_capture(*a, **k):
-        grads.update({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
-        return original_step(*a, **k)
-
-    opt.step = step_and_capture
+    grads = capture_grads(model, opt)
     return grads, policy_update(model, opt, None, exp, settings), model
 
 

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from grad_capture import capture_grads
 
 from tandem.algos import success_nll, success_tokens
 from tandem.config.schema import AlgorithmConfig, TrainerConfig
@@ -78,14 +79,7 @@ def _update(model_dir, exp, sft_coef, micro=None):
         algo, trainer, temperature=1.0, autocast_bf16=False, max_new_tokens=4
     )
     opt = build_optimizer(model, trainer)
-    grads = {}
-    original_step = opt.step
-
-    def step_and_capture(*a, **k):
-        grads.update({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
-        return original_step(*a, **k)
-
-    opt.step = step_and_capture
+    grads = capture_grads(model, opt)
     metrics = policy_update(model, opt, None, exp, settings)
     return before, _seq_logprob(model, exp), grads, metrics
 

@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 import torch
+from grad_capture import capture_grads
 
 from tandem.config.schema import AlgorithmConfig, TrainerConfig
 from tandem.models import load_causal_lm
@@ -45,14 +46,7 @@ def _grads_after_one_step(model_dir, exp, aggregation, micro):
         algo, trainer, temperature=1.0, autocast_bf16=False, max_new_tokens=5
     )
     opt = build_optimizer(model, trainer)
-    grads = {}
-    original_step = opt.step  # capture the accumulated gradients right before the optimiser step
-
-    def step_and_capture(*a, **k):
-        grads.update({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
-        return original_step(*a, **k)
-
-    opt.step = step_and_capture
+    grads = capture_grads(model, opt)
     metrics = policy_update(model, opt, None, exp, settings)
     return grads, metrics
 
