@@ -334,8 +334,9 @@ def _passk(inp: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     correct = inp.scores > 0.5  # [B]; a 0/1 verifier's success
     _, inverse = torch.unique(inp.group_ids, return_inverse=True)  # [B] in 0..G-1
     g = int(inverse.max()) + 1 if inverse.numel() else 0
-    n = torch.zeros(g, dtype=torch.long).index_add_(0, inverse.cpu(), torch.ones_like(inverse.cpu()))
-    c = torch.zeros(g, dtype=torch.long).index_add_(0, inverse.cpu(), correct.long().cpu())
+    groups = inverse.cpu()
+    n = torch.zeros(g, dtype=torch.long).index_add_(0, groups, torch.ones_like(groups))  # [G] samples
+    c = torch.zeros(g, dtype=torch.long).index_add_(0, groups, correct.long().cpu())  # [G] correct
     table = torch.tensor(
         [pass_k_advantages(int(ni), int(ci), inp.pass_k, inp.eps) for ni, ci in zip(n, c, strict=True)],
         dtype=inp.scores.dtype,

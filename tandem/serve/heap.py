@@ -31,5 +31,4 @@ def refreeze() -> None:
     """After loading more (an arm loaded through the admin API): freeze again, if this process froze
     at start-up. The collection walks only what is not frozen yet."""
     if _frozen:
-        gc.collect()
-        gc.freeze()
+        freeze()

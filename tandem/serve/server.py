@@ -71,11 +71,12 @@ def make_app(state):
     register_routes(app, state, endpoints)
     register_admin(app, state)
     s = state.settings
-    app.add_middleware(BodyLimit, limit=s.max_body_bytes, timeout_s=s.read_timeout_s)
+    body = {"limit": s.max_body_bytes, "timeout_s": s.read_timeout_s}
+    app.add_middleware(BodyLimit, **body)
     paths = {route.path for route in app.routes}
     gate = {"api_keys": s.api_keys, "metrics": state.metrics, "paths": paths, "before": lambda: sync(state)}
     app.add_middleware(Gate, **gate)
-    limited = BodyLimit(Direct(app, endpoints), limit=s.max_body_bytes, timeout_s=s.read_timeout_s)
+    limited = BodyLimit(Direct(app, endpoints), **body)  # the generation POSTs' own chain (Front)
 
     @asynccontextmanager
     async def lifespan(_app):
