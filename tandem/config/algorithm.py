@@ -58,6 +58,25 @@ class OPDConfig(Section):
     )
 
 
+class AdaptiveGroupConfig(Section):
+    enabled: bool = Field(
+        False,
+        description="Adaptive group size: after a step's first round, prompts whose group rewards are all "
+        "equal (see which) get more samples of the same prompt, in the same group, until a reward differs "
+        "or the group holds max_n; the ragged groups go to the (group-relative) advantage estimator. "
+        "Colocated only; not with dynamic_sampling or trainer.mini_batch_size.",
+    )
+    max_n: int = Field(32, ge=2, description="Largest group an extended prompt may grow to (> rollout.n).")
+    per_round: int | None = Field(
+        None, ge=1, description="Samples added to each still-degenerate group per round (default rollout.n)."
+    )
+    which: Literal["all_fail", "all_pass", "all_equal"] = Field(
+        "all_fail",
+        description="Groups to extend: all_fail (shared score <= 0: none solved; the samples find a success "
+        "the policy rarely makes), all_pass (shared score > 0), or all_equal (both).",
+    )
+
+
 class AlgorithmConfig(Section):
     name: str = Field("grpo", description=f"Preset filling the fields below: {', '.join(ALGORITHM_PRESETS)}.")
     advantage: str | None = Field(
@@ -109,6 +128,10 @@ class AlgorithmConfig(Section):
     )
     max_resample_rounds: int = Field(
         3, ge=0, description="Extra generation rounds to fill a dynamic-sampling batch."
+    )
+    adaptive_group: AdaptiveGroupConfig = Field(
+        default_factory=AdaptiveGroupConfig,
+        description="Adaptive group size for zero-variance groups (off by default; docs/algorithms.md).",
     )
     correction: str | None = Field(
         None,

@@ -268,9 +268,50 @@ def _check_fsdp2(cfg: CheckedConfig, ws: int, units: int, what: str) -> None:
             raise CrossFieldError(key, f"fsdp2 does not support {why}")
 
 
+def _check_adaptive_group(cfg: CheckedConfig) -> None:
+    """``algorithm.adaptive_group``: groups of unequal size need a group-relative estimator (each one
+    registered as such computes its statistics per group id, whatever the group's size), the colocated
+    loop, and one mini-batch per step (the extra samples would otherwise change the number of optimiser
+    steps, which the LR schedule counts)."""
+    from tandem.algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+
+    ag, a, key = cfg.algorithm.adaptive_group, cfg.algorithm, "algorithm.adaptive_group.enabled"
+    if not ag.enabled:
+        return
+    if not ADVANTAGE_ESTIMATORS.get(a.advantage).group_relative:
+        usable = sorted(n for n in ADVANTAGE_ESTIMATORS if ADVANTAGE_ESTIMATORS[n].group_relative)
+        raise CrossFieldError(
+            key, f"needs a group-relative advantage ({', '.join(usable)}), not '{a.advantage}'"
+        )
+    rejected = (
+        (
+            cfg.architecture.mode == "decoupled",
+            "the decoupled architecture (workers' batches are fixed-size)",
+        ),
+        (bool(a.dynamic_sampling), "algorithm.dynamic_sampling (it drops the groups this grows)"),
+        (
+            cfg.trainer.mini_batch_size is not None and cfg.trainer.mini_batch_size < cfg.samples_per_step,
+            "trainer.mini_batch_size (the batch size varies; use trainer.micro_batch_size)",
+        ),
+        (cfg.trainer.strategy == "fsdp2", "trainer.strategy=fsdp2 (ranks would run unequal passes)"),
+        (
+            POLICY_LOSSES.get(a.policy_loss).needs_whole_groups and cfg.trainer.micro_batch_size is not None,
+            f"'{a.policy_loss}' with trainer.micro_batch_size (groups of unequal size would be split)",
+        ),
+    )
+    for bad, why in rejected:
+        if bad:
+            raise CrossFieldError(key, f"adaptive group size does not work with {why}")
+    if ag.max_n <= cfg.rollout.n:
+        raise CrossFieldError(
+            "algorithm.adaptive_group.max_n", f"must exceed rollout.n={cfg.rollout.n} (got {ag.max_n})"
+        )
+
+
 def check_config(cfg: CheckedConfig) -> None:
     """Cross-field checks, each naming the key to change."""
     _check_algorithm(cfg)
+    _check_adaptive_group(cfg)
     _check_architecture(cfg)
     if cfg.data.curriculum.kind != "uniform" and cfg.architecture.mode == "decoupled":
         raise CrossFieldError(

@@ -1,4 +1,5 @@
-"""One rollout step, the same in both architectures: prompts -> engine -> rewards -> dynamic sampling.
+"""One rollout step, the same in both architectures: prompts -> engine -> rewards -> dynamic sampling
+(or, colocated, adaptive group size).
 
 :class:`RolloutStep` is what the colocated trainer runs before each update and what every decoupled rollout
 worker runs per ticket; only the :class:`PromptSource` differs:
@@ -17,6 +18,7 @@ so a decoupled run at η = 0 with one worker reproduces the colocated one. The r
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -28,6 +30,7 @@ from tandem.config.schema import TandemConfig
 from tandem.data import PromptDataset, PromptSampler
 from tandem.data.chat import is_conversational, render_prompts, reward_inputs
 from tandem.monitor import PhaseTimer
+from tandem.orchestration.adaptive_group import MoreSamples, grow_groups
 from tandem.orchestration.scoring import OverlongShaping, collect_dynamic, score_rollout
 from tandem.rewards import RewardSet
 from tandem.rollout.base import ChunkCallback, RolloutEngine, SamplingParams
@@ -35,6 +38,9 @@ from tandem.rollout.environments import episode_runner
 from tandem.types import RolloutBatch
 
 REFILL_GROUPS = 1 << 40  # group ids of a worker's dynamic-sampling refill rounds start here
+GROWTH_ROUNDS = (
+    1 << 10
+)  # adaptive group size: growth round r samples with the seed of round GROWTH_ROUNDS + r
 
 
 @dataclass
@@ -199,8 +205,10 @@ class RolloutStep:
     """Generates and scores one step's batch with an injected engine, reward set and prompt source.
 
     With dynamic sampling (``algorithm.dynamic_sampling``) groups whose rewards are all equal are dropped
-    and more rounds are generated (up to ``max_resample_rounds``) until the batch is full. Phases
-    ``generate`` and ``reward`` are timed on ``timer``."""
+    and more rounds are generated (up to ``max_resample_rounds``) until the batch is full. With adaptive
+    group size (``algorithm.adaptive_group``) such groups instead get more samples of their own prompt
+    (:func:`~tandem.orchestration.adaptive_group.grow_groups`), and the batch grows. Phases ``generate``
+    and ``reward`` are timed on ``timer``."""
 
     def __init__(
         self,
@@ -216,24 +224,41 @@ class RolloutStep:
         self.timer, self.pad_token_id = timer, pad_token_id
         self.overlong = overlong_shaping(cfg)
         self.episodes = episode_runner(cfg.env, engine)  # every sample is an episode (single-turn: one step)
+        self._drawn: tuple[list[dict[str, Any]], int] = ([], 0)  # the latest draw's rows, first group id
         cur = cfg.data.curriculum
         if isinstance(prompts, SequentialPrompts):
             options = CurriculumOptions(cur.skip_after, cur.revisit, cur.replay, cur.max_draws)
             prompts.set_curriculum(cur.kind, options)
 
     def generate(
-        self, step: int, round_: int, on_chunk: ChunkCallback | None = None
+        self, step: int, round_: int, on_chunk: ChunkCallback | None = None, *, observe: bool = True
     ) -> tuple[RolloutBatch, torch.Tensor, dict[str, float]]:
-        """Generate and score round ``round_`` of step ``step`` (round 0: the step's own prompts)."""
+        """Generate and score round ``round_`` of step ``step`` (round 0: the step's own prompts);
+        ``observe``: tell the prompt source each group's outcome now (else the caller does)."""
         rows = self.prompts.rows(step, round_)
+        offset = self.prompts.group_offset(step, round_, len(rows))
+        self._drawn = (rows, offset)
+        batch, scores, metrics = self._sample(rows, sampling_params(self.cfg, step, round_), offset, on_chunk)
+        if observe:
+            self._observe(batch, scores, offset)
+        return batch, scores, metrics
+
+    def _sample(
+        self,
+        rows: list[dict[str, Any]],
+        params: SamplingParams | list[SamplingParams],
+        offset: int,
+        on_chunk: ChunkCallback | None,
+    ) -> tuple[RolloutBatch, torch.Tensor, dict[str, float]]:
+        """Sample ``rows`` (one ``params`` for all, or one per row) as groups ``offset, offset + 1, ...``
+        and score them."""
         extras = [{k: v for k, v in row.items() if k != "prompt"} for row in rows]
         prompts = [row["prompt"] for row in rows]
-        offset = self.prompts.group_offset(step, round_, len(rows))
         with self.timer.phase("generate"):
             texts = render_prompts(getattr(self.engine, "tokenizer", None), prompts, where="data.train_file")
             batch = self.episodes.generate(
                 texts,
-                sampling_params(self.cfg, step, round_),
+                params,
                 group_offset=offset,
                 extras=extras,
                 on_chunk=on_chunk,
@@ -245,11 +270,27 @@ class RolloutStep:
             inputs = reward_inputs(per_sample, batch.completions)
         with self.timer.phase("reward"):
             scores, metrics = score_rollout(batch, self.rewards, self.overlong, inputs=inputs)
-        scores, metrics = self._add_episodes(scores, metrics)
-        if batch.batch_size:  # what each prompt's group scored: the curriculum's feedback
+        return (batch, *self._add_episodes(scores, metrics))
+
+    def _observe(self, batch: RolloutBatch, scores: torch.Tensor, offset: int) -> None:
+        """What each prompt's group scored: the curriculum's feedback."""
+        if batch.batch_size:
             ids, _, means, equal = group_outcomes(scores, batch.group_ids)
             self.prompts.observe((ids - offset).tolist(), means.tolist(), equal.tolist())
-        return batch, scores, metrics
+
+    def _more_samples(self, step: int, on_chunk: ChunkCallback | None) -> MoreSamples:
+        """Adaptive group size: ``k`` new samples of group ``gid``'s prompt (the latest draw's), in that
+        group, sampled with a seed of growth round ``r`` of step ``step``."""
+        rows, offset = self._drawn
+
+        def more(asks: list[tuple[int, int]], r: int) -> tuple[RolloutBatch, torch.Tensor]:
+            base = sampling_params(self.cfg, step, GROWTH_ROUNDS + r)
+            params = [dataclasses.replace(base, n=k) for _, k in asks]
+            batch, scores, _ = self._sample([rows[gid - offset] for gid, _ in asks], params, 0, on_chunk)
+            gids = torch.tensor([gid for gid, _ in asks], dtype=torch.long)[batch.group_ids]
+            return dataclasses.replace(batch, group_ids=gids), scores
+
+        return more
 
     def _add_episodes(
         self, scores: torch.Tensor, metrics: dict[str, float]
@@ -265,11 +306,23 @@ class RolloutStep:
     def __call__(self, step: int, on_chunk: ChunkCallback | None = None) -> ScoredBatch:
         """Step ``step``'s scored batch; ``on_chunk`` is the engine's in-flight weight-update hook."""
         algo = self.cfg.algorithm
-        batch, scores, metrics = self.generate(step, 0, on_chunk)
-        metrics["reward/mean"] = float(scores.mean())  # of everything sampled
+        grow = algo.adaptive_group
+        batch, scores, metrics = self.generate(step, 0, on_chunk, observe=not grow.enabled)
+        metrics["reward/mean"] = float(scores.mean())  # of everything sampled (in round 0)
         metrics["reward/std"] = float(scores.std()) if scores.numel() > 1 else 0.0
         metrics.update(degeneracy_metrics(scores, batch.group_ids))  # before any dynamic-sampling filter
         metrics.update(self.prompts.draw_metrics())
+        if grow.enabled:  # the checks keep it apart from dynamic sampling
+            batch, scores, grown = grow_groups(
+                (batch, scores),
+                self._more_samples(step, on_chunk),
+                max_n=grow.max_n,
+                per_round=grow.per_round or self.cfg.rollout.n,
+                which=grow.which,
+                pad_token_id=self.pad_token_id,
+            )
+            self._observe(batch, scores, self._drawn[1])  # the curriculum sees the grown groups
+            return ScoredBatch(batch, scores, {**metrics, **grown})
         if not algo.dynamic_sampling:
             return ScoredBatch(batch, scores, metrics)
         batch, scores, dapo = collect_dynamic(
