@@ -106,6 +106,18 @@ def _evaluate(parts: Any, step: int, clock: Clock, evals: list[dict[str, float]]
     print(f"@@EVAL step {step} acc {acc:.3f} wall {clock.wall:.1f} load {os.getloadavg()}", flush=True)
 
 
+# Per-step metrics of a Tandem run averaged over its steps into the result (``diagnostics``), when logged.
+DIAGNOSTICS = (
+    "groups/all_equal_frac",
+    "groups/all_equal_low_frac",
+    "actor/entropy",
+    "adaptive/extra_samples",
+    "adaptive/extended_frac",
+    "adaptive/rescued_frac",
+    "adaptive/all_equal_frac",
+)
+
+
 def run_tandem(
     w: Any, folder: Path, steps: int, seed: int, every: int, overrides: tuple[str, ...] = ()
 ) -> dict[str, Any]:
@@ -115,15 +127,21 @@ def run_tandem(
     parts = build_parts(tandem_config(w, folder, steps, seed, overrides))
     trainer = ColocatedTrainer(parts)
     clock, evals, rewards = Clock(), [], []
+    diag: dict[str, list[float]] = {}
     _evaluate(parts, 0, clock, evals)
     clock.mark()
     for step in range(1, steps + 1):
-        rewards.append(trainer.train_step()["reward/mean"])
+        metrics = trainer.train_step()
+        rewards.append(metrics["reward/mean"])
+        for key in DIAGNOSTICS:
+            if key in metrics:
+                diag.setdefault(key, []).append(float(metrics[key]))
         clock.lap()
         if step % every == 0 or step == steps:
             _evaluate(parts, step, clock, evals)
         clock.mark()
-    return {"evals": evals, "rewards": rewards}
+    means = {k: sum(v) / len(v) for k, v in diag.items()}
+    return {"evals": evals, "rewards": rewards, "diagnostics": means}
 
 
 def run_trl(w: Any, folder: Path, steps: int, seed: int, every: int, lr: float) -> dict[str, Any]:
