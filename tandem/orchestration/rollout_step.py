@@ -38,9 +38,8 @@ from tandem.rollout.environments import episode_runner
 from tandem.types import RolloutBatch
 
 REFILL_GROUPS = 1 << 40  # group ids of a worker's dynamic-sampling refill rounds start here
-GROWTH_ROUNDS = (
-    1 << 10
-)  # adaptive group size: growth round r samples with the seed of round GROWTH_ROUNDS + r
+# adaptive group size: growth round r samples with the seed of round GROWTH_ROUNDS + r
+GROWTH_ROUNDS = 1 << 10
 
 
 @dataclass
