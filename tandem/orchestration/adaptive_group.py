@@ -34,7 +34,7 @@ def eligible_groups(
     if which == "all_pass":
         return all_equal & high
     if which == "all_equal":
-        return all_equal.clone()
+        return all_equal
     raise ValueError(f"algorithm.adaptive_group.which: unknown value {which!r}")
 
 
@@ -62,14 +62,14 @@ def grow_groups(
     batch, scores = first
     if batch.batch_size == 0:
         return batch, scores, {}
-    ids, _, mean, equal = group_outcomes(scores, batch.group_ids)
-    sizes = torch.unique(batch.group_ids, return_counts=True)[1]  # [G], in the order of ``ids``
-    active = eligible_groups(mean, equal, which)  # [G]: groups still to grow
-    extended = active.clone()
+    ids, inverse, mean, equal = group_outcomes(scores, batch.group_ids)  # ids stay the same: no new groups
+    extended = eligible_groups(mean, equal, which)  # [G]
+    active = extended
     batches, all_scores = [batch], [scores]
     round_ = 0
     while True:
-        active &= sizes < max_n
+        sizes = torch.bincount(inverse, minlength=ids.numel())  # [G]
+        active = active & equal & (sizes < max_n)  # groups still to grow
         if not bool(active.any()):
             break
         round_ += 1
@@ -79,23 +79,19 @@ def grow_groups(
         new, new_scores = more(asks, round_)
         batches.append(new)
         all_scores.append(new_scores)
-        for gid, k in asks:
-            sizes[int(torch.searchsorted(ids, gid))] += k
         grown = torch.cat([b.group_ids for b in batches])
-        _, _, _, equal_now = group_outcomes(torch.cat(all_scores), grown)
-        active &= equal_now  # every group is present, so the ids (sorted, unique) line up with ``ids``
+        _, inverse, _, equal = group_outcomes(torch.cat(all_scores), grown)
     out = concat_rollouts(batches, pad_token_id)
     out_scores = torch.cat(all_scores)
     order = torch.sort(out.group_ids, stable=True).indices
     out, out_scores = out.select(order), out_scores[order]
-    _, _, _, equal_end = group_outcomes(out_scores, out.group_ids)
     n_ext = int(extended.sum())
-    rescued = int((extended & ~equal_end).sum())
+    rescued = int((extended & ~equal).sum())
     metrics = {
         "adaptive/extra_samples": float(out.batch_size - batch.batch_size),
         "adaptive/extended_frac": n_ext / ids.numel(),
         "adaptive/rescued_frac": rescued / n_ext if n_ext else 0.0,
-        "adaptive/all_equal_frac": float(equal_end.float().mean()),
+        "adaptive/all_equal_frac": float(equal.float().mean()),
         "adaptive/rounds": float(round_),
         "adaptive/group_size_max": float(sizes.max()),
     }
