@@ -212,6 +212,11 @@ class VLLMEngine:
         # vLLM seeds the global RNGs of the process it runs in; a trainer sharing the process keeps its own.
         rng = (random.getstate(), np.random.get_state(), torch.random.get_rng_state())
         cuda_rng = torch.cuda.get_rng_state_all() if self.cuda else None
+        # An earlier in-process engine dropped without close() shuts down from a finalizer, and vLLM's
+        # shutdown tears down the process-wide parallel groups: collect it now, before this engine creates
+        # them, not under it later (vLLM also gc.freeze()s objects at start-up, hence the unfreeze).
+        gc.unfreeze()
+        gc.collect()
         try:
             with _context_proxies_parked():
                 return vllm.LLM(**kwargs)

@@ -155,6 +155,7 @@ def train_decoupled(
                 dp.close()  # never raises
             backend.close()  # channel, weights (and the Ray instance it started)
             torch.set_num_threads(threads)
+            parts.engine.close()  # the learner's evaluation engine
     result.steps = trainer.step
     return finish_run(result, run_dir / "checkpoints", **trainer.summary())
 
