@@ -17,6 +17,7 @@ from typing import Any
 
 from tandem.agents.env import Prompt, ToolEnv, first_line
 from tandem.agents.tool_calls import ToolSpec
+from tandem.utils.pyast import parse_expression
 
 _OPS: dict[type, Callable[[int, int], int]] = {
     ast.Add: operator.add,
@@ -32,7 +33,7 @@ def calc(expression: str) -> str:
     """The value of an integer arithmetic ``expression``; ValueError (the model's error observation)
     for anything else."""
     try:
-        tree = ast.parse(expression.strip(), mode="eval")
+        tree = parse_expression(expression.strip())
     except SyntaxError:
         raise ValueError(f"cannot parse {expression!r}") from None
     return str(_eval(tree.body))

@@ -24,6 +24,7 @@ from typing import Any
 from tandem.agents.env import Prompt, ToolEnv, first_line
 from tandem.agents.sandbox import SandboxLimits, SandboxResult, run_python_async
 from tandem.agents.tool_calls import ToolOutput, ToolSpec
+from tandem.utils.pyast import parse_expression
 
 _CODE_SCHEMA = {
     "type": "object",
@@ -63,7 +64,7 @@ def countdown_value(text: str) -> tuple[Fraction, list[int]] | None:
     """``(value, numbers used)`` of an arithmetic expression of integers, ``+ - * /`` and parentheses,
     in exact fractions; None for anything else (or a division by zero)."""
     try:
-        tree = ast.parse(text.strip(), mode="eval")
+        tree = parse_expression(text.strip())
     except (SyntaxError, ValueError):
         return None
     used: list[int] = []

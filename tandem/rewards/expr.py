@@ -13,6 +13,8 @@ import ast
 from dataclasses import dataclass
 from fractions import Fraction
 
+from tandem.utils.pyast import parse_expression
+
 MAX_EXPRESSION_CHARS = 256
 _ALLOWED_CHARS = frozenset("0123456789+-*/() \t")
 
@@ -49,7 +51,7 @@ def evaluate(text: str, max_chars: int = MAX_EXPRESSION_CHARS) -> Evaluated:
         # Also rules out literal spellings such as 0x14, 1_0 or 2.0 that ast would accept.
         raise ExpressionError(f"characters {''.join(bad)!r} are not allowed")
     try:
-        tree = ast.parse(text.strip(), mode="eval")
+        tree = parse_expression(text.strip())
     except (SyntaxError, ValueError, RecursionError, MemoryError) as err:
         raise ExpressionError(f"not an expression: {type(err).__name__}") from None
     numbers: list[int] = []
