@@ -150,10 +150,8 @@ def train_colocated(cfg: TandemConfig, *, resume: bool = False, progress: bool |
     try:
         run_loop(LoopSetup(cfg, parts, trainer, result, KEY_METRICS, progress=progress))
     finally:
-        try:
-            if ranks is not None:
-                ranks.close()  # never raises
-        finally:
-            parts.engine.close()  # a vLLM engine frees its memory now, not at some later garbage collection
+        if ranks is not None:
+            ranks.close()  # never raises
+        parts.engine.close()  # a vLLM engine frees its memory now, not at some later garbage collection
     result.steps = trainer.step
     return finish_run(result, run_dir / "checkpoints", **trainer.summary())
