@@ -66,6 +66,16 @@ def supports_fast_decode(model: PreTrainedModel, max_len: int) -> bool:
     return True
 
 
+def _prefill_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Causal prefill mask over left-padded rows ``[B, P]`` -> ``[B, 1, P, P]`` bool: real queries see the
+    real keys up to themselves; a padding query sees itself only (no empty softmax row, no NaN)."""
+    P = attention_mask.shape[1]
+    real = attention_mask.bool()  # [B, P]
+    causal = torch.ones((P, P), dtype=torch.bool, device=attention_mask.device).tril()  # [P, P]
+    eye = torch.eye(P, dtype=torch.bool, device=attention_mask.device)
+    return (causal & real[:, None, None, :]) | eye
+
+
 def _rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
     """HF ``LlamaRMSNorm``: normalise in float32, cast back, then scale."""
     x32 = x.float()
@@ -106,14 +116,30 @@ class LlamaStepper:
     def prefill(
         self, ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
     ) -> torch.Tensor:
-        """Run the prompts into an empty cache; logits of the last position ``[B, V]``."""
-        P = ids.shape[1]
-        real = attention_mask.bool()  # [B, P]
-        causal = torch.ones((P, P), dtype=torch.bool, device=ids.device).tril()  # [P, P]
-        eye = torch.eye(P, dtype=torch.bool, device=ids.device)
-        mask = (causal & real[:, None, None, :]) | eye  # [B, 1, P, P]
+        """Run the prompts into an empty cache; logits of the last position ``[B, V]``.
+
+        A run of identical consecutive rows (a prompt repeated for its ``n`` samples) is computed once and
+        its cache entries and logits are copied to every row of the run, as vLLM's prefix cache shares a
+        prompt between its samples: a group of ``n`` costs one prompt forward, not ``n``. Naive equivalent:
+        the forward over all ``B`` rows (the same maths per row; only the matmuls' batch size differs)."""
         self.length = 0
-        return self._forward(ids, position_ids, mask)
+        P = ids.shape[1]
+        key = torch.cat([ids, attention_mask.long(), position_ids.long()], dim=1)  # [B, 3P]
+        _, counts = torch.unique_consecutive(key, dim=0, return_counts=True)  # [N]
+        if counts.numel() == ids.shape[0]:
+            return self._forward(ids, position_ids, _prefill_mask(attention_mask))
+        first = torch.cumsum(counts, 0) - counts  # [N] the first row of each run
+        full = self.keys, self.values
+        N = first.numel()
+        self.keys = [k.new_empty((N, k.shape[1], P, k.shape[3])) for k in full[0]]  # each [N, kv, P, D]
+        self.values = [v.new_empty((N, v.shape[1], P, v.shape[3])) for v in full[1]]
+        try:
+            logits = self._forward(ids[first], position_ids[first], _prefill_mask(attention_mask[first]))
+            for big, small in zip(full[0] + full[1], self.keys + self.values, strict=True):
+                big[:, :, :P] = small.repeat_interleave(counts, dim=0)
+        finally:
+            self.keys, self.values = full
+        return logits.repeat_interleave(counts, dim=0)  # [B, V]
 
     def step(
         self, ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor

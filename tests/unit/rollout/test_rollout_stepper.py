@@ -62,6 +62,28 @@ def test_fast_stepper_matches_hf_forward(name):
     torch.testing.assert_close(fast, ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_repeated_prompts_prefill_once_and_match_hf_forward(name):
+    """Runs of identical rows (a prompt's n samples) are prefilled once and copied; every row then decodes
+    its own tokens. Groups of 3, 1 and 2 rows, two of them padded, and after the first group a row with its
+    ids but another mask (it must not be merged)."""
+    model = MODELS[name]()
+    gen = torch.Generator().manual_seed(2)
+    base = torch.randint(1, 40, (3, 6), generator=gen)
+    mask3 = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1]], dtype=torch.bool)
+    counts = torch.tensor([3, 1, 2])
+    ids = base.masked_fill(~mask3, 0).repeat_interleave(counts, dim=0)  # [6, 6]
+    mask = mask3.repeat_interleave(counts, dim=0)
+    ids = torch.cat([ids[:3], ids[:1], ids[3:]])  # row 3: rows 0-2's ids right after them, another mask
+    mask = torch.cat([mask[:3], torch.ones((1, 6), dtype=torch.bool), mask[3:]])
+    steps = torch.randint(1, 40, (7, 3), generator=gen)  # each row continues differently
+    with torch.inference_mode():
+        ref = _run(HFStepper(model), ids, mask, steps)
+        fast = _run(LlamaStepper(model, batch_size=7, max_len=9), ids, mask, steps)
+    torch.testing.assert_close(fast, ref, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(fast[0, 0], fast[0, 3])  # the different mask was prefilled apart
+
+
 class _WrappedLinear(torch.nn.Linear):
     """Stands in for an adapter-wrapped projection (e.g. LoRA) the fast path must not bypass."""
 
