@@ -27,7 +27,13 @@ from tandem.algos.core import (
 )
 from tandem.algos.corrections import CORRECTIONS, correction_weights
 from tandem.algos.curriculum import CURRICULA, CurriculumOptions, PromptStats
-from tandem.algos.dapo import degeneracy_metrics, filter_groups, group_outcomes, overlong_penalty
+from tandem.algos.dapo import (
+    degeneracy_metrics,
+    filter_groups,
+    group_outcomes,
+    overlong_penalty,
+    zero_advantage_groups,
+)
 from tandem.algos.distill import topk_forward_kl
 from tandem.algos.imitation import success_mask, success_nll, success_tokens
 from tandem.algos.kl import KL_ESTIMATORS, AdaptiveKL, FixedKL, kl_penalty
@@ -96,4 +102,5 @@ __all__ = [
     "success_tokens",
     "topk_forward_kl",
     "value_loss",
+    "zero_advantage_groups",
 ]

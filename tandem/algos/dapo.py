@@ -39,6 +39,25 @@ def filter_groups(
     return keep_group[inverse], kept
 
 
+def zero_advantage_groups(
+    advantages: torch.Tensor, mask: torch.Tensor, group_ids: torch.Tensor
+) -> torch.Tensor:
+    """Rows whose whole group has an advantage of exactly 0 on every valid token (under GRPO, RLOO or
+    Dr. GRPO: a group whose rewards are all equal). Under a loss that is a multiple of the advantage
+    (``PolicyLossSpec.inert_at_zero_advantage``) and no KL, entropy or SFT term, such rows add exactly
+    nothing to the loss or its gradient, so the learner may leave them out of its forward and backward.
+    Whole groups, so the rows left keep the prompt-sharing group layout.
+
+    advantages ``[B, T]``, mask ``[B, T]``, group_ids ``[B]`` -> ``[B]`` bool. A NaN advantage counts as
+    non-zero (the row is kept, and the non-finite gradient is caught as before)."""
+    if group_ids.numel() == 0:
+        return torch.zeros(0, dtype=torch.bool)
+    live = ((advantages != 0) & mask.to(torch.bool)).any(dim=-1)  # [B]
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    per_group = torch.zeros(int(inverse.max()) + 1, dtype=torch.long).index_add_(0, inverse, live.long())
+    return per_group[inverse] == 0
+
+
 def degeneracy_metrics(scores: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6) -> dict[str, float]:
     """How much of a batch carries no group-relative signal (logged every step).
 

@@ -80,7 +80,9 @@ class PolicyLossSpec:
     reweights by the behaviour policy, so a rollout correction must not be stacked on top.
     ``needs_whole_groups``: every sample of a group must be in the same micro-batch.
     ``off_policy_safe``: it stays stable on samples several policy versions old (staleness η ≥ 2)
-    without a rollout correction. ``options``: the frozen dataclass of its hyper-parameters (None: it
+    without a rollout correction. ``inert_at_zero_advantage``: every token's loss is a multiple of its
+    advantage, so a row with advantage 0 adds nothing to the loss or its gradient (the learner may skip
+    it, ``trainer.skip_zero_advantage``); False for a loss that reads rewards itself. ``options``: the frozen dataclass of its hyper-parameters (None: it
     has none); :meth:`make_options` builds one.
     """
 
@@ -91,6 +93,7 @@ class PolicyLossSpec:
     needs_whole_groups: bool = False
     off_policy_safe: bool = False
     options: type | None = None
+    inert_at_zero_advantage: bool = False
 
     def option_names(self) -> list[str]:
         """Names of the loss's hyper-parameters, in declaration order."""
@@ -126,10 +129,18 @@ def _register(
     needs_whole_groups: bool = False,
     off_policy_safe: bool = False,
     options: type | None = None,
+    inert_at_zero_advantage: bool = False,
 ) -> Callable[[LossFn], LossFn]:
     def deco(fn: LossFn) -> LossFn:
         spec = PolicyLossSpec(
-            fn, requires, owns_kl, owns_behavior_correction, needs_whole_groups, off_policy_safe, options
+            fn,
+            requires,
+            owns_kl,
+            owns_behavior_correction,
+            needs_whole_groups,
+            off_policy_safe,
+            options,
+            inert_at_zero_advantage,
         )
         POLICY_LOSSES.add(name, spec)
         return fn
@@ -181,7 +192,7 @@ def _log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor) -> torch.Tens
     return (logprobs - old_logprobs).clamp(-_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT)
 
 
-@_register("ppo_clip", options=ClipOptions)
+@_register("ppo_clip", options=ClipOptions, inert_at_zero_advantage=True)
 def _ppo_clip(x: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clip with asymmetric bounds (DAPO clip-higher) and optional dual clip."""
     o: ClipOptions = x.options
@@ -195,6 +206,7 @@ def _ppo_clip(x: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor
     owns_behavior_correction=True,
     off_policy_safe=True,
     options=ClipOptions,
+    inert_at_zero_advantage=True,
 )
 def _decoupled_ppo(x: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """AReaL: ``w * ppo_clip(u)`` with ``u = pi/pi_prox`` and ``w = min(pi_prox/mu, weight_cap)`` detached."""
@@ -210,7 +222,7 @@ def _decoupled_ppo(x: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, torch.T
     return w * loss, metrics
 
 
-@_register("gspo", options=ClipOptions)
+@_register("gspo", options=ClipOptions, inert_at_zero_advantage=True)
 def _gspo(x: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GSPO: sequence ratio ``s = exp(mean_t log r_t)`` clipped PPO-style (token form: value ``s``,
     gradient ``s * grad log pi_t``, so ``seq-mean-token-mean`` reproduces the sequence objective)."""
@@ -225,7 +237,7 @@ def _gspo(x: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     )
 
 
-@_register("cispo", options=WeightClipOptions)
+@_register("cispo", options=WeightClipOptions, inert_at_zero_advantage=True)
 def _cispo(x: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """CISPO (MiniMax-M1): ``-sg(clip(r, 1 - clip_low, 1 + clip_high)) * A * log pi``; clipping the weight
     instead of the objective keeps a gradient on every token."""
@@ -241,7 +253,7 @@ def _cispo(x: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     return loss, metrics
 
 
-@_register("topr", off_policy_safe=True)
+@_register("topr", off_policy_safe=True, inert_at_zero_advantage=True)
 def _topr(x: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Tapered off-policy REINFORCE: weight 1 where ``A >= 0``; ``clip(pi(y)/mu(y), 0, 1)`` (sequence
     ratio, detached) where ``A < 0``; loss ``-w * A * log pi``. ``mu`` = behaviour log-probs if given,

@@ -94,6 +94,14 @@ class TrainerConfig(Section):
         "forward of compute. Same gradients. Turns off shared_prefix (its KV cache is not checkpointed).",
     )
     max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping norm (null = off).")
+    skip_zero_advantage: bool = Field(
+        True,
+        description="Leave groups whose advantages are all exactly 0 (GRPO/RLOO: all-equal rewards) out of "
+        "the update's forward and backward when they cannot change it: a policy loss that is a multiple of "
+        "the advantage, no KL term in the loss, entropy_coef 0, sft_coef 0, a single-process learner "
+        "without a shared value head. Same gradient (normalisers still count every row), less compute; "
+        "actor/* metrics then describe the rows trained on (actor/trained_frac). Off: every row runs.",
+    )
     shared_prefix: bool = Field(
         True,
         description="Score each group's shared prompt once (KV cache reused by its n responses); same "

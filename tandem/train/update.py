@@ -32,6 +32,7 @@ from tandem.algos import (
     success_nll,
     success_tokens,
     value_loss,
+    zero_advantage_groups,
 )
 from tandem.config.schema import AlgorithmConfig, TrainerConfig
 from tandem.errors import ModelError
@@ -69,6 +70,7 @@ class UpdateSettings:
     gradient_checkpointing: bool = False
     sft_coef: float = 0.0  # auxiliary NLL on successful samples (tandem.algos.imitation); 0 = off
     sft_min_score: float = 1.0
+    skip_zero_advantage: bool = False  # leave zero-advantage groups out (resolved: only where exact)
 
     @classmethod
     def from_config(
@@ -106,6 +108,11 @@ class UpdateSettings:
             gradient_checkpointing=trainer.gradient_checkpointing,
             sft_coef=algo.sft_coef,
             sft_min_score=algo.sft_min_score,
+            skip_zero_advantage=trainer.skip_zero_advantage
+            and POLICY_LOSSES.get(algo.policy_loss).inert_at_zero_advantage
+            and not (algo.beta > 0 and algo.kl.where == "loss")
+            and algo.entropy_coef == 0
+            and algo.sft_coef == 0,
         )
 
     @property
@@ -297,12 +304,18 @@ def _optimizer_step(
     mini_success = success_tokens(mb.scores, mb.rollout.response_mask, s.sft_min_score) if s.sft_coef else 0
     sums: dict[str, float] = defaultdict(float)
     rows = torch.arange(n) if sync is None else sync.local_rows(mb)
+    rows, trained_tokens = _rows_to_train(mb, rows, s, sync is None and value is None)
+    trained = len(rows) if sync is None else n  # the rows whose metrics are averaged (share denominator)
     for micro_idx in micro_batches(mb, rows, micro, s):
         m = mb.select(micro_idx) if len(micro_idx) < n else mb
-        share = len(micro_idx) / n
-        metrics = _micro_backward(model, m, mini_tokens, mini_seqs, share, s, value, mini_success)
+        share = len(micro_idx) / trained
+        metrics = _micro_backward(
+            model, m, mini_tokens, mini_seqs, share, s, value, mini_success, trained_tokens or mini_tokens
+        )
         for k, v in metrics.items():
             accumulate_metric(sums, k, v, share)
+    if s.skip_zero_advantage:
+        sums["actor/trained_frac"] = trained / n
     params = [p for p in model.parameters() if p.requires_grad]
     if value is not None:
         params += [p for p in value.head.parameters() if p.requires_grad]
@@ -328,6 +341,24 @@ def _optimizer_step(
     return dict(sums)
 
 
+def _rows_to_train(
+    mb: Experience, rows: torch.Tensor, s: UpdateSettings, allowed: bool
+) -> tuple[torch.Tensor, int | None]:
+    """``rows`` without the groups whose advantages are all 0 when skipping them changes nothing
+    (``s.skip_zero_advantage``, a single process, no shared value head): they add 0 to the loss and its
+    gradient, and the normalisers still count them. Returns the rows and their valid-token count (None when
+    nothing was left out). If every group is inert all rows run, so the optimiser step is the usual one on
+    a zero gradient (AdamW's moments still move). rows ``[b]`` -> ``[b']``."""
+    if not (s.skip_zero_advantage and allowed):
+        return rows, None
+    r = mb.rollout
+    keep = ~zero_advantage_groups(mb.advantages, r.response_mask, r.group_ids)  # [B]
+    if bool(keep.all()) or not bool(keep.any()):
+        return rows, None
+    kept = rows[keep[rows]]
+    return kept, max(1, int(r.response_mask[kept].sum()))
+
+
 def _micro_backward(
     model: torch.nn.Module,
     m: Experience,
@@ -337,7 +368,11 @@ def _micro_backward(
     s: UpdateSettings,
     value: SharedValue | None = None,
     mini_success: int = 0,
+    metric_tokens: int | None = None,
 ) -> dict[str, float]:
+    """One micro-batch's forward and backward (its loss is its part of the mini-batch loss, normalised by
+    ``mini_tokens`` / ``mini_seqs``); ``metric_tokens``: the valid tokens of the rows trained on, which
+    token-mean metrics are averaged over (default ``mini_tokens``)."""
     r = m.rollout
     mask = r.response_mask
     capture = value.head.capture() if value is not None else contextlib.nullcontext()
@@ -405,7 +440,8 @@ def _micro_backward(
     out["actor/entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
     out.update(sft)
     if m.old_logprobs is None:  # this forward is the policy before the update: the engine's yardstick
-        out.update(_mismatch_shares(logprobs.detach(), r.behavior_logprobs, mask, mini_tokens, share))
+        tokens = metric_tokens or mini_tokens
+        out.update(_mismatch_shares(logprobs.detach(), r.behavior_logprobs, mask, tokens, share))
     out.update(vf)
     return out
 
