@@ -82,8 +82,8 @@ class PolicyLossSpec:
     ``off_policy_safe``: it stays stable on samples several policy versions old (staleness η ≥ 2)
     without a rollout correction. ``inert_at_zero_advantage``: every token's loss is a multiple of its
     advantage, so a row with advantage 0 adds nothing to the loss or its gradient (the learner may skip
-    it, ``trainer.skip_zero_advantage``); False for a loss that reads rewards itself. ``options``: the frozen dataclass of its hyper-parameters (None: it
-    has none); :meth:`make_options` builds one.
+    it, ``trainer.skip_zero_advantage``); False for a loss that reads rewards itself. ``options``: the
+    frozen dataclass of its hyper-parameters (None: it has none); :meth:`make_options` builds one.
     """
 
     fn: LossFn

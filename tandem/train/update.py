@@ -310,7 +310,7 @@ def _optimizer_step(
         m = mb.select(micro_idx) if len(micro_idx) < n else mb
         share = len(micro_idx) / trained
         metrics = _micro_backward(
-            model, m, mini_tokens, mini_seqs, share, s, value, mini_success, trained_tokens or mini_tokens
+            model, m, mini_tokens, mini_seqs, share, s, value, mini_success, trained_tokens
         )
         for k, v in metrics.items():
             accumulate_metric(sums, k, v, share)
