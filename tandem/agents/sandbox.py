@@ -197,14 +197,17 @@ def _command(
 
 
 async def _read_capped(stream: asyncio.StreamReader, cap: int, over: asyncio.Event) -> tuple[bytes, bool]:
-    """Up to ``cap`` bytes of ``stream``; sets ``over`` (and stops reading) when it offers more."""
+    """Up to ``cap`` bytes of ``stream``; sets ``over`` when it offers more, then reads on to the end of
+    the stream (the caller kills the group, so the end comes at once) and drops the rest: a pipe left
+    unread keeps its transport open past the event loop, whose late ``__del__`` then fails in the
+    garbage collector (under load it broke the test run's own source parsing)."""
     buf = bytearray()
     while chunk := await stream.read(65536):
-        buf += chunk
-        if len(buf) > cap:
-            over.set()
-            return bytes(buf[:cap]), True
-    return bytes(buf), False
+        if len(buf) <= cap:
+            buf += chunk
+            if len(buf) > cap:
+                over.set()
+    return bytes(buf[:cap]), len(buf) > cap
 
 
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
@@ -266,7 +269,7 @@ async def _run(
         done, _ = await asyncio.wait(
             {readers, over_wait}, timeout=limits.wall_s, return_when="FIRST_COMPLETED"
         )
-        reason = None if readers in done else "output" if over_wait in done else "wall_time"
+        reason = "output" if over.is_set() else None if readers in done else "wall_time"
         if reason is not None:
             _kill_group(proc)
         (out, out_cut), (err, err_cut) = await readers

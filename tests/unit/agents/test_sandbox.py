@@ -4,8 +4,10 @@ layer alone)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import socket
+import sys
 import threading
 import time
 
@@ -206,6 +208,20 @@ def test_huge_output_is_truncated_and_killed():
     assert r.kill_reason == "output" and r.truncated and len(r.stdout) == 1000
     small = run_python("print('y' * 999, end='')", limits)
     assert small.ok and not small.truncated and len(small.stdout) == 999
+
+
+def test_a_flood_is_killed_for_output_and_leaves_no_transport_open(monkeypatch):
+    """The pipes of a run killed for output are read to their end. Left unread past the stream's buffer,
+    the pipe never reached its end: the process wait timed out (reported as ``wall_time`` after the whole
+    wall limit) and the subprocess transport outlived the event loop, failing later in the garbage
+    collector (under load it broke pytest's own reporting)."""
+    caught = []
+    monkeypatch.setattr(sys, "unraisablehook", caught.append)
+    flood = "import sys, time\nsys.stdout.write('x' * 10_000_000)\nsys.stdout.flush()\ntime.sleep(30)"
+    r = run_python(flood, SandboxLimits(max_output_bytes=1000, wall_s=15))
+    gc.collect()
+    assert r.kill_reason == "output"
+    assert not caught, [str(u.exc_value) for u in caught]
 
 
 def test_runs_overlap():
