@@ -23,6 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 
+from tandem.rollout.stepper import prompt_runs
+
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 STATIC_ROPE_TYPES = ("default", "linear", "llama3")  # inv_freq fixed at init; dynamic types change it
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -124,9 +126,8 @@ class LlamaStepper:
         the forward over all ``B`` rows (the same maths per row; only the matmuls' batch size differs)."""
         self.length = 0
         P = ids.shape[1]
-        key = torch.cat([ids, attention_mask.long(), position_ids.long()], dim=1)  # [B, 3P]
-        _, counts = torch.unique_consecutive(key, dim=0, return_counts=True)  # [N]
-        if counts.numel() == ids.shape[0]:
+        counts = prompt_runs(ids, attention_mask, position_ids)  # [N]
+        if counts is None:
             return self._forward(ids, position_ids, _prefill_mask(attention_mask))
         first = torch.cumsum(counts, 0) - counts  # [N] the first row of each run
         full = self.keys, self.values

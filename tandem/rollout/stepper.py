@@ -38,6 +38,17 @@ class DecodeStepper(Protocol):
         ...
 
 
+def prompt_runs(
+    ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+) -> torch.Tensor | None:
+    """Lengths ``[N]`` of the runs of identical consecutive rows (same ids, mask and positions) of a
+    prefill batch ``[B, P]`` — a prompt repeated for its ``n`` samples is one run — or None when no two
+    consecutive rows are equal (nothing to share)."""
+    key = torch.cat([ids, attention_mask.long(), position_ids.long()], dim=1)  # [B, 3P]
+    _, counts = torch.unique_consecutive(key, dim=0, return_counts=True)  # [N]
+    return None if counts.numel() == ids.shape[0] else counts
+
+
 class HFStepper:
     """Steps any Hugging Face causal LM through its own forward and KV cache (``use_cache=True``).
 
@@ -45,8 +56,12 @@ class HFStepper:
     step under the keyword the installed transformers version expects (``cache`` or ``past_key_values``).
     """
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    # model classes whose cache cannot select rows: they prefill every row (learned at the first try)
+    _no_row_select: set[type] = set()
+
+    def __init__(self, model: PreTrainedModel, *, share_prefill: bool = True) -> None:
         self.model = model
+        self.share_prefill = share_prefill
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keep_last = accepts_logits_to_keep(model)
@@ -66,9 +81,28 @@ class HFStepper:
     def prefill(
         self, ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
     ) -> torch.Tensor:
-        """Run the prompts with a fresh cache; logits of the last position ``[B, V]``."""
+        """Run the prompts with a fresh cache; logits of the last position ``[B, V]``.
+
+        A run of identical consecutive rows (:func:`prompt_runs`) is computed once and its cache rows and
+        logits are copied to the whole run (the cache's ``batch_select_indices``), so a prompt's ``n``
+        samples cost one prompt forward. A model whose cache cannot select rows (some hybrid or
+        state-space caches) gets the plain prefill over all rows, from its second call on without the
+        wasted try; so does ``share_prefill=False``. Naive equivalent: the forward over all ``B`` rows."""
         self._cache = None
-        return self._forward(ids, attention_mask, position_ids)
+        shared = self.share_prefill and type(self.model) not in HFStepper._no_row_select
+        counts = prompt_runs(ids, attention_mask, position_ids) if shared else None
+        if counts is None:
+            return self._forward(ids, attention_mask, position_ids)
+        first = torch.cumsum(counts, 0) - counts  # [N] the first row of each run
+        logits = self._forward(ids[first], attention_mask[first], position_ids[first])  # [N, V]
+        index = torch.repeat_interleave(torch.arange(counts.numel(), device=ids.device), counts)  # [B]
+        try:
+            self._cache.batch_select_indices(index)  # type: ignore[union-attr]
+        except (AttributeError, NotImplementedError):
+            HFStepper._no_row_select.add(type(self.model))
+            self._cache = None
+            return self._forward(ids, attention_mask, position_ids)
+        return logits[index]
 
     def step(
         self, ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor

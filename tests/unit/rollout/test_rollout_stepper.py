@@ -78,10 +78,51 @@ def test_repeated_prompts_prefill_once_and_match_hf_forward(name):
     mask = torch.cat([mask[:3], torch.ones((1, 6), dtype=torch.bool), mask[3:]])
     steps = torch.randint(1, 40, (7, 3), generator=gen)  # each row continues differently
     with torch.inference_mode():
-        ref = _run(HFStepper(model), ids, mask, steps)
+        ref = _run(HFStepper(model, share_prefill=False), ids, mask, steps)
         fast = _run(LlamaStepper(model, batch_size=7, max_len=9), ids, mask, steps)
+        hf, sizes = _forward_sizes(model, lambda: _run(HFStepper(model), ids, mask, steps))
     torch.testing.assert_close(fast, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(hf, ref, atol=1e-5, rtol=1e-5)
+    assert sizes[0] == 4  # runs of 3, 1 (other mask), 1, 2: one prompt forward per run
     assert not torch.allclose(fast[0, 0], fast[0, 3])  # the different mask was prefilled apart
+
+
+def _forward_sizes(model, run):
+    """``run()`` and the batch size of each of the model's forwards, in order."""
+    sizes = []
+    hook = model.register_forward_pre_hook(
+        lambda _m, _a, kw: sizes.append(kw["input_ids"].shape[0]), with_kwargs=True
+    )
+    try:
+        return run(), sizes
+    finally:
+        hook.remove()
+
+
+def test_hf_stepper_prefills_every_row_when_its_cache_cannot_select_rows(monkeypatch):
+    """A cache without row selection (some hybrid caches) gets the plain prefill over all rows: the first
+    call tries the shared prefill and falls back, later calls for that model class go straight there."""
+    from transformers import DynamicCache
+
+    def unsupported(self, indices):
+        raise NotImplementedError
+
+    class Model(LlamaForCausalLM):
+        """A class of its own, so the learned fallback does not outlive the test."""
+
+    torch.manual_seed(0)
+    model = Model(LlamaConfig(**SMALL, num_attention_heads=4, num_key_value_heads=2)).eval()
+    ids = torch.randint(1, 40, (1, 5), generator=torch.Generator().manual_seed(3)).repeat(3, 1)
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    steps = torch.randint(1, 40, (3, 2), generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        ref = _run(HFStepper(model, share_prefill=False), ids, mask, steps)
+        monkeypatch.setattr(DynamicCache, "batch_select_indices", unsupported)
+        first, sizes = _forward_sizes(model, lambda: _run(HFStepper(model), ids, mask, steps))
+        second, sizes2 = _forward_sizes(model, lambda: _run(HFStepper(model), ids, mask, steps))
+    torch.testing.assert_close(first, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(second, ref, atol=1e-5, rtol=1e-5)
+    assert sizes[:2] == [1, 3] and sizes2[0] == 3
 
 
 class _WrappedLinear(torch.nn.Linear):
