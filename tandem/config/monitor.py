@@ -26,6 +26,12 @@ class AlertRuleConfig(Section):
     against: str | None = Field(None, description="Held-out metric compared with `metric` (kind diverge).")
     window: int = Field(20, ge=1, description="History length for spike (median) and diverge (best).")
     min_history: int = Field(3, ge=1, description="Values needed before spike/growth/diverge can fire.")
+    patience: int = Field(
+        1,
+        ge=1,
+        description="Consecutive checks the condition must hold before the rule fires (diverge counts "
+        "evaluations only): 2 ignores a single noisy held-out dip.",
+    )
     action: Literal["warn", "skip", "stop", "rollback"] = Field(
         "warn",
         description="warn: log + webhook; skip: drop the step's update; stop: checkpoint and exit non-zero; "
@@ -57,6 +63,7 @@ ALERT_PRESETS: dict[str, dict[str, Any]] = {
         "threshold": 0.1,
         "window": 5,
         "min_history": 2,
+        "patience": 2,  # a 200-prompt evaluation dips 10 points now and then; a real divergence persists
         "action": "warn",
     },
     "staleness": {"metric": "staleness/max", "kind": "above", "action": "warn"},

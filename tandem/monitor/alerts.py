@@ -10,6 +10,10 @@ A rule (:class:`tandem.config.schema.AlertRuleConfig`) watches one metric:
   ``threshold`` below its best of the last ``window`` evaluations while the train ``metric`` is at or above
   its value at that best.
 
+Every rule may ask for ``patience`` consecutive checks on which its condition holds before it fires (a
+step where the rule cannot be checked — its metric absent, for ``diverge`` no held-out value — neither
+counts nor breaks the run of checks).
+
 :class:`AlertEngine` keeps the per-rule history and returns :class:`Alert` objects; it never acts.
 The training loop acts (skip, stop, rollback); :class:`AlertSink` records every alert in
 ``alerts.jsonl``, shows it in the progress display and POSTs it to a webhook for ``warn`` (and all others).
@@ -72,6 +76,13 @@ class _RuleState:
         self.first: list[float] = []
         self.pairs: deque[tuple[float, float]] = deque(maxlen=rule.window)
         self.active = False  # warn rules fire on the rising edge only, not again until the condition clears
+        self.streak = 0  # consecutive checks on which the condition held (``patience``)
+
+    def checkable(self, metrics: Mapping[str, Any]) -> bool:
+        """Whether this step's metrics let the rule be checked (a step that does not leaves ``streak``)."""
+        if self.rule.metric not in metrics:
+            return False
+        return self.rule.kind != "diverge" or _finite(metrics.get(self.rule.against or "", _MISSING))
 
     def test(self, metrics: Mapping[str, Any]) -> str | None:
         """Why the rule fires on ``metrics`` given the history so far, or None."""
@@ -138,19 +149,28 @@ class AlertEngine:
     def veto(self, metrics: Mapping[str, Any]) -> list[Alert]:
         """``skip`` rules that fire on partial metrics (inside the update, before ``optimizer.step()``);
         history is not updated. ``step`` of the returned alerts is −1 (not known here)."""
-        return [a for _, a in self._fire(-1, metrics, actions=("skip",))]
+        fired = self._fire(-1, metrics, actions=("skip",))
+        return [a for s, a in fired if s.streak + 1 >= s.rule.patience]
 
     def check(self, step: int, metrics: Mapping[str, Any]) -> list[Alert]:
         """All rules that fire on this step's metrics; then the history takes this step's values.
 
-        A ``warn`` rule reports once when its condition starts to hold and stays quiet while it keeps
-        holding (one webhook call per incident); the other actions fire on every step they match.
+        A rule fires once its condition has held on ``patience`` consecutive checks. A ``warn`` rule then
+        reports once and stays quiet while the condition keeps holding (one webhook call per incident);
+        the other actions fire on every step they match.
         """
         fired = self._fire(step, metrics, actions=None)
-        alerts = [a for s, a in fired if s.rule.action != "warn" or not s.active]
         hit = {id(s) for s, _ in fired}
         for s in self.states:
-            s.active = id(s) in hit
+            if id(s) in hit:
+                s.streak += 1
+            elif s.checkable(metrics):
+                s.streak = 0
+        ripe = [(s, a) for s, a in fired if s.streak >= s.rule.patience]
+        alerts = [a for s, a in ripe if s.rule.action != "warn" or not s.active]
+        ripe_ids = {id(s) for s, _ in ripe}
+        for s in self.states:
+            s.active = id(s) in ripe_ids
             s.record(metrics)
         return alerts
 

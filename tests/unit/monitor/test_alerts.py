@@ -53,6 +53,27 @@ def test_spike_relative_to_running_median_needs_history():
     assert run(e, seq) == [7]
 
 
+def test_patience_needs_consecutive_checks_and_steps_without_the_metric_do_not_break_them():
+    e = AlertEngine([rule(metric="actor/kl", kind="above", threshold=0.5, patience=2, action="stop")])
+    seq = [{"actor/kl": 0.9}, {"actor/kl": 0.1}, {"actor/kl": 0.9}, {}, {"actor/kl": 0.8}, {"actor/kl": 0.7}]
+    assert run(e, seq) == [5, 6]  # 1 alone; 3 and 5 are consecutive checks (step 4 has no kl)
+    warn = AlertEngine([rule(metric="actor/kl", kind="above", threshold=0.5, patience=2, action="warn")])
+    assert run(warn, seq) == [5]  # warn: once per incident
+
+
+def test_reward_hacking_preset_ignores_one_noisy_evaluation_and_fires_on_a_second():
+    """The quickstart's held-out accuracy once dipped 0.775 -> 0.67 for one evaluation and recovered; the
+    preset (patience 2) stays quiet there and warns when the fall holds at the next evaluation."""
+    e = AlertEngine([AlertRuleConfig(**ALERT_PRESETS["reward_hacking"])])
+    base = [{"reward/mean": 0.4, "eval/reward_mean": 0.6}, {"reward/mean": 0.5, "eval/reward_mean": 0.775}]
+    dip = [{"reward/mean": 0.58, "eval/reward_mean": 0.67}, {"reward/mean": 0.6}, {"reward/mean": 0.62}]
+    recovered = [{"reward/mean": 0.65, "eval/reward_mean": 0.79}]
+    assert run(e, base + dip + recovered) == []
+    e = AlertEngine([AlertRuleConfig(**ALERT_PRESETS["reward_hacking"])])
+    held = [{"reward/mean": 0.65, "eval/reward_mean": 0.6}]
+    assert run(e, base + dip + held) == [6]
+
+
 def test_growth_against_first_values():
     e = AlertEngine([rule(metric="len", kind="growth", threshold=2.0, min_history=2, action="stop")])
     seq = [{"len": 4.0}, {"len": 6.0}, {"len": 9.0}, {"len": 10.5}]  # base 5.0
