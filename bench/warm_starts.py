@@ -326,7 +326,7 @@ def train_config(w: WarmStart, folder: Path) -> dict[str, Any]:
         "reward": {"task_reward": False, "functions": [{"path": REWARD, "name": "correct"}]},
         "rollout": {"n": 8, "max_new_tokens": w.max_new_tokens, "temperature": 1.0},
         "algorithm": {"name": "grpo"},
-        # lr 3e-4, not the quickstart's 6e-4: best of 2e-4 / 3e-4 / 6e-4 / 1e-3 on add2-mid and sub2-mid
+        # lr 3e-4, not the quickstart's 6e-4: best mean of 2e-4 / 3e-4 / 6e-4 / 1e-3 on add2-mid and sub2-mid
         # (two seeds each), no worse on countdown-mid; the quickstart's warm start prefers 6e-4
         # (docs/learning.md, "A learning rate for outside models").
         "trainer": {"total_steps": 100, "lr": 3e-4, "warmup_steps": 5},
