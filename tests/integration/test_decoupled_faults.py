@@ -136,7 +136,9 @@ def test_ctrl_c_on_the_cli_exits_130_and_leaves_no_process(tiny_model_dir, tmp_p
 
     cfg_file.write_text(config_to_yaml(cfg))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cli = [sys.executable, "-c", "from tandem.cli.main import app; app()", "train", str(cfg_file)]
+    # SIGUSR1 makes the CLI print every thread's stack: a run that does not stop is diagnosed, not just timed out
+    boot = "import faulthandler, signal; faulthandler.register(signal.SIGUSR1, all_threads=True); "
+    cli = [sys.executable, "-c", boot + "from tandem.cli.main import app; app()", "train", str(cfg_file)]
     proc = subprocess.Popen(cli, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = tmp_path / "run" / "metrics.jsonl"
     deadline = time.monotonic() + 180
@@ -147,7 +149,15 @@ def test_ctrl_c_on_the_cli_exits_130_and_leaves_no_process(tiny_model_dir, tmp_p
     workers = _children(proc.pid)
     assert proc.poll() is None, proc.stderr.read()
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    try:  # ~7 s on an idle or a busy 2-core machine; the limit leaves room for a CI machine shared with vLLM tests
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(3)
+        proc.kill()
+        _, err = proc.communicate()
+        alive = [pid for pid in workers if _alive(pid, grace_s=0)]
+        pytest.fail(f"no exit 120 s after Ctrl-C; workers alive: {alive}; stderr tail:\n{err[-6000:]}")
     assert proc.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
     assert workers, "no worker processes were seen"
