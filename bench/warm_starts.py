@@ -90,6 +90,7 @@ class WarmStart:
     strength: str = "weak"  # the --strength preset this warm start belongs to
     parent: str = ""  # continue this warm start's model, on its files (chunked SFT)
     sft_wd: float = 0.0  # AdamW weight decay of its SFT (the quickstart's warm start used 0.1)
+    ceiling: float = 1.0  # < 1: a chunk that overshoots it is shortened by bisection (see sft_chunks)
 
 
 WARM_STARTS: dict[str, WarmStart] = {
@@ -102,8 +103,11 @@ WARM_STARTS: dict[str, WarmStart] = {
         # weight decay 0.1: without it 2-digit addition from scratch stalled at 5-9 % train greedy in 800 steps
         WarmStart("add2-mid", "add", 2, 31, 200, 3e-3, 4096, 6, (), 0.27, 2400, "mid", sft_wd=0.1),
         WarmStart("sub2-mid", "sub", 2, 33, 200, 3e-3, 4096, 6, (), 0.27, 2400, "mid", sft_wd=0.1),
-        # target 0.20: its train greedy jumps 22.7 -> 59.8 % in the chunk after 1500 steps
-        WarmStart("add3-mid", "add", 3, 32, 300, 3e-3, 4096, 6, (), 0.20, 4800, "mid", sft_wd=0.1),
+        # target 0.20, ceiling 0.40: its train greedy jumps within one chunk (22.7 -> 59.8 % after 1500 steps
+        # on one machine, 12.9 -> 61.9 % after 900 on another), so the overshooting chunk is bisected
+        WarmStart(
+            "add3-mid", "add", 3, 32, 300, 3e-3, 4096, 6, (), 0.20, 4800, "mid", sft_wd=0.1, ceiling=0.40
+        ),
         WarmStart(
             "countdown-mid", "countdown", 1, 34, 150, 3e-3, 4096, 12, (), 0.27, 1800, "mid", "countdown"
         ),
@@ -220,20 +224,51 @@ def train_greedy(w: WarmStart, model: Path, folder: Path) -> float:
 
 def sft_chunks(w: WarmStart, folder: Path) -> dict[str, Any]:
     """SFT in chunks of ``w.sft_steps`` until greedy accuracy on the training prompts reaches
-    ``w.target`` or ``w.max_sft_steps`` are spent; the last chunk's model becomes ``model``."""
+    ``w.target`` or ``w.max_sft_steps`` are spent; the last chunk's model becomes ``model``.
+
+    A chunk that lands above ``w.ceiling`` (a model that learns the task in a jump, e.g. 13 -> 62 % in 300
+    steps) is rerun from its start with the same seed and fewer steps, bisecting the chunk's length until
+    the accuracy lands in ``[target, ceiling]`` or the step interval is under 25 steps (then the overshooting
+    model is kept). With the same seed a shorter chunk sees a prefix of the same batches, so the tries lie
+    on one training trajectory."""
     import shutil
 
     current, steps, curve = folder / "base", 0, []  # base: the initial model (or the parent's copy)
+
+    def chunk(n: int, seed: int) -> tuple[Path, float]:
+        out = folder / f"sft{steps + n}"
+        shutil.rmtree(out, ignore_errors=True)
+        _sft(w, folder, current, n, seed, out)
+        acc = train_greedy(w, out, folder)
+        curve.append({"sft_steps": steps + n, "train_greedy": acc})
+        print(f"{w.name}: {steps + n} SFT steps, train-prompt greedy {acc:.1%}", flush=True)
+        return out, acc
+
     while steps < w.max_sft_steps:
-        nxt = folder / f"sft{steps + w.sft_steps}"
-        shutil.rmtree(nxt, ignore_errors=True)
-        _sft(w, folder, current, w.sft_steps, w.seed + steps, nxt)  # a new data order per chunk
+        seed = w.seed + steps  # a new data order per chunk
+        nxt, acc = chunk(w.sft_steps, seed)
+        taken, lo, hi = w.sft_steps, 0, w.sft_steps
+        while acc > w.ceiling and hi - lo >= 25:  # bisect the chunk's length
+            mid = (lo + hi) // 2
+            tried, tried_acc = chunk(mid, seed)
+            curve[-1]["bisect"] = True
+            if tried_acc > w.ceiling:
+                hi = mid
+            elif tried_acc < w.target:
+                lo = mid
+            if tried_acc <= w.ceiling and (tried_acc >= w.target or hi - lo < 25):
+                shutil.rmtree(nxt)  # the shorter chunk lands in the band (or is the last try below it)
+                nxt, acc, taken = tried, tried_acc, mid
+                break
+            if tried_acc > w.ceiling:
+                shutil.rmtree(nxt)
+                nxt, acc, taken = tried, tried_acc, mid
+            else:
+                shutil.rmtree(tried)
         if current.name != "base":
             shutil.rmtree(current)
-        current, steps = nxt, steps + w.sft_steps
-        curve.append({"sft_steps": steps, "train_greedy": train_greedy(w, current, folder)})
-        print(f"{w.name}: {steps} SFT steps, train-prompt greedy {curve[-1]['train_greedy']:.1%}", flush=True)
-        if curve[-1]["train_greedy"] >= w.target:
+        current, steps = nxt, steps + taken
+        if acc >= w.target:
             break
     shutil.rmtree(folder / "model", ignore_errors=True)
     current.rename(folder / "model")
