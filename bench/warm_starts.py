@@ -18,14 +18,15 @@ sub2           ``sub: 37-58=`` (2-digit, answers may be <0)  96x3, seed 13, 300 
 countdown      ``nums 3 5 7 target 22:`` (3 numbers <= 9)    128x4, seed 14, 300 steps, lr 3e-3
 add2-mid       ``add: 37+58=``                              128x4, seed 31, 200-step chunks, lr 3e-3, wd 0.1
 sub2-mid       ``sub: 37-58=``                              128x4, seed 33, 200-step chunks, lr 3e-3, wd 0.1
-add3-mid       ``add: 371+589=``                            128x4, seed 32, 300-step chunks, lr 3e-3, wd 0.1
+add3-mid       ``add: 371+589=``                            128x4, seed 32, 300-step chunks (bisected), lr 3e-3, wd 0.1
 countdown-mid  ``countdown``'s files and model, SFT continued  seed 34, 150-step chunks, lr 3e-3
 =============  ===========================================  ====================================
 
 The first four (``--strength weak``) are weaker than the outside model of issue 17 (35 % held-out
 greedy); the ``-mid`` ones (``--strength mid``) are built to land near it: SFT runs in chunks of
 ``sft_steps`` (each a fresh ``tandem sft`` from the previous chunk's model) until greedy accuracy on the
-512 *training* prompts (never the held-out ones) reaches ``target``, or ``max_sft_steps`` is spent. The
+512 *training* prompts (never the held-out ones) reaches ``target``, or ``max_sft_steps`` is spent (a
+chunk that overshoots ``ceiling`` is shortened by bisection, see :func:`sft_chunks`). The
 SFT steps used and the accuracy after each chunk go to ``build.json``. A warm start with a ``parent``
 continues the parent's model (built first if missing) on the parent's prompt files, with its own seeds:
 a longer SFT budget of the same run, the way a user keeps training a checkpoint.
