@@ -136,8 +136,12 @@ def test_ctrl_c_on_the_cli_exits_130_and_leaves_no_process(tiny_model_dir, tmp_p
 
     cfg_file.write_text(config_to_yaml(cfg))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    # SIGUSR1 makes the CLI print every thread's stack: a run that does not stop is diagnosed, not just timed out
-    boot = "import faulthandler, signal; faulthandler.register(signal.SIGUSR1, all_threads=True); "
+    # Ctrl-C as a terminal user gets it: a process whose parent ignores SIGINT inherits SIG_IGN and Python then
+    # installs no KeyboardInterrupt handler. pytest started as a background job of a script (`make test &`)
+    # ignores SIGINT, and so did this CLI: it trained 3500 steps through the signal. SIGUSR1 prints every
+    # thread's stack on a timeout.
+    boot = "import faulthandler, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    boot += "faulthandler.register(signal.SIGUSR1, all_threads=True); "
     cli = [sys.executable, "-c", boot + "from tandem.cli.main import app; app()", "train", str(cfg_file)]
     proc = subprocess.Popen(cli, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = tmp_path / "run" / "metrics.jsonl"
