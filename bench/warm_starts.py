@@ -18,7 +18,7 @@ sub2           ``sub: 37-58=`` (2-digit, answers may be <0)  96x3, seed 13, 300 
 countdown      ``nums 3 5 7 target 22:`` (3 numbers <= 9)    128x4, seed 14, 300 steps, lr 3e-3
 add2-mid       ``add: 37+58=``                              128x4, seed 31, 200-step chunks, lr 3e-3, wd 0.1
 sub2-mid       ``sub: 37-58=``                              128x4, seed 33, 200-step chunks, lr 3e-3, wd 0.1
-add3-mid       ``add: 371+589=``                            128x4, seed 32, 300-step chunks (bisected), lr 3e-3, wd 0.1
+add3-mid       ``add: 371+589=``                            128x4, seed 32, 300-step chunks, lr 3e-3, wd 0.1
 countdown-mid  ``countdown``'s files and model, SFT continued  seed 34, 150-step chunks, lr 3e-3
 =============  ===========================================  ====================================
 
@@ -258,19 +258,15 @@ def sft_chunks(w: WarmStart, folder: Path) -> dict[str, Any]:
             mid = (lo + hi) // 2
             tried, tried_acc = chunk(mid, seed)
             curve[-1]["bisect"] = True
-            if tried_acc > w.ceiling:
-                hi = mid
-            elif tried_acc < w.target:
+            if tried_acc < w.target:
                 lo = mid
-            if tried_acc <= w.ceiling and (tried_acc >= w.target or hi - lo < 25):
-                shutil.rmtree(nxt)  # the shorter chunk lands in the band (or is the last try below it)
-                nxt, acc, taken = tried, tried_acc, mid
-                break
-            if tried_acc > w.ceiling:
-                shutil.rmtree(nxt)
-                nxt, acc, taken = tried, tried_acc, mid
+                if hi - lo >= 25:  # search between this try and the overshoot
+                    shutil.rmtree(tried)
+                    continue
             else:
-                shutil.rmtree(tried)
+                hi = mid
+            shutil.rmtree(nxt)  # the try replaces the longer chunk: still over, in the band, or the last try
+            nxt, acc, taken = tried, tried_acc, mid
         if current.name != "base":
             shutil.rmtree(current)
         current, steps = nxt, steps + taken
