@@ -64,7 +64,8 @@ class AdaptiveGroupConfig(Section):
         description="Adaptive group size: after a step's first round, prompts whose group rewards are all "
         "equal (see which) get more samples of the same prompt, in the same group, until a reward differs "
         "or the group holds max_n; the ragged groups go to the (group-relative) advantage estimator. "
-        "Colocated only; not with dynamic_sampling or trainer.mini_batch_size.",
+        "Both architectures (decoupled: each worker grows its own batch); not with dynamic_sampling or "
+        "trainer.mini_batch_size.",
     )
     max_n: int = Field(32, ge=2, description="Largest group an extended prompt may grow to (> rollout.n).")
     per_round: int | None = Field(

@@ -270,8 +270,8 @@ def _check_fsdp2(cfg: CheckedConfig, ws: int, units: int, what: str) -> None:
 
 def _check_adaptive_group(cfg: CheckedConfig) -> None:
     """``algorithm.adaptive_group``: groups of unequal size need a group-relative estimator (each one
-    registered as such computes its statistics per group id, whatever the group's size), the colocated
-    loop, and one mini-batch per step (the extra samples would otherwise change the number of optimiser
+    registered as such computes its statistics per group id, whatever the group's size) and one
+    mini-batch per step (the extra samples would otherwise change the number of optimiser
     steps, which the LR schedule counts)."""
     from tandem.algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
 
@@ -284,10 +284,6 @@ def _check_adaptive_group(cfg: CheckedConfig) -> None:
             key, f"needs a group-relative advantage ({', '.join(usable)}), not '{a.advantage}'"
         )
     rejected = (
-        (
-            cfg.architecture.mode == "decoupled",
-            "the decoupled architecture (workers' batches are fixed-size)",
-        ),
         (bool(a.dynamic_sampling), "algorithm.dynamic_sampling (it drops the groups this grows)"),
         (
             cfg.trainer.mini_batch_size is not None and cfg.trainer.mini_batch_size < cfg.samples_per_step,

@@ -127,3 +127,39 @@ def test_eta0_ppo_with_critic_and_adaptive_kl_equals_colocated(tiny_model_dir, t
     ):
         for k in wa:
             assert torch.equal(wa[k], wb[k]), k
+
+
+EVEN = f"{Path(__file__).parents[1] / 'e2e' / 'digits_reward.py'}:even_length"
+
+
+def _grow_cfg(model_dir, out, mode):
+    """Adaptive group size on a 0/1 reward that leaves groups of 2 all-equal about half the time."""
+    cfg = _cfg(model_dir, out, mode, **({"staleness": 0, "num_workers": 1} if mode == "decoupled" else {}))
+    data = cfg.model_dump(mode="json")
+    data["rollout"]["n"] = 2
+    data["algorithm"] = {
+        "name": "grpo",
+        "adaptive_group": {"enabled": True, "max_n": 6, "which": "all_equal"},
+    }
+    data["reward"]["functions"] = [{"path": EVEN}]
+    return build_config(data)
+
+
+def test_eta0_adaptive_group_size_equals_colocated(tiny_model_dir, tmp_path):
+    """A decoupled worker grows its ticket's all-equal groups as the colocated step does: at η = 0 with one
+    worker the ragged batches, the losses and the weights are the colocated run's exactly, and the ledger
+    counts the samples actually shipped."""
+    torch.set_num_threads(1)
+    colo = train(_grow_cfg(tiny_model_dir, tmp_path / "colo", "colocated"), progress=False)
+    dec = train_decoupled(_grow_cfg(tiny_model_dir, tmp_path / "dec", "decoupled"), progress=False)
+    a, b = step_rows(colo.run_dir), step_rows(dec.run_dir)
+    assert len(a) == len(b) == 3
+    for ra, rb in zip(a, b, strict=True):
+        for key in ("reward/mean", "actor/pg_loss", "adaptive/extra_samples", "adaptive/rescued_frac"):
+            assert ra[key] == rb[key], key
+    extra = sum(r["adaptive/extra_samples"] for r in b)
+    assert extra > 0, "no group grew: the test would not exercise ragged batches"
+    assert b[-1]["decoupled/trained_samples"] == 3 * 2 * 2 + extra  # 3 steps x 2 prompts x n=2, plus growth
+    wa, wb = _weights(colo.run_dir), _weights(dec.run_dir)
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k

@@ -260,11 +260,11 @@ def test_config_rejects_what_cannot_take_ragged_groups(tiny_model_dir, tmp_path)
     assert not build_config(
         {"run": {}, "model": {"path": "m"}, "data": {"task": "arith"}}
     ).algorithm.adaptive_group.enabled
+    assert _cfg(tmp_path, tiny_model_dir, architecture={"mode": "decoupled"}).algorithm.adaptive_group.enabled
     key = r"algorithm\.adaptive_group\.enabled"
     cases = [
         ({"name": "reinforce_pp"}, {}, rf"{key}.*group-relative advantage.*not 'reinforce_pp'"),
         ({"name": "dapo"}, {}, rf"{key}.*dynamic_sampling"),
-        ({}, {"architecture": {"mode": "decoupled"}}, rf"{key}.*decoupled"),
         ({}, {"trainer": {"mini_batch_size": 2}}, rf"{key}.*mini_batch_size"),
         (
             {"adaptive_group": {"enabled": True, "max_n": 2}},
