@@ -371,7 +371,8 @@ def train_config(w: WarmStart, folder: Path) -> dict[str, Any]:
         # (docs/learning.md, "A learning rate for outside models").
         "trainer": {"total_steps": 100, "lr": 3e-4, "warmup_steps": 5},
         "monitor": {"eval_every": 25, "sample_every": 1000},
-        "checkpoint": {"every": 100000},
+        # the model of the best held-out evaluation in <run>/best/: the curves peak before step 300
+        "checkpoint": {"every": 100000, "best_metric": "eval/accuracy"},
     }
 
 

@@ -18,4 +18,10 @@ def print_run_result(console: Console, result) -> None:
         table.add_row(key, "-" if b is None else fmt(b), "-" if a is None else fmt(a))
     console.print(table)
     console.print(f"run folder: [bold]{escape(str(result.run_dir))}[/]  ({result.steps} steps)")
+    if result.best:  # checkpoint.best_metric
+        b = result.best
+        value = f"{100 * b['value']:.1f}%" if b["metric"].endswith("accuracy") else f"{b['value']:.4g}"
+        console.print(
+            f"best model: [bold]{escape(b['path'])}[/]  ({b['metric']} {value} at step {b['step']})"
+        )
     console.print(f"TensorBoard: [bold]tensorboard --logdir {escape(str(result.run_dir))}/tensorboard[/]")

@@ -309,6 +309,10 @@ def check_config(cfg: CheckedConfig) -> None:
     _check_algorithm(cfg)
     _check_adaptive_group(cfg)
     _check_architecture(cfg)
+    if cfg.checkpoint.best_metric and cfg.data.eval_size == 0:
+        raise CrossFieldError(
+            "checkpoint.best_metric", "needs a held-out evaluation, but data.eval_size is 0 (no eval runs)"
+        )
     if cfg.data.curriculum.kind != "uniform" and cfg.architecture.mode == "decoupled":
         raise CrossFieldError(
             "data.curriculum.kind",

@@ -9,14 +9,16 @@ Per step::
     non-finite check              a warning naming the metrics
     alerts                        warn, skip (vetoed inside the update), stop, rollback
     metrics row                   ``metrics.jsonl``, TensorBoard, the progress bar
+    best model                    ``checkpoint.best_metric``: ``best/`` replaced when an evaluation beats it
     checkpoint                    every ``checkpoint.every`` steps and at the end (then the source is told:
                                   a durable channel acknowledges the batches it holds)
     ``LoopSetup.on_step``         hooks (tests, the Ray learner actor's cancellation)
 
-A checkpoint is skipped at a step that raised an alert when the run has a ``rollback`` rule: it could
-become the rollback target, which must be healthy. Colocated and decoupled runs differ only in their
-trainer's batch source and weight publisher, so every alert action works in both (the one exception,
-rollback with a data-parallel learner, is refused at start: :func:`~.alerting.check_rollback_support`).
+A checkpoint (and a best model) is skipped at a step that raised an alert when the run has a ``rollback``
+rule: it could become the rollback target, which must be healthy. Colocated and decoupled runs differ only
+in their trainer's batch source and weight publisher, so every alert action works in both (the one
+exception, rollback with a data-parallel learner, is refused at start:
+:func:`~.alerting.check_rollback_support`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from tandem.config.schema import TandemConfig
 from tandem.monitor import MetricsLogger
 from tandem.monitor.metrics import MetricsListener
 from tandem.orchestration.alerting import AlertController, AlertStopError
+from tandem.orchestration.best import BestModel
 from tandem.orchestration.parts import RunParts, save_run_checkpoint
 from tandem.orchestration.runfolder import RunResult, finish_run
 from tandem.orchestration.trainer import Trainer
@@ -61,7 +64,7 @@ def run_loop(setup: LoopSetup) -> None:
     """Train until ``trainer.total_steps``; raises :class:`AlertStopError` after a ``stop`` alert (with a
     checkpoint and ``summary.json`` written). The caller writes ``summary.json`` of a finished run."""
     cfg, trainer, result = setup.cfg, setup.trainer, setup.result
-    mon = cfg.monitor
+    mon, ck = cfg.monitor, cfg.checkpoint
     with MetricsLogger(
         result.run_dir,
         total_steps=cfg.trainer.total_steps,
@@ -72,10 +75,12 @@ def run_loop(setup: LoopSetup) -> None:
         listener=setup.listener,
     ) as logger:
         alerting = AlertController(cfg, result.run_dir, trainer, logger.alert)
+        best = BestModel(result.run_dir, ck.best_metric, ck.best_mode) if ck.best_metric else None
         try:
             if trainer.step == 0:
                 result.eval_before = trainer.evaluate()
                 logger.log(0, result.eval_before)
+                keep_best(setup, best, 0, result.eval_before)
             if (
                 alerting.wants_initial_checkpoint
                 and latest_checkpoint(result.run_dir / "checkpoints") is None
@@ -95,9 +100,9 @@ def run_loop(setup: LoopSetup) -> None:
                     alerting.rollback(setup.parts)
                     continue
                 healthy = not (alerting.wants_initial_checkpoint and alerting.fired_this_step)
-                due = (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or (
-                    last and cfg.checkpoint.save_final
-                )
+                if healthy:
+                    keep_best(setup, best, step, metrics)
+                due = (ck.every and step % ck.every == 0) or (last and ck.save_final)
                 if due and (healthy or last):
                     checkpoint(setup)
                 if setup.on_step is not None:
@@ -116,6 +121,17 @@ def _observe(setup: LoopSetup, logger: MetricsLogger, metrics: dict[str, Any], s
     if setup.extra_metrics is not None:
         metrics.update(setup.extra_metrics(metrics))
     check_finite(metrics, step)
+
+
+def keep_best(setup: LoopSetup, best: BestModel | None, step: int, metrics: dict[str, Any]) -> None:
+    """``checkpoint.best_metric``: replace ``best/`` when this step's evaluation beats the best so far."""
+    if best is None:
+        return
+    value = best.candidate(metrics)
+    if value is not None:
+        with setup.trainer.learn.plain_policy() as policy:  # FSDP2 rank 0: gathered, transient
+            best.save(step, value, policy, setup.parts.tokenizer)
+    setup.result.best = best.summary()
 
 
 def checkpoint(setup: LoopSetup) -> None:

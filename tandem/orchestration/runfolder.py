@@ -1,9 +1,10 @@
 """The run folder: what a run may write into, how it is created, and how it is finished.
 
 The run folder holds ``config.yaml`` (resolved), ``metrics.jsonl``, ``samples.jsonl``, ``alerts.jsonl``,
-``tensorboard/``, ``checkpoints/step-N/`` and — written last, atomically — ``summary.json``. A folder
-without ``summary.json`` is an unfinished run (``--resume`` continues it). Both architectures use these
-functions; the step loop itself is :mod:`tandem.orchestration.loop`.
+``tensorboard/``, ``checkpoints/step-N/``, ``best/`` (with ``checkpoint.best_metric``) and — written
+last, atomically — ``summary.json``. A folder without ``summary.json`` is an unfinished run (``--resume``
+continues it). Both architectures use these functions; the step loop itself is
+:mod:`tandem.orchestration.loop`.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class RunResult:
     eval_before: dict[str, float] = field(default_factory=dict)
     eval_after: dict[str, float] = field(default_factory=dict)
     last_metrics: dict[str, float] = field(default_factory=dict)
+    best: dict[str, Any] = field(default_factory=dict)  # checkpoint.best_metric: the best model kept
 
 
 def run_dir_of(cfg: TandemConfig) -> Path:
@@ -148,6 +150,7 @@ def finish_run(result: RunResult, ckpt_root: Path, **extra: Any) -> RunResult:
         "eval_after": result.eval_after,
         "final_metrics": result.last_metrics,
         "checkpoint": str(latest_checkpoint(ckpt_root) or ""),
+        **({"best": result.best} if result.best else {}),
         "environment": run_environment(),
         **extra,
     }

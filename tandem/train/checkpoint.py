@@ -278,6 +278,19 @@ def _mismatch(own: Mapping[str, torch.Tensor], loaded: Mapping[str, torch.Tensor
     return "; ".join(parts)
 
 
+def save_model_folder(
+    folder: str | Path, model: Any, tokenizer: Any | None, extra_files: Mapping[str, Any] | None = None
+) -> Path:
+    """Write ``model`` (and ``tokenizer``) as a Hugging Face folder at ``folder`` atomically, replacing
+    what is there, with ``extra_files`` (name -> JSON-serialisable object) beside them; return it."""
+    final = Path(folder)
+    with atomic_dir(final) as tmp:
+        _save_model(tmp, model, tokenizer)
+        for name, obj in (extra_files or {}).items():
+            _write_json(tmp / name, obj)
+    return final
+
+
 def _save_model(model_dir: Path, model: Any, tokenizer: Any | None) -> None:
     """save_pretrained the model (and tokenizer) and check that the weights are safetensors."""
     model.save_pretrained(str(model_dir))
