@@ -1,4 +1,5 @@
-"""Print a finished run: before/after held-out metrics as a table, the run folder, how to look inside."""
+"""Print a finished run: before/after held-out metrics as a table, what the metrics say about its learning
+(:mod:`tandem.monitor.diagnose`), the run folder, how to look inside."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from rich.markup import escape
 from rich.table import Table
 
 
-def print_run_result(console: Console, result) -> None:
+def print_run_result(console: Console, result, eval_size: int | None = None) -> None:
     table = Table(title="held-out evaluation", show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("before", justify="right")
@@ -17,6 +18,7 @@ def print_run_result(console: Console, result) -> None:
         fmt = (lambda v: f"{100 * v:.1f}%") if key.endswith("accuracy") else (lambda v: f"{v:.3f}")
         table.add_row(key, "-" if b is None else fmt(b), "-" if a is None else fmt(a))
     console.print(table)
+    print_diagnosis(console, result.run_dir, eval_size)
     console.print(f"run folder: [bold]{escape(str(result.run_dir))}[/]  ({result.steps} steps)")
     if result.best:  # checkpoint.best_metric
         b = result.best
@@ -25,3 +27,20 @@ def print_run_result(console: Console, result) -> None:
             f"best model: [bold]{escape(b['path'])}[/]  ({b['metric']} {value} at step {b['step']})"
         )
     console.print(f"TensorBoard: [bold]tensorboard --logdir {escape(str(result.run_dir))}/tensorboard[/]")
+
+
+def print_diagnosis(console: Console, run_dir, eval_size: int | None) -> None:
+    """The findings of :func:`tandem.monitor.diagnose.diagnose` on the run's ``metrics.jsonl`` as a table."""
+    from tandem.monitor import read_metrics
+    from tandem.monitor.diagnose import diagnose
+
+    findings = diagnose(read_metrics(run_dir), eval_size)
+    if not findings:
+        return
+    table = Table(title="what the metrics say", show_header=True, header_style="bold")
+    table.add_column("finding")
+    table.add_column("seen")
+    table.add_column("try")
+    for f in findings:
+        table.add_row(f.code, escape(f.message), escape(f.hint) or "-")
+    console.print(table)

@@ -37,7 +37,7 @@ def train(
 
     _ensure_warm_start(cfg)
     result = run_train(cfg, resume=resume, progress=progress)
-    print_run_result(out, result)
+    print_run_result(out, result, cfg.data.eval_size)
 
 
 @app.command("init-model")
@@ -157,7 +157,7 @@ def demo(
     )
     _ensure_warm_start(cfg)
     result = run_train(cfg)
-    print_run_result(out, result)
+    print_run_result(out, result, cfg.data.eval_size)
     env = run_environment()
     out.print(
         f"[dim]numerics: torch {env['torch']}, {env['cpu_capability']} CPU kernels, {env['torch_threads']} "

@@ -12,6 +12,7 @@ import html
 from pathlib import Path
 from typing import Any
 
+from tandem.monitor.diagnose import diagnose
 from tandem.report.data import RunData, load_run
 from tandem.report.plots import PANELS, render_panel
 from tandem.utils.io import atomic_write_bytes, atomic_write_text
@@ -75,6 +76,8 @@ def build_report(run_paths: list[str | Path], out_dir: str | Path | None = None)
             f'<div class="plots">{"".join(figures)}</div>',
             "<h2>Held-out evaluation</h2>",
             _eval_tables(runs),
+            "<h2>What the metrics say</h2>",
+            _diagnosis(runs),
             "<h2>Alerts</h2>",
             _alerts(runs),
             "<h2>Sample completions</h2>",
@@ -126,6 +129,23 @@ def _eval_tables(runs: list[RunData]) -> str:
             for row in rows
         )
         parts.append(f"<h3>{esc(r.name)}</h3><table class='eval'>{head}{body}</table>")
+    return "\n".join(parts)
+
+
+def _diagnosis(runs: list[RunData]) -> str:
+    """Per run: the findings of :func:`~tandem.monitor.diagnose.diagnose` (verdict, causes, what to try)."""
+    parts = []
+    for r in runs:
+        findings = diagnose(r.rows, r.eval_size)
+        if not findings:
+            parts.append(f"<p>{esc(r.name)}: no training steps logged.</p>")
+            continue
+        body = "".join(
+            f"<tr><td>{esc(f.code)}</td><td>{esc(f.message)}</td><td>{esc(f.hint or '-')}</td></tr>"
+            for f in findings
+        )
+        head = "<tr><th>finding</th><th>seen</th><th>try</th></tr>"
+        parts.append(f"<h3>{esc(r.name)}</h3><table class='diagnosis'>{head}{body}</table>")
     return "\n".join(parts)
 
 

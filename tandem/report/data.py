@@ -37,6 +37,18 @@ class RunData:
         return {k for row in self.rows for k in row if k not in ("step", "time")}
 
     @property
+    def eval_size(self) -> int | None:
+        """``data.eval_size`` of the run's config (the held-out prompts per evaluation), if it says."""
+        import yaml
+
+        try:
+            cfg = yaml.safe_load(self.config_text) if self.config_text else None
+        except yaml.YAMLError:
+            return None
+        size = (cfg or {}).get("data", {}).get("eval_size") if isinstance(cfg, dict) else None
+        return size if isinstance(size, int) and size > 0 else None
+
+    @property
     def architecture(self) -> str:
         for line in self.config_text.splitlines():
             if line.strip().startswith("mode:"):

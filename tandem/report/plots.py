@@ -32,6 +32,11 @@ PANELS = (
     Panel("reward", "Reward and held-out accuracy", ("reward/mean", "eval/accuracy", "eval/reward_mean")),
     Panel("kl", "KL divergence", ("actor/kl", "actor/kl_ref", "actor/approx_kl")),
     Panel("entropy", "Policy entropy", ("actor/entropy",)),
+    Panel(
+        "signal",
+        "Groups with all-equal rewards (no gradient)",
+        ("groups/all_equal_frac", "groups/all_equal_low_frac", "groups/all_equal_high_frac"),
+    ),
     Panel("grad_norm", "Gradient norm", ("actor/grad_norm",)),
     Panel("lengths", "Response length", ("response/length_mean", "response/length_max", "eval/length_mean")),
     Panel("timing", "Time per phase (s)", prefix="timing/", exclude=("timing/step",)),

@@ -19,7 +19,7 @@ from tandem.config import build_config
 from tandem.orchestration.runner import train
 
 TASK = {"min_len": 2, "max_len": 3}  # the options tests/e2e/conftest.py trains warm_model on
-COLOCATED_PLOTS = {"reward", "kl", "entropy", "grad_norm", "lengths", "timing", "throughput"}
+COLOCATED_PLOTS = {"reward", "kl", "entropy", "signal", "grad_norm", "lengths", "timing", "throughput"}
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 needs_chromium = pytest.mark.skipif(
     CHROMIUM is None, reason="headless Chromium not installed (Debian package `chromium`)"
@@ -96,6 +96,7 @@ def test_report_single_run_has_every_section(runs, tmp_path):
     assert "entropy_watch" in html and "<table id='alerts'>" in html  # the alert raised during training
     assert "class='samples'" in html and "reverse " in html  # sample completions
     assert "eval/accuracy" in html and "class='eval'" in html  # eval table
+    assert "class='diagnosis'" in html and ("<td>learned</td>" in html or "<td>flat</td>" in html)  # verdict
     assert "task: reverse" in html  # the config
 
 

@@ -1,0 +1,177 @@
+"""Why a run did (not) learn: its metric rows turned into a few findings, each with what to try.
+
+Pure: :func:`diagnose` reads the rows of ``metrics.jsonl`` (step 0 holds the evaluation before training)
+and returns :class:`Finding` objects; ``tandem train`` / ``tandem demo`` print them and ``tandem report``
+shows them. The rules are the causes measured on issue 17's outside-style warm starts (docs/learning.md):
+
+* the **verdict** compares held-out accuracy at its best with the start, against the noise of one
+  evaluation (two binomial standard errors on the run's ``data.eval_size`` prompts, at least 2 points):
+  ``learned``, or ``flat``; after learning, ``degraded`` when the last evaluation is that far below the best;
+* for a ``flat`` run, the causes: ``no_signal`` (most groups had all-equal rewards, so a group-relative
+  advantage is zero — split into all-fail, too hard, and all-pass, too easy), ``train_only`` (the train
+  reward rose, the held-out metric did not: the prompts are memorised or the reward is not what is
+  evaluated), ``entropy_collapse`` (entropy fell below a quarter of its start) and ``no_update`` (signal
+  was there, the train reward did not move: the step is too small);
+* in any run, ``truncated``: a large share of responses hit ``rollout.max_new_tokens``.
+
+Windows are the first and last fifth of the training steps. Thresholds are deliberately coarse: a
+finding says where to look, the curves (``tandem report``) say how much.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+ACCURACY = "eval/accuracy"
+NO_SIGNAL_FRAC = 0.5  # mean share of all-equal groups above which a flat run is short of gradient
+TRUNCATED_FRAC = 0.2  # mean share of responses cut at max_new_tokens
+ENTROPY_DROP = 0.25  # last-window entropy below this share of the first window's
+MIN_NOISE = 0.02  # the smallest held-out change counted as real
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One diagnosis: a short code, what the metrics show, and what to try (may be empty)."""
+
+    code: str
+    message: str
+    hint: str = ""
+
+
+def diagnose(rows: Sequence[dict[str, Any]], eval_size: int | None = None) -> list[Finding]:
+    """Findings for a run's metric rows (any order; rows without ``step`` are ignored)."""
+    rows = sorted((r for r in rows if isinstance(r.get("step"), int)), key=lambda r: r["step"])
+    train = [r for r in rows if r["step"] >= 1]
+    if not train:
+        return []
+    first, last = _windows(train)
+    out: list[Finding] = []
+    verdict = _verdict(rows, eval_size)
+    out.extend(verdict)
+    if verdict and verdict[0].code == "flat":
+        out.extend(_causes(train, first, last))
+    clip = _mean(train, "response/clip_ratio")
+    if clip is not None and clip >= TRUNCATED_FRAC:
+        out.append(
+            Finding(
+                "truncated",
+                f"{clip:.0%} of responses hit rollout.max_new_tokens (mean over the run)",
+                "raise rollout.max_new_tokens, or penalise length (reward.overlong)",
+            )
+        )
+    return out
+
+
+def noise(accuracy: float, n: int | None) -> float:
+    """Two binomial standard errors of an accuracy measured on ``n`` prompts (at least ``MIN_NOISE``)."""
+    if not n:
+        return 0.05
+    p = min(max(accuracy, 0.05), 0.95)
+    return max(MIN_NOISE, 2 * math.sqrt(p * (1 - p) / n))
+
+
+def _verdict(rows: Sequence[dict[str, Any]], eval_size: int | None) -> list[Finding]:
+    evals = [(r["step"], float(r[ACCURACY])) for r in rows if _num(r.get(ACCURACY))]
+    if len(evals) < 2:
+        return []
+    (s0, a0), (sl, al) = evals[0], evals[-1]
+    sb, ab = max(evals, key=lambda e: (e[1], -e[0]))  # the earliest of equal bests
+    thr = noise(a0, eval_size)
+    where = f"{eval_size} prompts" if eval_size else "an unknown number of prompts"
+    if ab - a0 < thr:
+        return [
+            Finding(
+                "flat",
+                f"held-out accuracy did not move beyond noise: {a0:.1%} at step {s0}, best {ab:.1%} "
+                f"(step {sb}), last {al:.1%}; ±{thr:.1%} is noise on {where}",
+            )
+        ]
+    out = [Finding("learned", f"held-out accuracy {a0:.1%} -> best {ab:.1%} at step {sb}, last {al:.1%}")]
+    if ab - al >= thr and sl > sb:
+        out.append(
+            Finding(
+                "degraded",
+                f"held-out accuracy fell {100 * (ab - al):.1f} points after its best (step {sb})",
+                "keep the best model (checkpoint.best_metric=eval/accuracy); a lower trainer.lr or a KL "
+                "term (algorithm.beta) may hold it",
+            )
+        )
+    return out
+
+
+def _causes(
+    train: Sequence[dict[str, Any]], first: Sequence[dict[str, Any]], last: Sequence[dict[str, Any]]
+) -> list[Finding]:
+    out = []
+    equal = _mean(train, "groups/all_equal_frac")
+    if equal is not None and equal >= NO_SIGNAL_FRAC:
+        low = _mean(train, "groups/all_equal_low_frac") or 0.0
+        high = _mean(train, "groups/all_equal_high_frac") or 0.0
+        hard = low >= high
+        out.append(
+            Finding(
+                "no_signal",
+                f"{equal:.0%} of groups had all-equal rewards, so no gradient ({low:.0%} all-fail, "
+                f"{high:.0%} all-pass)",
+                "the prompts are too hard for this model: algorithm.adaptive_group.enabled=true, "
+                "data.curriculum.kind=frontier, a larger rollout.n, or more SFT first"
+                if hard
+                else "the prompts are too easy for this model: harder prompts, or data.curriculum.kind=frontier",
+            )
+        )
+    r0, r1 = _mean(first, "reward/mean"), _mean(last, "reward/mean")
+    spread = _mean(train, "reward/std") or 0.0
+    rose = r0 is not None and r1 is not None and r1 - r0 >= max(0.05, 0.5 * spread)
+    if rose:
+        seen = _mean(last[-1:], "prompts/seen_before_mean")
+        times = (
+            f"; the last step's prompts had been drawn {seen:.1f} times before, on average" if seen else ""
+        )
+        out.append(
+            Finding(
+                "train_only",
+                f"the train reward rose {r0:.3f} -> {r1:.3f} while held-out accuracy did not{times}",
+                "the model fits the training prompts or the reward is not what is evaluated: read "
+                "samples.jsonl, use more distinct prompts, add a diverge alert (monitor.alerts)",
+            )
+        )
+    h0, h1 = _mean(first, "actor/entropy"), _mean(last, "actor/entropy")
+    if h0 is not None and h1 is not None and h0 > 0 and h1 < ENTROPY_DROP * h0:
+        out.append(
+            Finding(
+                "entropy_collapse",
+                f"policy entropy fell {h0:.3f} -> {h1:.3f}: the samples stopped exploring",
+                "a lower trainer.lr, algorithm.entropy_coef, or clip-higher (algorithm.loss_options.clip_high)",
+            )
+        )
+    if (
+        not rose
+        and (equal is None or equal < NO_SIGNAL_FRAC)
+        and not any(f.code == "entropy_collapse" for f in out)
+    ):
+        moved = "" if r0 is None or r1 is None else f" (train reward {r0:.3f} -> {r1:.3f})"
+        out.append(
+            Finding(
+                "no_update",
+                f"groups carried signal but the policy barely changed{moved}",
+                "a higher trainer.lr or more steps (tandem tune CONFIG --budget 600 sweeps the rate)",
+            )
+        )
+    return out
+
+
+def _windows(train: Sequence[dict[str, Any]]) -> tuple[Sequence[dict[str, Any]], Sequence[dict[str, Any]]]:
+    k = max(1, len(train) // 5)
+    return train[:k], train[-k:]
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _mean(rows: Sequence[dict[str, Any]], key: str) -> float | None:
+    vals = [float(r[key]) for r in rows if _num(r.get(key))]
+    return sum(vals) / len(vals) if vals else None

@@ -1,0 +1,106 @@
+"""``tandem.monitor.diagnose``: each finding fires on metric rows built to show it, and only then."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tandem.monitor.diagnose import diagnose, noise
+
+
+def _run(evals, steps=50, **series):
+    """Metric rows: ``evals`` {step: accuracy} (step 0 = before training), and per-step metrics given as
+    (first value, last value) pairs interpolated linearly over ``steps`` steps."""
+    rows = [{"step": 0, "eval/accuracy": evals[0]}] if 0 in evals else []
+    for s in range(1, steps + 1):
+        row = {"step": s}
+        for key, (a, b) in series.items():
+            row[key] = a + (b - a) * (s - 1) / (steps - 1)
+        if s in evals:
+            row["eval/accuracy"] = evals[s]
+        rows.append(row)
+    return rows
+
+
+def codes(findings):
+    return [f.code for f in findings]
+
+
+HEALTHY = {"groups/all_equal_frac": (0.3, 0.3), "reward/mean": (0.3, 0.35), "actor/entropy": (1.0, 0.9)}
+
+
+def test_learned_and_degraded():
+    got = diagnose(_run({0: 0.30, 25: 0.70, 50: 0.68}, **HEALTHY), eval_size=300)
+    assert codes(got) == ["learned"] and "best 70.0% at step 25" in got[0].message
+    got = diagnose(_run({0: 0.30, 25: 0.70, 50: 0.55}, **HEALTHY), eval_size=300)
+    assert codes(got) == ["learned", "degraded"] and "checkpoint.best_metric" in got[1].hint
+
+
+def test_flat_with_all_fail_groups_points_at_difficulty():
+    rows = _run(
+        {0: 0.05, 50: 0.06},
+        **{
+            "groups/all_equal_frac": (0.9, 0.85),
+            "groups/all_equal_low_frac": (0.9, 0.85),
+            "groups/all_equal_high_frac": (0.0, 0.0),
+            "reward/mean": (0.01, 0.01),
+            "actor/entropy": (1.0, 1.0),
+        },
+    )
+    got = diagnose(rows, eval_size=300)
+    assert codes(got) == ["flat", "no_signal"]
+    assert "too hard" in got[1].hint and "adaptive_group" in got[1].hint
+
+
+def test_flat_with_all_pass_groups_points_at_easy_prompts():
+    rows = _run(
+        {0: 0.40, 50: 0.41},
+        **{
+            "groups/all_equal_frac": (0.8, 0.8),
+            "groups/all_equal_low_frac": (0.1, 0.1),
+            "groups/all_equal_high_frac": (0.7, 0.7),
+            "reward/mean": (0.9, 0.9),
+        },
+    )
+    assert "too easy" in diagnose(rows, eval_size=300)[1].hint
+
+
+def test_train_reward_up_held_out_flat_is_train_only():
+    rows = _run(
+        {0: 0.40, 25: 0.41, 50: 0.40},
+        **{
+            **HEALTHY,
+            "reward/mean": (0.3, 0.8),
+            "reward/std": (0.3, 0.3),
+            "prompts/seen_before_mean": (0, 9.0),
+        },
+    )
+    got = diagnose(rows, eval_size=300)
+    assert codes(got) == ["flat", "train_only"] and "9.0 times" in got[1].message
+
+
+def test_entropy_collapse_replaces_no_update():
+    rows = _run({0: 0.40, 50: 0.40}, **{**HEALTHY, "actor/entropy": (1.0, 0.1)})
+    assert codes(diagnose(rows, eval_size=300)) == ["flat", "entropy_collapse"]
+
+
+def test_signal_without_movement_is_no_update():
+    got = diagnose(_run({0: 0.40, 50: 0.41}, **HEALTHY), eval_size=300)
+    assert codes(got) == ["flat", "no_update"] and "trainer.lr" in got[1].hint
+
+
+def test_truncation_is_reported_in_any_run_and_without_evaluations():
+    rows = _run({}, **{"response/clip_ratio": (0.5, 0.5)})
+    assert codes(diagnose(rows)) == ["truncated"]
+    assert diagnose([]) == [] and diagnose([{"step": 0, "eval/accuracy": 0.3}]) == []
+
+
+def test_noise_threshold():
+    assert noise(0.5, 100) == pytest.approx(0.1)
+    assert noise(0.0, 10_000) == 0.02  # never below two points
+    assert noise(0.5, None) == 0.05
+    # a 5-point gain is noise on 100 prompts, real on 10,000
+    assert codes(diagnose(_run({0: 0.50, 50: 0.55}, **HEALTHY), eval_size=100))[0] == "flat"
+    assert codes(diagnose(_run({0: 0.50, 50: 0.55}, **HEALTHY), eval_size=10_000))[0] == "learned"
+    assert not math.isnan(noise(1.0, 50))
