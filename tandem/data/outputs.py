@@ -25,6 +25,7 @@ from tandem.errors import ConfigError
 MODEL_MARKER = "tandem_model.json"
 REWARD_MARKER = "tandem_reward.json"
 EXPORT_MARKER = "tandem_export.json"
+BEST_RECORD = "best.json"  # in a run's best/ model folder (checkpoint.best_metric): step, metric, value
 
 PathLike = str | os.PathLike[str]
 

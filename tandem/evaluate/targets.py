@@ -1,7 +1,8 @@
 """Resolve what the user points ``tandem eval`` / ``tandem abtest`` at, and the eval prompts to use.
 
 A target is a run folder (its latest complete checkpoint is used), a checkpoint folder
-(``checkpoints/step-N``, whose ``model/`` is used), a plain Hugging Face model folder or an export folder
+(``checkpoints/step-N``, whose ``model/`` is used), a run's ``best/`` model (``checkpoint.best_metric``), a
+plain Hugging Face model folder or an export folder
 (``tandem export``; an INT8 export is loaded as ``tandem serve`` loads it). When the target
 lies inside a run, the run's ``config.yaml`` supplies the task, held-out size, seed and generation
 settings, so the evaluation sees exactly the prompts the training loop evaluated.
@@ -17,7 +18,7 @@ from typing import Any
 from tandem.config import load_config
 from tandem.config.schema import TandemConfig
 from tandem.data import load_prompt_dataset, rows_from_task
-from tandem.data.outputs import EXPORT_MARKER
+from tandem.data.outputs import BEST_RECORD, EXPORT_MARKER
 from tandem.errors import ConfigError, ModelError
 from tandem.rewards import RewardFunction, RewardSet, get_task, load_callable
 from tandem.rewards.tasks import Task
@@ -62,6 +63,8 @@ def resolve_target(path: str | Path) -> Target:
     if (p / "model").is_dir() and (p / _COMPLETE).is_file():
         run = p.parent.parent if p.parent.name == "checkpoints" else None
         return Target(p / "model", run, _run_config(run) if run else None)
+    if (p / BEST_RECORD).is_file() and (p.parent / "checkpoints").is_dir():  # a run's best/ model
+        return Target(p, p.parent, _run_config(p.parent))
     if (p / "config.json").is_file() or (p / EXPORT_MARKER).is_file():
         return Target(p)
     raise ModelError(

@@ -18,12 +18,12 @@ import math
 from pathlib import Path
 from typing import Any
 
+from tandem.data.outputs import BEST_RECORD
 from tandem.train.checkpoint import save_model_folder
 
 log = logging.getLogger(__name__)
 
 BEST_DIR = "best"
-BEST_RECORD = "best.json"
 
 
 class BestModel:

@@ -96,6 +96,10 @@ def test_resolve_target_kinds(tmp_path, tiny_model_dir):
     (ckpt / "COMPLETE").write_text("step 3\n")
     assert resolve_target(tmp_path / "run").model_dir == ckpt / "model"
     assert resolve_target(ckpt).model_dir == ckpt / "model"
+    best = tmp_path / "run" / "best"  # checkpoint.best_metric's folder: its run's config and prompts
+    shutil.copytree(tiny_model_dir, best)
+    (best / "best.json").write_text('{"step": 3}\n')
+    assert resolve_target(best).model_dir == best and resolve_target(best).run_dir == tmp_path / "run"
     with pytest.raises(ModelError, match="no such run"):
         resolve_target(tmp_path / "missing")
     with pytest.raises(ModelError, match="not a run folder, checkpoint, model folder or export folder"):
