@@ -35,6 +35,7 @@ from tandem.algos.dapo import (
     zero_advantage_groups,
 )
 from tandem.algos.distill import topk_forward_kl
+from tandem.algos.entropy import AdaptiveEntropy
 from tandem.algos.imitation import success_mask, success_nll, success_tokens
 from tandem.algos.kl import KL_ESTIMATORS, AdaptiveKL, FixedKL, kl_penalty
 from tandem.algos.mismatch import logprob_mismatch
@@ -59,6 +60,7 @@ __all__ = [
     "KL_ESTIMATORS",
     "POLICY_LOSSES",
     "PREFERENCE_LOSSES",
+    "AdaptiveEntropy",
     "AdaptiveKL",
     "AdvantageInputs",
     "AdvantageSpec",

@@ -113,7 +113,23 @@ class AlgorithmConfig(Section):
         0.0, ge=0, description="KL coefficient to the reference policy (0 loads no reference model)."
     )
     kl: KLConfig = Field(default_factory=KLConfig, description="KL estimator and placement.")
-    entropy_coef: float = Field(0.0, description="Entropy bonus coefficient (subtracted from the loss).")
+    entropy_coef: float = Field(
+        0.0,
+        description="Entropy bonus coefficient (subtracted from the loss); with entropy_target its start.",
+    )
+    entropy_target: float | None = Field(
+        None,
+        gt=0,
+        description="Adaptive entropy bonus (Skywork-OR1): after every step the coefficient moves by "
+        "entropy_coef_step, up while the measured token entropy (actor/entropy) is below this target, down to "
+        "0 above it, capped at entropy_coef_max. null: a fixed entropy_coef.",
+    )
+    entropy_coef_step: float = Field(
+        1e-3, gt=0, description="Change of the adaptive entropy coefficient per step (with entropy_target)."
+    )
+    entropy_coef_max: float = Field(
+        0.05, gt=0, description="Largest adaptive entropy coefficient (with entropy_target)."
+    )
     sft_coef: float = Field(
         0.0,
         ge=0,

@@ -304,9 +304,32 @@ def _check_adaptive_group(cfg: CheckedConfig) -> None:
         )
 
 
+def _check_entropy_target(cfg: CheckedConfig) -> None:
+    """``algorithm.entropy_target``: the coefficient lives in the learner; its data-parallel ranks would
+    need it sent with every step (not done yet)."""
+    a = cfg.algorithm
+    if a.entropy_target is None:
+        return
+    if a.entropy_coef < 0:
+        raise CrossFieldError(
+            "algorithm.entropy_coef", f"the adaptive coefficient cannot start below 0 (got {a.entropy_coef})"
+        )
+    if a.entropy_coef > a.entropy_coef_max:
+        raise CrossFieldError(
+            "algorithm.entropy_coef",
+            f"the adaptive coefficient starts at entropy_coef={a.entropy_coef}, above "
+            f"entropy_coef_max={a.entropy_coef_max}",
+        )
+    if max(cfg.trainer.world_size, cfg.architecture.learner.world_size) > 1:
+        raise CrossFieldError(
+            "algorithm.entropy_target", "the adaptive entropy coefficient needs a single-process learner"
+        )
+
+
 def check_config(cfg: CheckedConfig) -> None:
     """Cross-field checks, each naming the key to change."""
     _check_algorithm(cfg)
+    _check_entropy_target(cfg)
     _check_adaptive_group(cfg)
     _check_architecture(cfg)
     if cfg.checkpoint.best_metric and cfg.data.eval_size == 0:

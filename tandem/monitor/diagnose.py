@@ -144,7 +144,8 @@ def _causes(
             Finding(
                 "entropy_collapse",
                 f"policy entropy fell {h0:.3f} -> {h1:.3f}: the samples stopped exploring",
-                "a lower trainer.lr, algorithm.entropy_coef, or clip-higher (algorithm.loss_options.clip_high)",
+                "a lower trainer.lr, an adaptive entropy bonus (algorithm.entropy_target), or clip-higher "
+                "(algorithm.loss_options.clip_high)",
             )
         )
     if (

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from tandem.algos import AdaptiveKL, FixedKL
+from tandem.algos import AdaptiveEntropy, AdaptiveKL, FixedKL
 from tandem.config.schema import TandemConfig
 from tandem.monitor import PhaseTimer
 from tandem.train.critic import CriticSettings, critic_update, shared_value
@@ -40,7 +40,8 @@ class LearnerStep:
     (``shared_value`` set) the critic is a value head on the policy: its loss joins the policy's backward
     and optimiser step, and during warm-up only the head learns (``critic_update`` with the policy
     optimiser, whose policy groups get no gradient). ``kl_ctl`` holds β and, when adaptive, moves it
-    after each step from the measured KL to the reference."""
+    after each step from the measured KL to the reference; ``entropy_ctl`` (``algorithm.entropy_target``)
+    holds the entropy coefficient and moves it after each step from the measured entropy."""
 
     policy: torch.nn.Module
     ref_model: torch.nn.Module | None
@@ -55,6 +56,7 @@ class LearnerStep:
     critic_optimizer: torch.optim.Optimizer | None = None
     critic_settings: CriticSettings | None = None
     kl_ctl: FixedKL | AdaptiveKL | None = None
+    entropy_ctl: AdaptiveEntropy | None = None
     steps_done: int = 0  # learner steps taken (critic warm-up counts these)
     dp: DataParallel | None = None  # this process's rank in a data-parallel learner
     shared_value: SharedValue | None = None  # critic.shared_backbone: the head trains in the policy update
@@ -125,6 +127,11 @@ class LearnerStep:
                 else None
             ),
             teacher=teacher,
+            entropy_ctl=(
+                AdaptiveEntropy(a.entropy_coef, a.entropy_target, a.entropy_coef_step, a.entropy_coef_max)
+                if (a := cfg.algorithm).entropy_target is not None
+                else None
+            ),
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -133,7 +140,11 @@ class LearnerStep:
         state is written as shards, :meth:`shard_writer`)."""
         if self.dp is not None and self.dp.rank == 0:
             self.dp.before_checkpoint(self.optimizer, self.scheduler)
-        return {"kl_coef": None if self.kl_ctl is None else self.kl_ctl.value, "steps_done": self.steps_done}
+        return {
+            "kl_coef": None if self.kl_ctl is None else self.kl_ctl.value,
+            "entropy_coef": None if self.entropy_ctl is None else self.entropy_ctl.value,
+            "steps_done": self.steps_done,
+        }
 
     def shard_writer(self) -> Callable[[Path], None] | None:
         """Rank 0 of a learner whose ranks shard the optimiser state (FSDP2): what writes it into a run
@@ -163,6 +174,8 @@ class LearnerStep:
         self.steps_done = int(state.get("steps_done", 0))
         if self.kl_ctl is not None and state.get("kl_coef") is not None:
             self.kl_ctl.value = float(state["kl_coef"])
+        if self.entropy_ctl is not None and state.get("entropy_coef") is not None:
+            self.entropy_ctl.value = float(state["entropy_coef"])
 
     @property
     def in_critic_warmup(self) -> bool:
@@ -173,6 +186,8 @@ class LearnerStep:
     def __call__(self, batch: RolloutBatch, scores: torch.Tensor) -> dict[str, float]:
         """One update on ``batch`` with sequence rewards ``scores`` ``[B]``; returns ``actor/*`` metrics."""
         s, dp = self.update_settings, self.dp
+        if self.entropy_ctl is not None:  # this step's coefficient (the config checks: no dp ranks)
+            s = replace(s, entropy_coef=self.entropy_ctl.value)
         beta = None if self.kl_ctl is None else self.kl_ctl.value
         if dp is not None and dp.rank == 0:
             dp.send_step(StepInputs(batch, scores, beta, self.generator.get_state()))
@@ -231,6 +246,10 @@ class LearnerStep:
             metrics["actor/kl_coef"] = self.kl_ctl.value  # the β this step used
             if "actor/kl_ref" in metrics:
                 self.kl_ctl.update(metrics["actor/kl_ref"], batch.batch_size)
+        if self.entropy_ctl is not None:
+            metrics["actor/entropy_coef"] = self.entropy_ctl.value  # the coefficient this step used
+            if "actor/entropy" in metrics and not self.in_critic_warmup:
+                self.entropy_ctl.update(metrics["actor/entropy"])
         tokens = int(batch.prompt_mask.sum() + batch.response_mask.sum())
         metrics["perf/train_tokens_per_s"] = tokens / max(1e-9, self.timer.metrics()["timing/update"])
         metrics["actor/kl"] = metrics.get("actor/kl_ref", metrics.get("actor/approx_kl", 0.0))

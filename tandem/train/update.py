@@ -112,6 +112,7 @@ class UpdateSettings:
             and POLICY_LOSSES.get(algo.policy_loss).inert_at_zero_advantage
             and not (algo.beta > 0 and algo.kl.where == "loss")
             and algo.entropy_coef == 0
+            and algo.entropy_target is None
             and algo.sft_coef == 0,
         )
 
