@@ -305,8 +305,7 @@ def _check_adaptive_group(cfg: CheckedConfig) -> None:
 
 
 def _check_entropy_target(cfg: CheckedConfig) -> None:
-    """``algorithm.entropy_target``: the coefficient lives in the learner; its data-parallel ranks would
-    need it sent with every step (not done yet)."""
+    """``algorithm.entropy_target``: the adaptive coefficient starts within its bounds."""
     a = cfg.algorithm
     if a.entropy_target is None:
         return
@@ -319,10 +318,6 @@ def _check_entropy_target(cfg: CheckedConfig) -> None:
             "algorithm.entropy_coef",
             f"the adaptive coefficient starts at entropy_coef={a.entropy_coef}, above "
             f"entropy_coef_max={a.entropy_coef_max}",
-        )
-    if max(cfg.trainer.world_size, cfg.architecture.learner.world_size) > 1:
-        raise CrossFieldError(
-            "algorithm.entropy_target", "the adaptive entropy coefficient needs a single-process learner"
         )
 
 

@@ -367,4 +367,6 @@ def _serve(spec: RankSpec) -> None:
         learn.generator.set_state(inputs.generator_state)
         if learn.kl_ctl is not None and inputs.beta is not None:
             learn.kl_ctl.value = inputs.beta
+        if learn.entropy_ctl is not None and inputs.entropy_coef is not None:
+            learn.entropy_ctl.value = inputs.entropy_coef
         learn(inputs.batch, inputs.scores)

@@ -186,11 +186,12 @@ class LearnerStep:
     def __call__(self, batch: RolloutBatch, scores: torch.Tensor) -> dict[str, float]:
         """One update on ``batch`` with sequence rewards ``scores`` ``[B]``; returns ``actor/*`` metrics."""
         s, dp = self.update_settings, self.dp
-        if self.entropy_ctl is not None:  # this step's coefficient (the config checks: no dp ranks)
-            s = replace(s, entropy_coef=self.entropy_ctl.value)
+        entropy_coef = None if self.entropy_ctl is None else self.entropy_ctl.value
+        if entropy_coef is not None:  # this step's coefficient (rank 0's, sent to the other ranks)
+            s = replace(s, entropy_coef=entropy_coef)
         beta = None if self.kl_ctl is None else self.kl_ctl.value
         if dp is not None and dp.rank == 0:
-            dp.send_step(StepInputs(batch, scores, beta, self.generator.get_state()))
+            dp.send_step(StepInputs(batch, scores, beta, self.generator.get_state(), entropy_coef))
         with self.timer.phase("logprob"):
             exp, metrics = make_experience(
                 batch,

@@ -89,6 +89,7 @@ class StepInputs:
     scores: torch.Tensor  # [B] float32
     beta: float | None  # the KL coefficient this step uses (adaptive controllers move it)
     generator_state: torch.Tensor  # uint8, rank 0's shuffling generator before the step
+    entropy_coef: float | None = None  # algorithm.entropy_target: the coefficient this step uses
 
 
 class DataParallel:
@@ -189,7 +190,7 @@ class DataParallel:
 
     # -- step inputs ---------------------------------------------------------------------------------------
     def send_step(self, inputs: StepInputs) -> None:
-        """Rank 0: broadcast one step's batch, scores, β and generator state."""
+        """Rank 0: broadcast one step's batch, scores, β, entropy coefficient and generator state."""
         tensors = {name: getattr(inputs.batch, name) for name in ROLLOUT_TENSORS}
         tensors.update(
             {
@@ -202,6 +203,7 @@ class DataParallel:
         header = {
             "cmd": "step",
             "beta": inputs.beta,
+            "entropy_coef": inputs.entropy_coef,
             "generator": inputs.generator_state.tolist(),
             "meta": [(k, tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in tensors.items()],
         }
@@ -235,7 +237,7 @@ class DataParallel:
             finish_reasons=[],
         )
         gen = torch.tensor(header["generator"], dtype=torch.uint8)
-        return StepInputs(batch, t["scores"], header["beta"], gen)
+        return StepInputs(batch, t["scores"], header["beta"], gen, header.get("entropy_coef"))
 
     # -- strategy seams (FSDP2 overrides them: tandem.train.fsdp) -----------------------------------------
     def update_target(

@@ -64,6 +64,24 @@ def test_two_rank_learner_trains_in_sync_and_cleans_up(tiny_model_dir, tmp_path)
         assert rows[0][key] == pytest.approx(first[key], rel=1e-5, abs=1e-7), key
 
 
+def test_two_rank_learner_uses_rank_0s_adaptive_entropy_coefficient(tiny_model_dir, tmp_path):
+    """``algorithm.entropy_target``: rank 0 sends each step's coefficient with the batch. The averaged
+    gradient keeps the replicas equal whatever each rank used, so the check is against a one-rank learner:
+    step 1 (coefficient 0.03, the same batch) has its loss and gradient norm."""
+    torch.set_num_threads(1)
+    algo = {"name": "grpo", "entropy_target": 100.0, "entropy_coef": 0.03, "entropy_coef_step": 0.02}
+    two = train_decoupled(_cfg(tiny_model_dir, tmp_path / "two", 2, algorithm=algo), progress=False)
+    rows = step_rows(two.run_dir)
+    assert [r["actor/entropy_coef"] for r in rows] == pytest.approx([0.03, 0.05])
+    one = train_decoupled(
+        _cfg(tiny_model_dir, tmp_path / "one", 1, algorithm=algo, trainer={"total_steps": 1}), progress=False
+    )
+    first = step_rows(one.run_dir)[0]
+    assert rows[0]["reward/mean"] == first["reward/mean"]
+    for key in ("actor/loss", "actor/grad_norm"):
+        assert rows[0][key] == pytest.approx(first[key], rel=1e-5, abs=1e-7), key
+
+
 CRITIC_KEYS = ("critic/vf_loss", "critic/vf_clipfrac", "critic/values_mean", "critic/explained_var")
 
 

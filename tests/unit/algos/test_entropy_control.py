@@ -97,7 +97,3 @@ def test_config_errors_name_the_key(tiny_model_dir, tmp_path):
     for algo, match in cases:
         with pytest.raises(ConfigError, match=match):
             _cfg(tiny_model_dir, tmp_path, **algo)
-    data = _cfg(tiny_model_dir, tmp_path, entropy_target=0.3).model_dump(mode="json")
-    data["trainer"]["world_size"] = 2
-    with pytest.raises(ConfigError, match=r"algorithm\.entropy_target.*single-process learner"):
-        build_config(data)
