@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Annotated
@@ -17,6 +18,7 @@ from tandem.cli.engines import (
     check_engine,
     engine_options,
 )
+from tandem.data.outputs import BEST_RECORD
 from tandem.errors import ConfigError
 
 
@@ -59,6 +61,24 @@ def _keys(api_key: list[str] | None, admin_key: str | None) -> tuple[list[str], 
     if admin_key is not None:
         check_key(admin_key, "--admin-key")
     return list(api_key or []) + env_keys, admin_key or os.environ.get("TANDEM_ADMIN_KEY", "").strip() or None
+
+
+def best_model_note(model: str) -> str | None:
+    """A line for a run folder served at its latest checkpoint while it also kept a ``best/`` model
+    (``checkpoint.best_metric``): which one is served and how to serve the other."""
+    run = Path(model)
+    record = run / "best" / BEST_RECORD
+    if not (run / "checkpoints").is_dir() or not record.is_file():
+        return None
+    try:
+        best = json.loads(record.read_text(encoding="utf-8"))
+        what = f"{best['metric']} {float(best['value']):.4g} at step {int(best['step'])}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return (
+        f"note: serving the run's latest checkpoint; its best evaluation ({escape(what)}) is kept in "
+        f"{escape(str(run / 'best'))} — pass that folder to serve it"
+    )
 
 
 @app.command()
@@ -156,6 +176,8 @@ def serve(
     )
     check_bind(host, bool(keys))
     check_tls(ssl_certfile, ssl_keyfile)
+    if note := best_model_note(model):
+        out.print(note)
     if workers > 1:
         from tandem.serve.server import run_replicas
 
