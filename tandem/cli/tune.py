@@ -12,10 +12,12 @@ import typer
 from tandem.cli.app import Overrides, app, out, user_errors
 from tandem.errors import ConfigError
 
-# The default search space: the learning rate around the quickstart's, and the prompt curriculum.
+# The default search space: the learning rate around the quickstart's, and adaptive group size (the
+# mechanism that won every paired seed on partly trained outside models; docs/learning.md). A default
+# dimension the config cannot take (e.g. adaptive group size with a critic) is left out.
 DEFAULT_SPACE = {
     "trainer.lr": ["2.0e-4", "6.0e-4", "2.0e-3"],
-    "data.curriculum.kind": ["uniform", "frontier"],
+    "algorithm.adaptive_group.enabled": ["false", "true"],
 }
 
 
@@ -35,6 +37,19 @@ def parse_space(items: list[str] | None) -> dict[str, list[str]]:
     return space
 
 
+def _unusable(config: Path, base: list[str], key: str, values: list[str]) -> str | None:
+    """Why the config cannot take one of a default dimension's values (the first error), else None."""
+    from tandem.config import load_config
+
+    for value in values:
+        try:
+            load_config(config, [*base, f"{key}={value}"])
+        except ConfigError as exc:
+            msg = str(exc).splitlines()[0]
+            return msg[msg.find(key) :] if key in msg else msg
+    return None
+
+
 @app.command()
 @user_errors
 def tune(
@@ -46,7 +61,7 @@ def tune(
     space: Annotated[
         list[str] | None,
         typer.Option(
-            help="KEY=V1,V2,... (repeatable); default: trainer.lr x data.curriculum.kind (colocated)."
+            help="KEY=V1,V2,... (repeatable); default: trainer.lr x algorithm.adaptive_group.enabled."
         ),
     ] = None,
     eta: Annotated[int, typer.Option(help="Keep 1/eta of the candidates per rung; steps grow eta-fold.")] = 2,
@@ -73,8 +88,12 @@ def tune(
             "tuning needs a held-out set", where="data.eval_size", hint="set data.eval_size > 0"
         )
     grid_space = parse_space(space)
-    if not space and cfg.architecture.mode == "decoupled":  # a curriculum needs the colocated trainer
-        grid_space.pop("data.curriculum.kind")
+    if not space:
+        for key, values in list(grid_space.items()):
+            why = _unusable(config, base, key, values)
+            if why:
+                grid_space.pop(key)
+                out.print(f"default space: leaving out {key} ({why})")
     candidates = grid(grid_space)
     for cand in candidates:  # every candidate must be a valid config before anything trains
         load_config(config, [*base, *cand])

@@ -1,6 +1,7 @@
 """``tandem tune``: a short hyper-parameter search by successive halving on the held-out metric.
 
-Candidates are points of a small grid of dotted overrides (e.g. ``trainer.lr`` × ``data.curriculum.kind``).
+Candidates are points of a small grid of dotted overrides (e.g. ``trainer.lr`` ×
+``algorithm.adaptive_group.enabled``).
 Rung 0 trains every candidate for a few steps; each later rung keeps the best ``1/eta`` of the previous
 one (ranked by the held-out metric, ``eval/accuracy`` by default, at the end of its run) and trains it for
 ``eta`` times more steps; the last rung trains one candidate for the config's ``trainer.total_steps`` (or

@@ -50,10 +50,14 @@ def test_tune_bad_space_and_small_budget_are_one_line(tiny_model_dir, tmp_path) 
     small = CliRunner().invoke(app, ["tune", str(cfg), "--budget", "1", "--out", str(tmp_path / "b")])
     assert small.exit_code == 2 and "too small for 6 candidates" in small.output
     decoupled = [str(cfg), "architecture.mode=decoupled", "--budget", "1", "--out", str(tmp_path / "d")]
-    dec = CliRunner().invoke(app, ["tune", *decoupled])  # the default space drops the curriculum there
-    assert dec.exit_code == 2 and "too small for 3 candidates" in dec.output
+    dec = CliRunner().invoke(app, ["tune", *decoupled])  # adaptive group size runs decoupled too
+    assert dec.exit_code == 2 and "too small for 6 candidates" in dec.output
+    dyn = [str(cfg), "algorithm.dynamic_sampling=true", "--budget", "1", "--out", str(tmp_path / "e")]
+    left = CliRunner().invoke(app, ["tune", *dyn])  # a default dimension the config cannot take is left out
+    assert left.exit_code == 2 and "too small for 3 candidates" in left.output
+    assert "leaving out algorithm.adaptive_group.enabled" in left.output and "dynamic_sampling" in left.output
     key = CliRunner().invoke(
         app, ["tune", str(cfg), "--space", "trainer.lrr=1", "--out", str(tmp_path / "c")]
     )
     assert key.exit_code == 2 and "trainer.lrr" in key.output
-    assert not any((tmp_path / d).exists() for d in "abcd")
+    assert not any((tmp_path / d).exists() for d in "abcde")
