@@ -99,8 +99,9 @@ class TrainerConfig(Section):
         description="Leave groups whose advantages are all exactly 0 (GRPO/RLOO: all-equal rewards) out of "
         "the update's forward and backward when they cannot change it: a policy loss that is a multiple of "
         "the advantage, no KL term in the loss, entropy_coef 0 and no entropy_target, sft_coef 0, a "
-        "single-process learner without a shared value head. Same gradient (normalisers still count every row), less compute; "
-        "actor/* metrics then describe the rows trained on (actor/trained_frac). Off: every row runs.",
+        "single-process learner without a shared value head. Same gradient (normalisers still count every "
+        "row), less compute; actor/* metrics then describe the rows trained on (actor/trained_frac). Off: "
+        "every row runs.",
     )
     shared_prefix: bool = Field(
         True,
