@@ -30,6 +30,10 @@ variant gets its own table row (``warm start (LABEL)``) against the same TRL swe
 only the TRL sweep (e.g. in another ``--out`` beside the Tandem runs; concatenate the ``results.jsonl``
 files and use ``--table-only`` to compare them).
 
+Each result records when its run finished; the table is followed by a note for any row whose Tandem and
+TRL runs finished more than an hour apart (the same deterministic run took 1.3-1.4x the wall a few hours
+later on one machine, so such a ratio may measure the machine's drift, not the systems).
+
 Missing warm starts are built first under ``--warm`` (``warm_starts.build``, ≈ 20 min each on a loaded
 2-core machine). Every finished run is appended to ``OUT/results.jsonl``; a rerun skips runs already
 there (same warm start, system, lr, seed, steps and evaluation interval).
@@ -266,6 +270,7 @@ def spawn(
             res.update(variant=variant, overrides=list(overrides))
             res.update(load_before=load_before, load_after=os.getloadavg())
             res["process_s"] = time.perf_counter() - t0
+            res["finished"] = time.time()  # report() warns when compared runs finished far apart
             return res
     raise SystemExit(f"{system} run on {start} failed (exit {proc.returncode}); see {log}")
 
@@ -276,7 +281,7 @@ def to_run(r: dict[str, Any]) -> Any:
 
 
 def report(results: list[dict[str, Any]], max_steps: int) -> None:
-    rows = []
+    rows, notes = [], []
     for start in dict.fromkeys(r["start"] for r in results):
         for seed in dict.fromkeys(r["seed"] for r in results if r["start"] == start):
             mine = [r for r in results if r["start"] == start and r["seed"] == seed]
@@ -287,10 +292,18 @@ def report(results: list[dict[str, Any]], max_steps: int) -> None:
                 label = start if variant == DEFAULT else f"{start} ({variant})"
                 if trl:
                     rows.append(table.compare(label, runs[-1], trl, max_steps))
+                    last = [r for r in tandem if r.get("variant", DEFAULT) == variant][-1]
+                    times = {f"{label} seed {seed} Tandem": last.get("finished")}
+                    times |= {f"TRL lr {r['lr']:g}": r.get("finished") for r in mine if r["system"] == "trl"}
+                    note = table.far_apart(times)
+                    if note:
+                        notes.append(note)
     loads = [x for r in results for x in (r["load_before"][0], r["load_after"][0])]
     if loads:
         print(f"load average (1 min) at the start/end of the runs: {min(loads):.1f}–{max(loads):.1f}")
     print(table.format_table(rows))
+    for note in notes:
+        print(f"note: {note}")
 
 
 def parent(args: argparse.Namespace) -> None:

@@ -127,6 +127,25 @@ def compare(start: str, tandem: Run, trl: list[Run], max_steps: int = 300) -> Ro
     )
 
 
+INTERLEAVE_S = 3600.0  # runs finished further apart than this are not comparable in wall time
+
+
+def far_apart(finished: dict[str, float | None], limit_s: float = INTERLEAVE_S) -> str | None:
+    """A one-line warning when the runs a row divides finished more than ``limit_s`` apart (``finished``:
+    run label -> Unix time it finished, ``None`` for results recorded before the bench kept it). The same
+    deterministic run took 1.3-1.4x the wall a few hours later on one machine (docs/benchmarks.md), so a
+    time ratio is only as good as the interleaving of its two runs. ``None`` when all are within the
+    limit or fewer than two times are known."""
+    known = {k: t for k, t in finished.items() if t is not None}
+    if len(known) < 2:
+        return None
+    first, last = min(known, key=known.__getitem__), max(known, key=known.__getitem__)
+    gap = known[last] - known[first]
+    if gap <= limit_s:
+        return None
+    return f"{first} and {last} finished {gap / 3600:.1f} h apart: their wall ratio may reflect the machine's drift"
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.1f} %"
 

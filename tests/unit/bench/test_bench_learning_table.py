@@ -110,3 +110,12 @@ def test_format_table_has_one_column_per_trl_lr_and_one_row_per_start():
     flat = run("tandem", 6e-4, [(0, 0.15, 0), (20, 0.10, 20)])
     row = lt.compare("sub2", flat, [run("trl", 2e-4, [(0, 0.15, 0), (20, 0.2, 90)])])
     assert row.ratio == 0 and "- (Tandem best at step 0)" in lt.format_table([row])
+
+
+def test_far_apart_warns_only_when_two_known_finish_times_are_over_the_limit():
+    assert lt.far_apart({"Tandem": 1000.0, "TRL lr 0.0006": 1000.0 + 3600}) is None
+    # a result recorded before the bench kept finish times
+    assert lt.far_apart({"Tandem": 1000.0, "TRL lr 0.0006": None}) is None
+    note = lt.far_apart({"Tandem": 1000.0 + 3 * 3600, "TRL lr 0.0002": 1000.0, "TRL lr 0.0006": 2000.0})
+    assert note is not None
+    assert note.startswith("TRL lr 0.0002 and Tandem finished 3.0 h apart")
