@@ -285,16 +285,15 @@ def report(results: list[dict[str, Any]], max_steps: int) -> None:
     for start in dict.fromkeys(r["start"] for r in results):
         for seed in dict.fromkeys(r["seed"] for r in results if r["start"] == start):
             mine = [r for r in results if r["start"] == start and r["seed"] == seed]
-            trl = [to_run(r) for r in mine if r["system"] == "trl"]
+            trl = [r for r in mine if r["system"] == "trl"]
             tandem = [r for r in mine if r["system"] == "tandem"]
             for variant in dict.fromkeys(r.get("variant", DEFAULT) for r in tandem):
-                runs = [to_run(r) for r in tandem if r.get("variant", DEFAULT) == variant]
+                last = [r for r in tandem if r.get("variant", DEFAULT) == variant][-1]
                 label = start if variant == DEFAULT else f"{start} ({variant})"
                 if trl:
-                    rows.append(table.compare(label, runs[-1], trl, max_steps))
-                    last = [r for r in tandem if r.get("variant", DEFAULT) == variant][-1]
+                    rows.append(table.compare(label, to_run(last), [to_run(r) for r in trl], max_steps))
                     times = {f"{label} seed {seed} Tandem": last.get("finished")}
-                    times |= {f"TRL lr {r['lr']:g}": r.get("finished") for r in mine if r["system"] == "trl"}
+                    times |= {f"TRL lr {r['lr']:g}": r.get("finished") for r in trl}
                     note = table.far_apart(times)
                     if note:
                         notes.append(note)
