@@ -89,6 +89,29 @@ def test_cispo_clips_weight_but_keeps_gradient() -> None:
     assert m["clipfrac_high"] == pytest.approx(0.5)
 
 
+@pytest.mark.parametrize(
+    ("name", "reference", "aggregation"),
+    [("gspo", "ppo_clip", "seq-mean-token-mean"), ("cispo", "ppo_clip", "token-mean")],
+)
+def test_on_policy_gradient_equals_ppo_clip(name: str, reference: str, aggregation: str) -> None:
+    """With one optimiser step per batch the ratio is exactly 1 (``old = logprobs``): GSPO's sequence
+    ratio and CISPO's stop-gradient weight give the plain policy gradient, as PPO-clip does. Their
+    differences are off-policy only (docs/learning.md, "Which algorithm for an outside model")."""
+    gen = torch.Generator().manual_seed(0)
+    values = torch.randn(4, 5, generator=gen) - 2.0
+    mask = torch.ones(4, 5, dtype=torch.bool)
+    mask[1, 3:] = mask[2, 1:] = False
+    adv = torch.randn(4, 1, generator=gen).expand(4, 5)
+    grads = []
+    for loss_name in (name, reference):
+        lp = _lp(values.tolist())
+        loss, _ = _call(loss_name, lp, lp.detach(), adv, mask=mask, aggregation=aggregation)
+        loss.backward()
+        grads.append(lp.grad)
+    torch.testing.assert_close(grads[0], grads[1])
+    assert grads[0].abs().sum() > 0
+
+
 def test_topr_tapers_only_negative_samples() -> None:
     # seq 0: A>0, far off-policy -> weight 1. seq 1: A<0, pi/mu = e^{-1} -> weight e^{-1}.
     # seq 2: A<0, pi/mu = e^{+1} -> weight clipped to 1.
