@@ -23,6 +23,7 @@ loading and evaluations excluded, for both). The table and the targets are compu
     .venv/bin/python bench/learning.py --warm /tmp/warm --out /tmp/learning \\
         [--starts add2 sub2 countdown add3] [--steps 300] [--every 20] [--lrs 2e-4 6e-4 2e-3] [--seeds 0]
     .venv/bin/python bench/learning.py --out /tmp/learning --table-only   # the table of results.jsonl
+    .venv/bin/python bench/learning.py --out /tmp/learning --plot fig.png # its curves, per step and second
 
 ``--variant LABEL=key=value[,key=value...]`` (repeatable) also runs Tandem's recipe with those dotted
 overrides (e.g. ``--variant frontier=data.curriculum.kind=frontier``), interleaved with the others; each
@@ -275,11 +276,6 @@ def spawn(
     raise SystemExit(f"{system} run on {start} failed (exit {proc.returncode}); see {log}")
 
 
-def to_run(r: dict[str, Any]) -> Any:
-    evals = tuple(table.Eval(int(e["step"]), e["acc"], e["wall"], e["cpu"]) for e in r["evals"])
-    return table.Run(r["system"], r["lr"], r["seed"], evals)
-
-
 def report(results: list[dict[str, Any]], max_steps: int) -> None:
     rows, notes = [], []
     for start in dict.fromkeys(r["start"] for r in results):
@@ -291,7 +287,14 @@ def report(results: list[dict[str, Any]], max_steps: int) -> None:
                 last = [r for r in tandem if r.get("variant", DEFAULT) == variant][-1]
                 label = start if variant == DEFAULT else f"{start} ({variant})"
                 if trl:
-                    rows.append(table.compare(label, to_run(last), [to_run(r) for r in trl], max_steps))
+                    rows.append(
+                        table.compare(
+                            label,
+                            table.run_from_result(last),
+                            [table.run_from_result(r) for r in trl],
+                            max_steps,
+                        )
+                    )
                     times = {f"{label} seed {seed} Tandem": last.get("finished")}
                     times |= {f"TRL lr {r['lr']:g}": r.get("finished") for r in trl}
                     note = table.far_apart(times)
@@ -310,8 +313,12 @@ def parent(args: argparse.Namespace) -> None:
     (args.out / "logs").mkdir(exist_ok=True)
     path = args.out / "results.jsonl"
     done = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
-    if args.table_only:
-        report(done, args.max_steps)
+    if args.table_only or args.plot:
+        if args.table_only:
+            report(done, args.max_steps)
+        if args.plot:
+            _sibling("learning_plot").plot(done, args.plot, args.max_steps)
+            print(f"figure: {args.plot}")
         return
     for name in args.starts:
         warm_starts.build(warm_starts.WARM_STARTS[name], args.warm, rebuild=False)
@@ -363,6 +370,9 @@ def main() -> None:
     )
     ap.add_argument("--no-tandem", action="store_true", help="Run only TRL (e.g. its sweep in another OUT).")
     ap.add_argument("--table-only", action="store_true", help="Print the table of OUT/results.jsonl.")
+    ap.add_argument(
+        "--plot", type=Path, help="Only draw OUT/results.jsonl to this PNG (bench/learning_plot.py)."
+    )
     ap.add_argument("--override", action="append", default=[], help=argparse.SUPPRESS)
     ap.add_argument("--child", choices=("tandem", "trl"), help=argparse.SUPPRESS)
     ap.add_argument("--start", help=argparse.SUPPRESS)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 ACC_CAP = 0.60  # the issue's absolute target
 ACC_GAIN = 0.25  # ... or start + 25 points, whichever is lower
@@ -125,6 +126,47 @@ def compare(start: str, tandem: Run, trl: list[Run], max_steps: int = 300) -> Ro
         acc_met=hit is not None,
         time_met=hit is not None and _ratio(mine.wall, theirs.wall) <= TIME_FRACTION + 1e-12,
     )
+
+
+def run_from_result(r: dict[str, Any]) -> Run:
+    """A :class:`Run` from one line of ``bench/learning.py``'s ``results.jsonl``."""
+    evals = tuple(Eval(int(e["step"]), e["acc"], e["wall"], e["cpu"]) for e in r["evals"])
+    return Run(r["system"], r["lr"], r["seed"], evals)
+
+
+def best_lr(runs: list[Run], max_steps: int | None = None) -> float:
+    """The learning rate of a sweep over seeds: the one whose runs have the highest mean best accuracy
+    (ties: the lower mean wall time to the best). The table picks per seed; plots pick once per warm start."""
+    by_lr: dict[float, list[Eval]] = {}
+    for r in runs:
+        by_lr.setdefault(r.lr, []).append(best_eval(r.evals, max_steps))
+    if not by_lr:
+        raise ValueError("no run to choose a learning rate from")
+
+    def key(lr: float) -> tuple[float, float]:
+        bests = by_lr[lr]
+        return (sum(e.acc for e in bests) / len(bests), -sum(e.wall for e in bests) / len(bests))
+
+    return max(by_lr, key=key)
+
+
+def mean_curve(runs: list[Run]) -> list[Eval]:
+    """The seeds' mean curve: accuracy, wall and CPU seconds averaged over ``runs`` at every step all of
+    them evaluated (runs of different lengths or intervals share only those steps)."""
+    if not runs:
+        raise ValueError("no run to average")
+    points = [{e.step: e for e in r.evals} for r in runs]
+    steps = sorted(set.intersection(*(set(p) for p in points)))
+    n = len(runs)
+    return [
+        Eval(
+            s,
+            sum(p[s].acc for p in points) / n,
+            sum(p[s].wall for p in points) / n,
+            sum(p[s].cpu for p in points) / n,
+        )
+        for s in steps
+    ]
 
 
 INTERLEAVE_S = 3600.0  # runs finished further apart than this are not comparable in wall time

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
+from bench_modules import load
 
-_PATH = Path(__file__).resolve().parents[3] / "bench" / "learning_table.py"
-_spec = importlib.util.spec_from_file_location("learning_table", _PATH)
-lt = importlib.util.module_from_spec(_spec)
-sys.modules["learning_table"] = lt  # dataclasses look their module up there
-_spec.loader.exec_module(lt)
+lt = load("learning_table")
 Eval, Run = lt.Eval, lt.Run
 
 
@@ -119,3 +113,38 @@ def test_far_apart_warns_only_when_two_known_finish_times_are_over_the_limit():
     note = lt.far_apart({"Tandem": 1000.0 + 3 * 3600, "TRL lr 0.0002": 1000.0, "TRL lr 0.0006": 2000.0})
     assert note is not None
     assert note.startswith("TRL lr 0.0002 and Tandem finished 3.0 h apart")
+
+
+def test_run_from_result_reads_a_results_line():
+    line = {
+        "system": "trl",
+        "lr": 6e-4,
+        "seed": 2,
+        "evals": [{"step": 0, "acc": 0.3, "wall": 0.0, "cpu": 0.0}],
+    }
+    assert lt.run_from_result(line) == Run("trl", 6e-4, 2, (Eval(0, 0.3, 0.0, 0.0),))
+
+
+def test_best_lr_takes_the_highest_mean_best_over_seeds_and_ties_go_to_the_faster():
+    runs = [
+        run("trl", 2e-4, [(0, 0.3, 0), (100, 0.70, 50)]),  # one lucky seed ...
+        run("trl", 2e-4, [(0, 0.3, 0), (100, 0.40, 50)]),  # ... and one bad: mean 0.55
+        run("trl", 6e-4, [(0, 0.3, 0), (100, 0.60, 50)]),
+        run("trl", 6e-4, [(0, 0.3, 0), (100, 0.60, 50)]),  # mean 0.60
+        run("trl", 2e-3, [(0, 0.3, 0), (50, 0.60, 20)]),  # mean 0.60, reached sooner
+    ]
+    assert lt.best_lr(runs) == 2e-3
+    assert lt.best_lr(runs[:4]) == 6e-4
+    with pytest.raises(ValueError):
+        lt.best_lr([])
+
+
+def test_mean_curve_averages_the_seeds_at_the_steps_all_of_them_evaluated():
+    a = run("tandem", 0.0, [(0, 0.2, 0), (25, 0.4, 10), (50, 0.6, 20)], cpu=2.0)
+    b = run("tandem", 0.0, [(0, 0.2, 0), (50, 0.8, 30)], cpu=2.0)
+    mean = lt.mean_curve([a, b])
+    assert [e.step for e in mean] == [0, 50]
+    assert mean[1].acc == pytest.approx(0.7)
+    assert (mean[1].wall, mean[1].cpu) == (pytest.approx(25.0), pytest.approx(50.0))
+    with pytest.raises(ValueError):
+        lt.mean_curve([])

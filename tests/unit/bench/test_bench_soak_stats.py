@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from bench_modules import load
 
-_PATH = Path(__file__).resolve().parents[3] / "bench" / "soak_stats.py"
-_spec = importlib.util.spec_from_file_location("soak_stats", _PATH)
-soak_stats = importlib.util.module_from_spec(_spec)
-sys.modules["soak_stats"] = soak_stats  # dataclasses look their module up there
-_spec.loader.exec_module(soak_stats)
+soak_stats = load("soak_stats")
 Sample = soak_stats.Sample
 
 

@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from bench_modules import load
 
-_BENCH = Path(__file__).resolve().parents[3] / "bench"
-
-
-def _load(name: str):
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, _BENCH / f"{name}.py")
-        sys.modules[name] = importlib.util.module_from_spec(spec)  # dataclasses look their module up there
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-ws = _load("warm_starts")
+ws = load("warm_starts")
 
 
 def _fake_sft(calls: list[tuple[str, int, int]]):
@@ -81,7 +69,7 @@ def test_presets_and_files_of_a_mid_warm_start(tmp_path):
 
 
 def test_learning_variants_parse_and_reject_bad_specs():
-    lrn = _load("learning")
+    lrn = load("learning")
     v = lrn.parse_variants(["frontier=data.curriculum.kind=frontier,data.curriculum.replay=0"])
     assert v == {"default": (), "frontier": ("data.curriculum.kind=frontier", "data.curriculum.replay=0")}
     for bad in ("frontier", "=a=b", "default=trainer.lr=1"):
