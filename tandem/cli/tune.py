@@ -76,6 +76,7 @@ def tune(
     Every candidate trains a short run; the best 1/eta go on to eta-times longer runs, up to the config's
     trainer.total_steps. Example: tandem tune configs/quickstart.yaml --budget 600 --space trainer.lr=3e-4,1e-3
     """
+    from tandem.cli.progress import step_progress
     from tandem.config import load_config
     from tandem.config.loader import config_to_yaml
     from tandem.orchestration.runner import train as run_train
@@ -123,8 +124,15 @@ def tune(
         value = run_train(run_cfg).eval_after.get(metric)
         return None if value is None else float(value)
 
+    planned = sum(k * s for k, s in rungs)
+    done = {"steps": 0, "best": -math.inf}
+
     def record(trial: Trial, steps: int) -> None:
         value = trial.scores[steps]
+        done["steps"] += steps
+        if value is not None and not math.isnan(value):
+            done["best"] = max(done["best"], value)
+        on_step(done["steps"], {metric: done["best"]} if done["best"] > -math.inf else {})
         shown = "n/a" if value is None else f"{value:.4f}"
         out.print(f"  steps {steps:>5}  {metric} {shown}  {' '.join(trial.overrides)}")
         with log_path.open("a") as fh:
@@ -135,7 +143,9 @@ def tune(
                 + "\n"
             )
 
-    winner, _ = successive_halving(candidates, rungs, run, record)
+    # one bar over the whole sweep: training steps of the plan, ETA, the best metric so far
+    with step_progress(f"tune ({len(candidates)} candidates)", planned, key=metric) as on_step:
+        winner, _ = successive_halving(candidates, rungs, run, record)
     if winner.last() == -math.inf:
         raise ConfigError(
             f"no run reported {metric}", where="--metric", hint="check the config's held-out data"
