@@ -12,19 +12,21 @@ import typer
 from tandem.cli.app import Overrides, app, out, user_errors
 from tandem.errors import ConfigError
 
-# The default search space: the learning rate around the quickstart's, and adaptive group size (the
-# mechanism that won every paired seed on partly trained outside models; docs/learning.md). A default
+# The default search space: the learning rate at a third of, at, and at three times the config's own
+# (`trainer.lr`; a fixed grid would be far off for a model that trains at 1e-6), and adaptive group size
+# (the mechanism that won every paired seed on partly trained outside models; docs/learning.md). A default
 # dimension the config cannot take (e.g. adaptive group size with a critic) is left out.
-DEFAULT_SPACE = {
-    "trainer.lr": ["2.0e-4", "6.0e-4", "2.0e-3"],
-    "algorithm.adaptive_group.enabled": ["false", "true"],
-}
+LR_FACTORS = (1 / 3, 1.0, 3.0)
+DEFAULT_SPACE = {"algorithm.adaptive_group.enabled": ["false", "true"]}
 
 
-def parse_space(items: list[str] | None) -> dict[str, list[str]]:
+def default_space(lr: float) -> dict[str, list[str]]:
+    """The default grid for a config whose ``trainer.lr`` is ``lr``."""
+    return {"trainer.lr": [f"{lr * f:.2e}" for f in LR_FACTORS], **DEFAULT_SPACE}
+
+
+def parse_space(items: list[str]) -> dict[str, list[str]]:
     """``["trainer.lr=1e-4,3e-4"]`` -> ``{"trainer.lr": ["1e-4", "3e-4"]}``; one line naming a bad item."""
-    if not items:
-        return dict(DEFAULT_SPACE)
     space: dict[str, list[str]] = {}
     for item in items:
         key, sep, values = item.partition("=")
@@ -61,7 +63,8 @@ def tune(
     space: Annotated[
         list[str] | None,
         typer.Option(
-            help="KEY=V1,V2,... (repeatable); default: trainer.lr x algorithm.adaptive_group.enabled."
+            help="KEY=V1,V2,... (repeatable); default: trainer.lr at 1/3, 1 and 3 times the config's x "
+            "algorithm.adaptive_group.enabled."
         ),
     ] = None,
     eta: Annotated[int, typer.Option(help="Keep 1/eta of the candidates per rung; steps grow eta-fold.")] = 2,
@@ -88,7 +91,7 @@ def tune(
         raise ConfigError(
             "tuning needs a held-out set", where="data.eval_size", hint="set data.eval_size > 0"
         )
-    grid_space = parse_space(space)
+    grid_space = parse_space(space) if space else default_space(cfg.trainer.lr)
     if not space:
         for key, values in list(grid_space.items()):
             why = _unusable(config, base, key, values)

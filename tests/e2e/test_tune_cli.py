@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -62,3 +63,12 @@ def test_tune_bad_space_and_small_budget_are_one_line(tiny_model_dir, tmp_path) 
     )
     assert key.exit_code == 2 and "trainer.lrr" in key.output
     assert not any((tmp_path / d).exists() for d in "abcde")
+
+
+def test_default_space_is_relative_to_the_configs_learning_rate() -> None:
+    from tandem.cli.tune import default_space
+
+    space = default_space(3e-4)
+    assert [float(v) for v in space["trainer.lr"]] == pytest.approx([1e-4, 3e-4, 9e-4])
+    assert [float(v) for v in default_space(1e-6)["trainer.lr"]] == pytest.approx([3.33e-7, 1e-6, 3e-6])
+    assert space["algorithm.adaptive_group.enabled"] == ["false", "true"]
