@@ -68,7 +68,7 @@ def _sibling(name: str) -> types.ModuleType:
 warm_starts = _sibling("warm_starts")  # WARM_STARTS, train_config, reward, build
 table = _sibling("learning_table")  # Eval, Run, compare, format_table
 DEFAULT_LRS = (2e-4, 6e-4, 2e-3)
-DEFAULT = "default"  # the label of Tandem's default recipe among the --variant runs
+DEFAULT = table.DEFAULT  # the label of Tandem's default recipe among the --variant runs
 TRL_WARMUP = 5  # = the Tandem recipe's trainer.warmup_steps
 
 

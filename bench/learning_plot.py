@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 table = sys.modules["learning_table"]  # loaded by bench/learning.py (or a test) before this module
-
-DEFAULT = "default"
+DEFAULT = table.DEFAULT
 
 
 def series(results: list[dict[str, Any]], start: str, max_steps: int) -> list[tuple[str, list[Any]]]:

@@ -27,6 +27,7 @@ from typing import Any
 ACC_CAP = 0.60  # the absolute target
 ACC_GAIN = 0.25  # ... or start + 25 points, whichever is lower
 TIME_FRACTION = 1 / 3  # Tandem's wall time to target <= 1/3 of TRL's wall time to its best
+DEFAULT = "default"  # the variant label of Tandem's default recipe in results.jsonl
 
 
 @dataclass(frozen=True)

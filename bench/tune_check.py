@@ -36,17 +36,11 @@ def test_file(w: Any, folder: Path) -> Path:
     path = folder / "test.jsonl"
     if path.is_file():
         return path
-    seen: set[str] = set()
-    for name in ("train.jsonl", "eval.jsonl", "sft.jsonl", "train_large.jsonl"):
-        if (folder / name).is_file():
-            seen |= {json.loads(x)["prompt"] for x in (folder / name).read_text().splitlines() if x.strip()}
-    rng, rows, tries = random.Random(w.seed + 2), [], 0  # seed + 1 draws the large pool
-    while len(rows) < TEST_ROWS and tries < 200_000:
-        tries += 1
-        row = warm_starts.make_row(w, rng)
-        if row["prompt"] not in seen:
-            seen.add(row["prompt"])
-            rows.append(row)
+    names = ("train.jsonl", "eval.jsonl", "sft.jsonl", "train_large.jsonl")
+    seen = warm_starts.read_prompts(*(folder / name for name in names))
+    rows = warm_starts.draw_new(
+        w, random.Random(w.seed + 2), seen, TEST_ROWS
+    )  # seed + 1 draws the large pool
     if len(rows) < TEST_ROWS:
         raise SystemExit(f"{w.name}: only {len(rows)} new prompts for the test file")
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -62,10 +56,7 @@ def _timed(cmd: list[str], log: Path) -> float:
 def score(w: Any, model: Path, test: Path, out: Path, log: Path) -> float:
     """Greedy accuracy of ``model`` on ``test`` (``tandem eval``; kept in ``out`` and read from there)."""
     if not out.is_file():
-        cmd = [str(warm_starts.TANDEM), "eval", str(model), "--eval-file", str(test)]
-        cmd += ["--reward", warm_starts.REWARD, "--samples", "0", "--size", str(TEST_ROWS)]
-        cmd += ["--max-new-tokens", str(w.max_new_tokens), "--json", str(out)]
-        warm_starts._run(cmd, log)
+        warm_starts.run_eval(w, model, test, TEST_ROWS, out, log)
     return warm_starts._metric(json.loads(out.read_text()), "eval/accuracy")
 
 

@@ -152,20 +152,33 @@ def make_row(w: WarmStart, rng: random.Random) -> dict[str, Any]:
     return {"prompt": f"{w.kind}: {a}{op}{b}=", "answer": str(a + b if op == "+" else a - b)}
 
 
+def draw_new(w: WarmStart, rng: random.Random, seen: set[str], n: int) -> list[dict[str, Any]]:
+    """Up to ``n`` rows of ``w``'s task drawn from ``rng`` whose prompts are not in ``seen`` (each added to
+    it), in at most 200,000 draws (a small task may hold fewer new prompts)."""
+    rows: list[dict[str, Any]] = []
+    tries = 0
+    while len(rows) < n and tries < 200_000:
+        tries += 1
+        row = make_row(w, rng)
+        if row["prompt"] not in seen:
+            seen.add(row["prompt"])
+            rows.append(row)
+    return rows
+
+
+def read_prompts(*paths: Path) -> set[str]:
+    """The prompts of these JSONL files (missing files hold none)."""
+    return {
+        json.loads(x)["prompt"] for p in paths if p.is_file() for x in p.read_text().splitlines() if x.strip()
+    }
+
+
 def make_files(w: WarmStart, folder: Path) -> None:
     """Disjoint train (512), held-out (300) and SFT prompt files of ``w``, from its seed."""
     rng = random.Random(w.seed)
     seen: set[str] = set()
-    splits: dict[str, list[dict[str, Any]]] = {"train": [], "eval": [], "sft": []}
     sizes = {"train": TRAIN_ROWS, "eval": EVAL_ROWS, "sft": w.sft_rows}
-    for split in ("eval", "train", "sft"):
-        tries = 0
-        while len(splits[split]) < sizes[split] and tries < 200_000:
-            tries += 1
-            row = make_row(w, rng)
-            if row["prompt"] not in seen:
-                seen.add(row["prompt"])
-                splits[split].append(row)
+    splits = {split: draw_new(w, rng, seen, sizes[split]) for split in ("eval", "train", "sft")}
     for split, rows in splits.items():
         if split == "sft":  # prompt + completion (the reference answer), what `tandem sft --data` reads
             rows = [{"prompt": r["prompt"], "completion": r["answer"]} for r in rows]
@@ -178,17 +191,9 @@ def large_pool(w: WarmStart, folder: Path, n: int = 4096) -> Path:
     path = folder / "train_large.jsonl"
     if path.is_file():
         return path
-    read = lambda name: [json.loads(x) for x in (folder / name).read_text().splitlines() if x.strip()]  # noqa: E731
-    rows = read("train.jsonl")
-    seen = {r["prompt"] for name in ("train.jsonl", "eval.jsonl", "sft.jsonl") for r in read(name)}
-    rng = random.Random(w.seed + 1)
-    tries = 0
-    while len(rows) < n and tries < 200_000:
-        tries += 1
-        row = make_row(w, rng)
-        if row["prompt"] not in seen:
-            seen.add(row["prompt"])
-            rows.append(row)
+    rows = [json.loads(x) for x in (folder / "train.jsonl").read_text().splitlines() if x.strip()]
+    seen = read_prompts(*(folder / name for name in ("train.jsonl", "eval.jsonl", "sft.jsonl")))
+    rows += draw_new(w, random.Random(w.seed + 1), seen, n - len(rows))
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -203,13 +208,28 @@ def _run(cmd: list[str], log: Path) -> None:
         raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}; see {log}")
 
 
+def run_eval(
+    w: WarmStart,
+    model: Path,
+    data: Path,
+    size: int,
+    out: Path,
+    log: Path,
+    samples: int = 0,
+    seed: int | None = None,
+) -> dict[str, Any]:
+    """``tandem eval`` of ``model`` on ``size`` rows of ``data`` with the task's reward and length (greedy
+    accuracy; sampled pass@k with ``samples``); its JSON is written to ``out`` and returned."""
+    cmd = [str(TANDEM), "eval", str(model), "--eval-file", str(data), "--reward", REWARD]
+    cmd += ["--samples", str(samples), "--size", str(size), "--max-new-tokens", str(w.max_new_tokens)]
+    cmd += [] if seed is None else ["--seed", str(seed)]
+    _run([*cmd, "--json", str(out)], log)
+    return json.loads(out.read_text())
+
+
 def evaluate(w: WarmStart, model: Path, folder: Path, out: Path, samples: int = 8) -> dict[str, float]:
     """``tandem eval`` on the held-out file: greedy accuracy, sampled accuracy (pass@1), pass@k."""
-    cmd = [str(TANDEM), "eval", str(model), "--eval-file", str(folder / "eval.jsonl"), "--reward", REWARD]
-    cmd += ["--samples", str(samples), "--size", str(EVAL_ROWS), "--max-new-tokens", str(w.max_new_tokens)]
-    cmd += ["--seed", "0", "--json", str(out)]
-    _run(cmd, folder / "log.txt")
-    return json.loads(out.read_text())
+    return run_eval(w, model, folder / "eval.jsonl", EVAL_ROWS, out, folder / "log.txt", samples, seed=0)
 
 
 def _sft(w: WarmStart, folder: Path, start: Path, steps: int, seed: int, out: Path) -> None:
@@ -220,12 +240,10 @@ def _sft(w: WarmStart, folder: Path, start: Path, steps: int, seed: int, out: Pa
 
 def train_greedy(w: WarmStart, model: Path, folder: Path) -> float:
     """Greedy accuracy of ``model`` on the 512 training prompts (the chunked build's stopping rule)."""
-    out = folder / "train_greedy.json"
-    cmd = [str(TANDEM), "eval", str(model), "--eval-file", str(folder / "train.jsonl"), "--reward", REWARD]
-    cmd += ["--samples", "0", "--size", str(TRAIN_ROWS), "--max-new-tokens", str(w.max_new_tokens)]
-    cmd += ["--json", str(out)]
-    _run(cmd, folder / "log.txt")
-    return _metric(json.loads(out.read_text()), "eval/accuracy")
+    metrics = run_eval(
+        w, model, folder / "train.jsonl", TRAIN_ROWS, folder / "train_greedy.json", folder / "log.txt"
+    )
+    return _metric(metrics, "eval/accuracy")
 
 
 def sft_chunks(w: WarmStart, folder: Path) -> dict[str, Any]:
