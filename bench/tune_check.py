@@ -49,7 +49,7 @@ def test_file(w: Any, folder: Path) -> Path:
 
 def _timed(cmd: list[str], log: Path) -> float:
     t0 = time.perf_counter()
-    warm_starts._run(cmd, log)
+    warm_starts.run_logged(cmd, log)
     return time.perf_counter() - t0
 
 
@@ -57,7 +57,7 @@ def score(w: Any, model: Path, test: Path, out: Path, log: Path) -> float:
     """Greedy accuracy of ``model`` on ``test`` (``tandem eval``; kept in ``out`` and read from there)."""
     if not out.is_file():
         warm_starts.run_eval(w, model, test, TEST_ROWS, out, log)
-    return warm_starts._metric(json.loads(out.read_text()), "eval/accuracy")
+    return warm_starts.metric_of(json.loads(out.read_text()), "eval/accuracy")
 
 
 def train_and_test(w: Any, config: Path, run_dir: Path, seed: int, test: Path, log: Path) -> dict[str, Any]:

@@ -198,7 +198,8 @@ def large_pool(w: WarmStart, folder: Path, n: int = 4096) -> Path:
     return path
 
 
-def _run(cmd: list[str], log: Path) -> None:
+def run_logged(cmd: list[str], log: Path) -> None:
+    """Run ``cmd`` from the repository root, its output appended to ``log``; exit naming ``log`` on failure."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     with log.open("a") as fh:
         fh.write("$ " + " ".join(cmd) + "\n")
@@ -223,7 +224,7 @@ def run_eval(
     cmd = [str(TANDEM), "eval", str(model), "--eval-file", str(data), "--reward", REWARD]
     cmd += ["--samples", str(samples), "--size", str(size), "--max-new-tokens", str(w.max_new_tokens)]
     cmd += [] if seed is None else ["--seed", str(seed)]
-    _run([*cmd, "--json", str(out)], log)
+    run_logged([*cmd, "--json", str(out)], log)
     return json.loads(out.read_text())
 
 
@@ -235,7 +236,7 @@ def evaluate(w: WarmStart, model: Path, folder: Path, out: Path, samples: int = 
 def _sft(w: WarmStart, folder: Path, start: Path, steps: int, seed: int, out: Path) -> None:
     cmd = [str(TANDEM), "sft", str(start), "--data", str(folder / "sft.jsonl"), "--steps", str(steps)]
     cmd += ["--lr", str(w.sft_lr), "--weight-decay", str(w.sft_wd), "--seed", str(seed), "--out", str(out)]
-    _run(cmd, folder / "log.txt")
+    run_logged(cmd, folder / "log.txt")
 
 
 def train_greedy(w: WarmStart, model: Path, folder: Path) -> float:
@@ -243,7 +244,7 @@ def train_greedy(w: WarmStart, model: Path, folder: Path) -> float:
     metrics = run_eval(
         w, model, folder / "train.jsonl", TRAIN_ROWS, folder / "train_greedy.json", folder / "log.txt"
     )
-    return _metric(metrics, "eval/accuracy")
+    return metric_of(metrics, "eval/accuracy")
 
 
 def sft_chunks(w: WarmStart, folder: Path) -> dict[str, Any]:
@@ -318,7 +319,7 @@ def build(w: WarmStart, root: Path, rebuild: bool) -> dict[str, Any]:
         shutil.copytree(root / w.parent / "model", folder / "base")
     else:
         make_files(w, folder)
-        _run(
+        run_logged(
             [str(TANDEM), "init-model", str(folder / "base"), "--seed", str(w.seed), *w.model_args],
             folder / "log.txt",
         )
@@ -337,7 +338,7 @@ def build(w: WarmStart, root: Path, rebuild: bool) -> dict[str, Any]:
     return {"metrics": metrics, "build_s": build_s, "sft_steps": info["sft_steps"]}
 
 
-def _metric(metrics: dict[str, Any], *names: str) -> float:
+def metric_of(metrics: dict[str, Any], *names: str) -> float:
     """The first of ``names`` found in a ``tandem eval --json`` result (flat, or per model)."""
     flat: dict[str, Any] = {}
     stack: list[Any] = [metrics]
@@ -358,9 +359,9 @@ def build_table(rows: list[tuple[str, dict[str, Any]]]) -> None:
     print("|---|---|---|---|---|---|")
     for name, res in rows:
         m = res["metrics"]
-        g = _metric(m, "eval/accuracy")
-        p1 = _metric(m, "sampled/pass@1", "sampled/accuracy")
-        p8 = _metric(m, "sampled/pass@8")
+        g = metric_of(m, "eval/accuracy")
+        p1 = metric_of(m, "sampled/pass@1", "sampled/accuracy")
+        p8 = metric_of(m, "sampled/pass@8")
         bs = "reused" if res["build_s"] is None else f"{res['build_s']:.0f}"
         steps = res.get("sft_steps") or WARM_STARTS[name].sft_steps
         print(f"| {name} | {steps} | {g:.1%} | {p1:.1%} | {p8:.1%} | {bs} |")
@@ -416,7 +417,7 @@ def train_run(
         *(o.replace("LARGE", large) for o in overrides),
     ]
     t0 = time.perf_counter()
-    _run(cmd, root / "runs" / "log.txt")
+    run_logged(cmd, root / "runs" / "log.txt")
     wall = time.perf_counter() - t0
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     summary = json.loads((run_dir / "summary.json").read_text())
