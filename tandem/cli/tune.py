@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -18,6 +18,8 @@ from tandem.errors import ConfigError
 # dimension the config cannot take (e.g. adaptive group size with a critic) is left out.
 LR_FACTORS = (1 / 3, 1.0, 3.0)
 DEFAULT_SPACE = {"algorithm.adaptive_group.enabled": ["false", "true"]}
+# held-out metrics a per-prompt verdict of the verifier stands for (what the confirmation can judge)
+PAIRED_METRICS = ("eval/accuracy", "eval/reward_mean")
 
 
 def default_space(lr: float) -> dict[str, list[str]]:
@@ -70,6 +72,15 @@ def tune(
     eta: Annotated[int, typer.Option(help="Keep 1/eta of the candidates per rung; steps grow eta-fold.")] = 2,
     min_steps: Annotated[int, typer.Option(help="Fewest steps of a first-rung run.")] = 10,
     metric: Annotated[str, typer.Option(help="Held-out metric to maximise.")] = "eval/accuracy",
+    confirm: Annotated[
+        bool,
+        typer.Option(
+            "--confirm/--no-confirm",
+            help="Train the config as given for the final length too and keep it unless the winner beats "
+            "it in a paired sign test on the held-out prompts (budget is held back for that run).",
+        ),
+    ] = True,
+    alpha: Annotated[float, typer.Option(help="Significance level of the confirmation's sign test.")] = 0.05,
     out_dir: Annotated[
         Path, typer.Option("--out", help="Folder for the trial runs, tune.jsonl and best.yaml.")
     ] = Path("runs/tune"),
@@ -77,7 +88,9 @@ def tune(
     """Successive halving on the held-out metric; writes the best config to OUT/best.yaml.
 
     Every candidate trains a short run; the best 1/eta go on to eta-times longer runs, up to the config's
-    trainer.total_steps. Example: tandem tune configs/quickstart.yaml --budget 600 --space trainer.lr=3e-4,1e-3
+    trainer.total_steps. With --confirm (the default) a winner that differs from the config as given must
+    beat it on the held-out prompts in a paired sign test, else the config is kept.
+    Example: tandem tune configs/quickstart.yaml --budget 600 --space trainer.lr=3e-4,1e-3
     """
     from tandem.cli.progress import step_progress
     from tandem.config import load_config
@@ -85,6 +98,10 @@ def tune(
     from tandem.orchestration.runner import train as run_train
     from tandem.orchestration.tune import Trial, grid, plan_rungs, successive_halving
 
+    if not 0 < alpha < 1:
+        raise ConfigError(
+            f"--alpha {alpha} is not a significance level", hint="pass 0 < --alpha < 1, e.g. 0.05"
+        )
     base = list(overrides or [])
     cfg = load_config(config, base)
     if cfg.data.eval_size == 0 and cfg.data.eval_file is None and cfg.data.task is None:
@@ -101,27 +118,36 @@ def tune(
     candidates = grid(grid_space)
     for cand in candidates:  # every candidate must be a valid config before anything trains
         load_config(config, [*base, *cand])
-    rungs = plan_rungs(len(candidates), cfg.trainer.total_steps, budget, eta, min_steps)
+    why_not = confirm_unsupported(cfg, metric) if confirm else None
+    if why_not:
+        out.print(f"no confirmation: {why_not}")
+    confirming = confirm and why_not is None
+    rungs = plan_rungs(len(candidates), cfg.trainer.total_steps, budget, eta, min_steps, int(confirming))
     out_dir.mkdir(parents=True, exist_ok=True)
     log_path = out_dir / "tune.jsonl"
     log_path.write_text("")
     out.print(f"{len(candidates)} candidates; rungs (candidates x steps): {rungs}")
 
+    top = rungs[-1][1]
+
+    def run_dir(cand: list[str], steps: int) -> Path:
+        return out_dir / f"{steps:05d}-{'_'.join(c.split('=', 1)[1] for c in cand) or 'config'}"
+
     def run(cand: list[str], steps: int) -> float | None:
-        name = "_".join(c.split("=", 1)[1] for c in cand) or "base"
+        keep = confirming and steps == top  # the final models are compared when confirming
         run_cfg = load_config(
             config,
             [
                 *base,
                 *cand,
                 f"trainer.total_steps={steps}",
-                f"run.output_dir={out_dir / f'{steps:05d}-{name}'}",
+                f"run.output_dir={run_dir(cand, steps)}",
                 "run.overwrite=true",
                 "monitor.progress=false",
                 "monitor.tensorboard=false",
                 f"monitor.eval_every={steps}",
                 "checkpoint.every=0",
-                "checkpoint.save_final=false",
+                f"checkpoint.save_final={str(keep).lower()}",
             ],
         )
         value = run_train(run_cfg).eval_after.get(metric)
@@ -149,10 +175,51 @@ def tune(
     # one bar over the whole sweep: training steps of the plan, ETA, the best metric so far
     with step_progress(f"tune ({len(candidates)} candidates)", planned, key=metric) as on_step:
         winner, _ = successive_halving(candidates, rungs, run, record)
-    if winner.last() == -math.inf:
-        raise ConfigError(
-            f"no run reported {metric}", where="--metric", hint="check the config's held-out data"
-        )
-    best = load_config(config, [*base, *winner.overrides])
+        if winner.last() == -math.inf:
+            raise ConfigError(
+                f"no run reported {metric}", where="--metric", hint="check the config's held-out data"
+            )
+        chosen, score = winner.overrides, winner.last()
+        if confirming and config_to_yaml(load_config(config, [*base, *chosen])) != config_to_yaml(cfg):
+            on_step(done["steps"], {}, total=planned + top)  # the config as given, at the final length
+            incumbent = Trial(-1, [])
+            incumbent.scores[top] = run([], top)
+            record(incumbent, top)
+            verdict = confirm_winner(run_dir([], top), run_dir(chosen, top), alpha, cfg.run.seed)
+            with log_path.open("a") as fh:
+                fh.write(json.dumps({"confirm": verdict, "overrides": chosen}) + "\n")
+            out.print(f"confirmation: {' '.join(chosen)} {verdict_line(verdict)}")
+            if not verdict["promote"]:
+                chosen, score = [], incumbent.last()
+    best = load_config(config, [*base, *chosen])
     (out_dir / "best.yaml").write_text(config_to_yaml(best))
-    out.print(f"best: {' '.join(winner.overrides)} ({metric} {winner.last():.4f}) -> {out_dir / 'best.yaml'}")
+    shown = " ".join(chosen) or "the config as given"
+    out.print(f"best: {shown} ({metric} {score:.4f}) -> {out_dir / 'best.yaml'}")
+
+
+def confirm_unsupported(cfg: Any, metric: str) -> str | None:
+    """Why the winner cannot be confirmed against the config on this run (None when it can): the paired
+    test scores single greedy answers with the config's verifier, so it needs that metric and no env."""
+    if metric not in PAIRED_METRICS:
+        return f"--metric {metric} is not scored per prompt (confirmation judges {', '.join(PAIRED_METRICS)})"
+    if cfg.env is not None:
+        return "multi-turn environments are not confirmed (one answer per prompt is compared)"
+    return None
+
+
+def verdict_line(v: dict[str, Any]) -> str:
+    """The confirmation's verdict (``Decision.to_json()``, the winner as B) in one line."""
+    test = f"sign test p={v['p_value']:.3g} {'<' if v['p_value'] < v['alpha'] else '≥'} {v['alpha']}"
+    head = "replaces" if v["promote"] else "does not replace"
+    return (
+        f"{head} the config as given: better on {v['wins']} held-out prompts, worse on {v['losses']} ({test})"
+    )
+
+
+def confirm_winner(incumbent: Path, winner: Path, alpha: float, seed: int) -> dict[str, Any]:
+    """Greedy answers of both runs' final models to the held-out prompts, judged by the config's verifier;
+    ``tandem.evaluate.stats.decide``'s verdict on promoting the winner (JSON-ready)."""
+    from tandem.evaluate.abtest import ABSettings, run_abtest
+
+    settings = ABSettings(temperature=0.0, seed=seed, alpha=alpha)
+    return run_abtest(incumbent, winner, "verifier", settings)["decision"]

@@ -30,7 +30,7 @@ def _config(tmp_path: Path, model_dir: Path) -> Path:
 def test_tune_runs_the_plan_and_writes_the_best_config(tiny_model_dir, tmp_path) -> None:
     cfg = _config(tmp_path, tiny_model_dir)
     out = tmp_path / "tune"
-    args = ["tune", str(cfg), "--budget", "4", "--min-steps", "1", "--out", str(out)]
+    args = ["tune", str(cfg), "--budget", "4", "--min-steps", "1", "--out", str(out), "--no-confirm"]
     result = CliRunner().invoke(app, [*args, "--space", "trainer.lr=1e-3,3e-3"])
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (out / "tune.jsonl").read_text().splitlines()]
@@ -43,6 +43,55 @@ def test_tune_runs_the_plan_and_writes_the_best_config(tiny_model_dir, tmp_path)
     assert best.trainer.total_steps == 2  # the config's length, not the rung's
     assert {p.name for p in out.iterdir() if p.is_dir()} == {"00001-1e-3", "00001-3e-3", f"00002-{winner}"}
     assert "tune (2 candidates)" in result.output and "4/4" in result.output  # the sweep's bar: 1+1+2 steps
+
+
+def _confirmed_sweep(cfg: Path, out: Path) -> tuple[object, list[dict], str]:
+    """A sweep whose candidates all differ from the config (lr 1e-3): the winner must be confirmed."""
+    args = ["tune", str(cfg), "--budget", "6", "--min-steps", "1", "--out", str(out)]
+    result = CliRunner().invoke(app, [*args, "--space", "trainer.lr=2e-3,3e-3"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (out / "tune.jsonl").read_text().splitlines()]
+    winner = rows[2]["overrides"][0].split("=")[1]
+    return result, rows, winner
+
+
+def test_tune_keeps_the_config_unless_the_winner_is_shown_better(tiny_model_dir, tmp_path) -> None:
+    """With 4 held-out prompts no sign test can reject (p >= 0.125): the config as given is kept."""
+    cfg, out = _config(tmp_path, tiny_model_dir), tmp_path / "tune"
+    result, rows, winner = _confirmed_sweep(cfg, out)
+    # plan: 2 x 1 step, 1 x 2 steps, then the config itself for 2 steps (budget 6 held back for it)
+    assert [(r.get("trial"), r.get("steps")) for r in rows[:4]] == [
+        (0, 1),
+        (1, 1),
+        (rows[2]["trial"], 2),
+        (-1, 2),
+    ]
+    assert rows[3]["overrides"] == [] and rows[4]["overrides"] == [f"trainer.lr={winner}"]
+    verdict = rows[4]["confirm"]
+    assert verdict["promote"] is False and verdict["p_value"] >= 0.125
+    assert verdict["wins"] + verdict["ties"] + verdict["losses"] == 4  # every held-out prompt judged
+    assert load_config(out / "best.yaml").trainer.lr == 1e-3  # the config as given
+    for run in (f"00002-{winner}", "00002-config"):  # the two final models that were compared
+        assert any((out / run / "checkpoints").glob("step-*/COMPLETE")), run
+    assert "does not replace the config as given" in result.output and "6/6" in result.output
+
+
+def test_tune_promotes_a_winner_the_confirmation_accepts(tiny_model_dir, tmp_path, monkeypatch) -> None:
+    """The code around the verdict: a promoting verdict puts the winner in best.yaml."""
+    import tandem.cli.tune as tune_cli
+
+    seen: list[tuple[str, str]] = []
+
+    def accept(incumbent: Path, winner: Path, alpha: float, seed: int) -> dict:
+        seen.append((incumbent.name, winner.name))
+        return {"promote": True, "wins": 3, "ties": 1, "losses": 0, "p_value": 0.01, "alpha": alpha}
+
+    monkeypatch.setattr(tune_cli, "confirm_winner", accept)
+    cfg, out = _config(tmp_path, tiny_model_dir), tmp_path / "tune"
+    result, _, winner = _confirmed_sweep(cfg, out)
+    assert seen == [("00002-config", f"00002-{winner}")]
+    assert load_config(out / "best.yaml").trainer.lr == float(winner)
+    assert f"trainer.lr={winner} replaces the config as given" in result.output
 
 
 def test_tune_bad_space_and_small_budget_are_one_line(tiny_model_dir, tmp_path) -> None:
@@ -62,7 +111,9 @@ def test_tune_bad_space_and_small_budget_are_one_line(tiny_model_dir, tmp_path) 
         app, ["tune", str(cfg), "--space", "trainer.lrr=1", "--out", str(tmp_path / "c")]
     )
     assert key.exit_code == 2 and "trainer.lrr" in key.output
-    assert not any((tmp_path / d).exists() for d in "abcde")
+    alpha = CliRunner().invoke(app, ["tune", str(cfg), "--alpha", "1.5", "--out", str(tmp_path / "f")])
+    assert alpha.exit_code == 2 and "--alpha 1.5 is not a significance level" in alpha.output
+    assert not any((tmp_path / d).exists() for d in "abcdef")
 
 
 def test_default_space_is_relative_to_the_configs_learning_rate() -> None:
@@ -72,3 +123,14 @@ def test_default_space_is_relative_to_the_configs_learning_rate() -> None:
     assert [float(v) for v in space["trainer.lr"]] == pytest.approx([1e-4, 3e-4, 9e-4])
     assert [float(v) for v in default_space(1e-6)["trainer.lr"]] == pytest.approx([3.33e-7, 1e-6, 3e-6])
     assert space["algorithm.adaptive_group.enabled"] == ["false", "true"]
+
+
+def test_confirmation_is_skipped_with_a_reason_where_it_cannot_judge(tiny_model_dir, tmp_path) -> None:
+    from tandem.cli.tune import confirm_unsupported
+
+    cfg = load_config(_config(tmp_path, tiny_model_dir))
+    assert confirm_unsupported(cfg, "eval/accuracy") is None
+    assert confirm_unsupported(cfg, "eval/reward_mean") is None
+    assert "--metric eval/length_mean is not scored per prompt" in confirm_unsupported(
+        cfg, "eval/length_mean"
+    )
