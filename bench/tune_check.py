@@ -6,13 +6,14 @@ Per warm start of ``bench/warm_starts.py`` (built first if missing):
    files — the judge. The held-out file (``eval.jsonl``) is what ``tandem tune`` ranks on and what
    ``checkpoint.best_metric`` selects the kept model by, so accuracy on it is biased upwards for both.
 2. ``tandem tune`` on the outside-model recipe (``warm_starts.train_config``, 300 steps) with its default
-   space and ``--budget`` (training steps over all trials), timed.
+   space (or ``--space``) and ``--budget`` (training steps over all trials, the confirmation run of the
+   recipe included), timed.
 3. ``tandem train`` of the recipe and of the tuned ``best.yaml`` for each ``--seeds`` seed, interleaved
    (the best held-out evaluation's model is kept in ``<run>/best``).
 4. ``tandem eval`` of each kept model on ``test.jsonl``: greedy accuracy.
 
     .venv/bin/python bench/tune_check.py --warm /tmp/warm3 --out /tmp/tune_check --starts add2-mid \\
-        [--budget 1050] [--seeds 0 1]
+        [--budget 1350] [--seeds 0 1] [--space trainer.lr=2e-4,6e-4,2e-3] [--no-confirm]
 
 Prints one table row per warm start, configuration and seed; results go to ``OUT/results.jsonl``.
 """
@@ -70,6 +71,17 @@ def train_and_test(w: Any, config: Path, run_dir: Path, seed: int, test: Path, l
     return {"heldout_best": max(evals), "test": test_acc, "wall": wall}
 
 
+def confirmation(log: Path) -> str:
+    """tune's confirmation verdict from its ``tune.jsonl`` in a few words ("" when none ran)."""
+    rows = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
+    for r in rows:
+        if "confirm" in r:
+            v = r["confirm"]
+            head = "promoted" if v["promote"] else "config kept"
+            return f"; {head}: {' '.join(r['overrides'])} {v['wins']} better / {v['losses']} worse, p={v['p_value']:.2g}"
+    return ""
+
+
 def check(args: argparse.Namespace, name: str, done: list[dict[str, Any]]) -> float:
     """Tune, train and test one warm start; returns the untrained warm start's test accuracy."""
     import yaml
@@ -96,6 +108,8 @@ def check(args: argparse.Namespace, name: str, done: list[dict[str, Any]]) -> fl
             str(args.budget),
             "--out",
             str(root / "tune"),
+            *(f"--space={item}" for item in args.space),
+            *(["--no-confirm"] if args.no_confirm else []),
         ]
         tune_wall = _timed(cmd, log)
         (root / "tune" / "wall.json").write_text(json.dumps({"wall": tune_wall}))
@@ -103,6 +117,7 @@ def check(args: argparse.Namespace, name: str, done: list[dict[str, Any]]) -> fl
     winner = yaml.safe_load(tuned.read_text())
     picked = (
         f"lr {winner['trainer']['lr']:g}, adaptive group {winner['algorithm']['adaptive_group']['enabled']}"
+        + confirmation(root / "tune" / "tune.jsonl")
     )
     start_acc = score(w, folder / "model", test, root / "start_test.json", log)  # where the test set sits
     have = {(r["start"], r["config"], r["seed"]) for r in done}
@@ -148,9 +163,18 @@ def main() -> None:
         "--steps", type=int, default=300, help="trainer.total_steps of the recipe (and tune's top rung)."
     )
     ap.add_argument(
-        "--budget", type=int, default=1050, help="tandem tune --budget (6 candidates: 37+75+150+300 steps)."
+        "--budget",
+        type=int,
+        default=1350,
+        help="tandem tune --budget (6 candidates: 37+75+150+300 steps, +300 for the confirmation run).",
     )
     ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1])
+    ap.add_argument(
+        "--space", nargs="*", default=[], help="tandem tune --space items (default: tune's default space)."
+    )
+    ap.add_argument(
+        "--no-confirm", action="store_true", help="tandem tune --no-confirm (the sweep's winner, unchecked)."
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "results.jsonl"
