@@ -157,8 +157,7 @@ def _file_rewards(config: TandemConfig | None, reward: str | None) -> RewardSet:
         return RewardSet([RewardFunction(name=getattr(fn, "__name__", reward), fn=fn, weight=1.0)])
     if config is not None and config.reward.functions:
         fns = [
-            RewardFunction(name=s.name or s.path, fn=load_callable(s.path), weight=s.weight)
-            for s in config.reward.functions
+            RewardFunction.from_spec(s.path, name=s.name, weight=s.weight) for s in config.reward.functions
         ]
         return RewardSet(fns, on_error=config.reward.on_error)
     raise ConfigError(

@@ -110,3 +110,16 @@ def test_identical_checkpoints_not_promoted_in_95_percent_of_200_repeats(models)
     )
     promoted = sum(d["promote"] for d in decisions)
     assert promoted <= repeats // 20, promoted  # ≥ 95% of the repeats keep the incumbent
+
+
+def test_eval_data_names_a_configs_file_path_reward_by_its_function(models, tmp_path):
+    """A config's ``reward.functions`` entry given as ``file.py:function`` without a name scores the eval
+    file under the function's name (as in training), not the path, which no reward name may hold."""
+    from tandem.config import load_config
+
+    cfg = tmp_path / "cfg.yaml"
+    reward = {"task_reward": False, "functions": [{"path": f"{Path(__file__)}:exact_answer"}]}
+    data = {"task": None, "train_file": str(models["file"]), "eval_file": str(models["file"])}
+    cfg.write_text(json.dumps({"model": {"path": str(models["a"])}, "data": data, "reward": reward}))
+    got = eval_data(load_config(cfg), size=4)
+    assert [f.name for f in got.rewards.functions] == ["exact_answer"] and len(got.rows) == 4
