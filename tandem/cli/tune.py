@@ -81,6 +81,14 @@ def tune(
         ),
     ] = True,
     alpha: Annotated[float, typer.Option(help="Significance level of the confirmation's sign test.")] = 0.05,
+    confirm_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--confirm-file",
+            help="JSONL prompts (with the columns the config's reward functions read) the confirmation "
+            "judges on instead of the held-out prompts the sweep ranked on: no lean towards the winner.",
+        ),
+    ] = None,
     out_dir: Annotated[
         Path, typer.Option("--out", help="Folder for the trial runs, tune.jsonl and best.yaml.")
     ] = Path("runs/tune"),
@@ -89,7 +97,7 @@ def tune(
 
     Every candidate trains a short run; the best 1/eta go on to eta-times longer runs, up to the config's
     trainer.total_steps. With --confirm (the default) a winner that differs from the config as given must
-    beat it on the held-out prompts in a paired sign test, else the config is kept.
+    beat it on the held-out prompts (or --confirm-file's) in a paired sign test, else the config is kept.
     Example: tandem tune configs/quickstart.yaml --budget 600 --space trainer.lr=3e-4,1e-3
     """
     from tandem.cli.progress import step_progress
@@ -122,6 +130,8 @@ def tune(
     if why_not:
         out.print(f"no confirmation: {why_not}")
     confirming = confirm and why_not is None
+    if confirm_file is not None:
+        check_confirm_file(cfg, confirm_file, None if confirming else why_not or "--no-confirm is given")
     rungs = plan_rungs(len(candidates), cfg.trainer.total_steps, budget, eta, min_steps, int(confirming))
     out_dir.mkdir(parents=True, exist_ok=True)
     log_path = out_dir / "tune.jsonl"
@@ -185,7 +195,9 @@ def tune(
             incumbent = Trial(-1, [])
             incumbent.scores[top] = run([], top)
             record(incumbent, top)
-            verdict = confirm_winner(run_dir([], top), run_dir(chosen, top), alpha, cfg.run.seed)
+            verdict = confirm_winner(
+                run_dir([], top), run_dir(chosen, top), alpha, cfg.run.seed, confirm_file
+            )
             with log_path.open("a") as fh:
                 fh.write(json.dumps({"confirm": verdict, "overrides": chosen}) + "\n")
             out.print(f"confirmation: {' '.join(chosen)} {verdict_line(verdict)}")
@@ -207,6 +219,22 @@ def confirm_unsupported(cfg: Any, metric: str) -> str | None:
     return None
 
 
+def check_confirm_file(cfg: Any, path: Path, why_not: str | None) -> None:
+    """Read ``--confirm-file`` and the reward functions that score it now, before anything trains
+    (a bad row is a one-line DataError at file:line); ConfigError where no confirmation will use it."""
+    from tandem.evaluate.targets import eval_data
+
+    if why_not:
+        raise ConfigError(f"unused: {why_not}", where="--confirm-file", hint="leave --confirm-file out")
+    if not cfg.reward.functions:
+        raise ConfigError(
+            "the config has no reward.functions to score its prompts (it is scored by its task)",
+            where="--confirm-file",
+            hint="leave --confirm-file out: the task's held-out prompts are used",
+        )
+    eval_data(cfg, eval_file=str(path), require_rewards=True)
+
+
 def verdict_line(v: dict[str, Any]) -> str:
     """The confirmation's verdict (``Decision.to_json()``, the winner as B) in one line."""
     test = f"sign test p={v['p_value']:.3g} {'<' if v['p_value'] < v['alpha'] else '≥'} {v['alpha']}"
@@ -216,10 +244,14 @@ def verdict_line(v: dict[str, Any]) -> str:
     )
 
 
-def confirm_winner(incumbent: Path, winner: Path, alpha: float, seed: int) -> dict[str, Any]:
-    """Greedy answers of both runs' final models to the held-out prompts, judged by the config's verifier;
-    ``tandem.evaluate.stats.decide``'s verdict on promoting the winner (JSON-ready)."""
+def confirm_winner(
+    incumbent: Path, winner: Path, alpha: float, seed: int, prompts: Path | None = None
+) -> dict[str, Any]:
+    """Greedy answers of both runs' final models to the held-out prompts (or to the file ``prompts``),
+    judged by the config's verifier; ``tandem.evaluate.stats.decide``'s verdict on promoting the winner
+    (JSON-ready)."""
     from tandem.evaluate.abtest import ABSettings, run_abtest
 
     settings = ABSettings(temperature=0.0, seed=seed, alpha=alpha)
-    return run_abtest(incumbent, winner, "verifier", settings)["decision"]
+    eval_file = None if prompts is None else str(prompts)
+    return run_abtest(incumbent, winner, "verifier", settings, eval_file=eval_file)["decision"]

@@ -82,7 +82,7 @@ def test_tune_promotes_a_winner_the_confirmation_accepts(tiny_model_dir, tmp_pat
 
     seen: list[tuple[str, str]] = []
 
-    def accept(incumbent: Path, winner: Path, alpha: float, seed: int) -> dict:
+    def accept(incumbent: Path, winner: Path, alpha: float, seed: int, prompts: Path | None) -> dict:
         seen.append((incumbent.name, winner.name))
         return {"promote": True, "wins": 3, "ties": 1, "losses": 0, "p_value": 0.01, "alpha": alpha}
 
@@ -92,6 +92,60 @@ def test_tune_promotes_a_winner_the_confirmation_accepts(tiny_model_dir, tmp_pat
     assert seen == [("00002-config", f"00002-{winner}")]
     assert load_config(out / "best.yaml").trainer.lr == float(winner)
     assert f"trainer.lr={winner} replaces the config as given" in result.output
+
+
+def _file_config(tmp_path: Path, model_dir: Path) -> Path:
+    """A config on prompt files scored by a reward function (no task), 4 held-out prompts."""
+    here = Path(__file__).parent
+    rows = [{"prompt": f"{a}+{a}="} for a in range(12)]
+    for name, part in (("train", rows[:8]), ("eval", rows[8:])):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    data = yaml.safe_load(_config(tmp_path, model_dir).read_text())
+    data["data"] = {
+        "task": None,
+        "train_file": str(tmp_path / "train.jsonl"),
+        "eval_file": str(tmp_path / "eval.jsonl"),
+        "prompts_per_step": 2,
+        "eval_size": 4,
+    }
+    data["reward"] = {
+        "task_reward": False,
+        "functions": [{"path": f"{here / 'digits_reward.py'}:digit_share"}],
+    }
+    path = tmp_path / "file_cfg.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_confirmation_judges_on_the_confirm_file(tiny_model_dir, tmp_path) -> None:
+    """--confirm-file's prompts, not the 4 held-out ones the sweep ranked on, decide the verdict."""
+    cfg, out = _file_config(tmp_path, tiny_model_dir), tmp_path / "tune"
+    confirm = tmp_path / "confirm.jsonl"
+    confirm.write_text("".join(json.dumps({"prompt": f"{a}-1="}) + "\n" for a in range(20, 27)))
+    args = ["tune", str(cfg), "--budget", "6", "--min-steps", "1", "--out", str(out)]
+    result = CliRunner().invoke(
+        app, [*args, "--space", "trainer.lr=2e-3,3e-3", "--confirm-file", str(confirm)]
+    )
+    assert result.exit_code == 0, result.output
+    verdict = json.loads((out / "tune.jsonl").read_text().splitlines()[-1])["confirm"]
+    assert verdict["wins"] + verdict["ties"] + verdict["losses"] == 7  # the file's 7 prompts
+
+
+def test_bad_confirm_file_is_one_line_before_anything_trains(tiny_model_dir, tmp_path) -> None:
+    cfg = _file_config(tmp_path, tiny_model_dir)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "1+1="}) + "\n{not json\n")
+    out = tmp_path / "a"
+    res = CliRunner().invoke(app, ["tune", str(cfg), "--confirm-file", str(bad), "--out", str(out)])
+    assert res.exit_code == 2 and f"{bad}:2" in res.output and not out.exists()
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps({"prompt": "1+1="}) + "\n")
+    off = [str(cfg), "--confirm-file", str(good), "--no-confirm", "--out", str(out)]
+    res = CliRunner().invoke(app, ["tune", *off])
+    assert res.exit_code == 2 and "--confirm-file: unused: --no-confirm is given" in res.output
+    task_cfg = [str(_config(tmp_path, tiny_model_dir)), "--confirm-file", str(good), "--out", str(out)]
+    res = CliRunner().invoke(app, ["tune", *task_cfg])
+    assert res.exit_code == 2 and "no reward.functions" in res.output and not out.exists()
 
 
 def test_tune_bad_space_and_small_budget_are_one_line(tiny_model_dir, tmp_path) -> None:
