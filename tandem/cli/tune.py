@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from tandem.cli.app import Overrides, app, out, user_errors
-from tandem.errors import ConfigError
+from tandem.errors import ConfigError, RewardError
 
 # The default search space: the learning rate at a third of, at, and at three times the config's own
 # (`trainer.lr`; a fixed grid would be far off for a model that trains at 1e-6), and adaptive group size
@@ -220,8 +220,9 @@ def confirm_unsupported(cfg: Any, metric: str) -> str | None:
 
 
 def check_confirm_file(cfg: Any, path: Path, why_not: str | None) -> None:
-    """Read ``--confirm-file`` and the reward functions that score it now, before anything trains
-    (a bad row is a one-line DataError at file:line); ConfigError where no confirmation will use it."""
+    """Read ``--confirm-file`` and score its first row with the config's reward functions now, before
+    anything trains (a bad row is a one-line DataError at file:line, a reward that cannot score the file's
+    columns a RewardError); ConfigError where no confirmation will use it."""
     from tandem.evaluate.targets import eval_data
 
     if why_not:
@@ -232,7 +233,13 @@ def check_confirm_file(cfg: Any, path: Path, why_not: str | None) -> None:
             where="--confirm-file",
             hint="leave --confirm-file out: the task's held-out prompts are used",
         )
-    eval_data(cfg, eval_file=str(path), require_rewards=True)
+    data = eval_data(cfg, eval_file=str(path), require_rewards=True)
+    row = data.rows[0]  # scored once now: a column the reward functions need fails here, not after the sweep
+    assert data.rewards is not None  # require_rewards
+    try:
+        data.rewards([row["prompt"]], [""], {k: [v] for k, v in row.items() if k != "prompt"})
+    except RewardError as err:
+        raise RewardError(str(err), where=f"--confirm-file {path}:1") from err
 
 
 def verdict_line(v: dict[str, Any]) -> str:

@@ -1,4 +1,4 @@
-"""Misbehaving reward functions (TRL signature) for the CLI bad-input tests, plus one that behaves."""
+"""Misbehaving reward functions (TRL signature) for the CLI bad-input tests, plus ones that behave."""
 
 import math
 
@@ -20,3 +20,8 @@ def raises_on_marked(prompts, completions, **columns):
     if any("BOOM" in p for p in prompts):
         raise ValueError("marked prompt")
     return [1.0] * len(completions)
+
+
+def starts_with_answer(prompts, completions, answer, **columns):
+    """1.0 where the completion starts with the row's ``answer`` column (a reward that needs a column)."""
+    return [float(c.startswith(a)) for c, a in zip(completions, answer, strict=True)]

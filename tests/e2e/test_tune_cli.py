@@ -94,10 +94,10 @@ def test_tune_promotes_a_winner_the_confirmation_accepts(tiny_model_dir, tmp_pat
     assert f"trainer.lr={winner} replaces the config as given" in result.output
 
 
-def _file_config(tmp_path: Path, model_dir: Path) -> Path:
-    """A config on prompt files scored by a reward function (no task), 4 held-out prompts."""
+def _file_config(tmp_path: Path, model_dir: Path, reward: str = "digits_reward.py:digit_share") -> Path:
+    """A config on prompt files (with an ``answer`` column) scored by ``reward`` (no task), 4 held-out."""
     here = Path(__file__).parent
-    rows = [{"prompt": f"{a}+{a}="} for a in range(12)]
+    rows = [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in range(12)]
     for name, part in (("train", rows[:8]), ("eval", rows[8:])):
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
     data = yaml.safe_load(_config(tmp_path, model_dir).read_text())
@@ -110,7 +110,7 @@ def _file_config(tmp_path: Path, model_dir: Path) -> Path:
     }
     data["reward"] = {
         "task_reward": False,
-        "functions": [{"path": f"{here / 'digits_reward.py'}:digit_share"}],
+        "functions": [{"path": f"{here / reward}"}],
     }
     path = tmp_path / "file_cfg.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -146,6 +146,10 @@ def test_bad_confirm_file_is_one_line_before_anything_trains(tiny_model_dir, tmp
     task_cfg = [str(_config(tmp_path, tiny_model_dir)), "--confirm-file", str(good), "--out", str(out)]
     res = CliRunner().invoke(app, ["tune", *task_cfg])
     assert res.exit_code == 2 and "no reward.functions" in res.output and not out.exists()
+    needs = _file_config(tmp_path, tiny_model_dir, "bad_rewards.py:starts_with_answer")
+    res = CliRunner().invoke(app, ["tune", str(needs), "--confirm-file", str(good), "--out", str(out)])
+    assert res.exit_code == 2 and f"--confirm-file {good}:1: reward 'starts_with_answer' raised" in res.output
+    assert len(res.output.strip().splitlines()) == 1 and not out.exists()  # the file has no answer column
 
 
 def test_tune_bad_space_and_small_budget_are_one_line(tiny_model_dir, tmp_path) -> None:
