@@ -92,6 +92,14 @@ def tune(
     out_dir: Annotated[
         Path, typer.Option("--out", help="Folder for the trial runs, tune.jsonl and best.yaml.")
     ] = Path("runs/tune"),
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Reuse the finished runs in OUT whose resolved config is the one this sweep would train "
+            "(an interrupted sweep goes on where it stopped); the others train as usual.",
+        ),
+    ] = False,
 ) -> None:
     """Successive halving on the held-out metric; writes the best config to OUT/best.yaml.
 
@@ -160,7 +168,10 @@ def tune(
                 f"checkpoint.save_final={str(keep).lower()}",
             ],
         )
-        value = run_train(run_cfg).eval_after.get(metric)
+        reused = finished_run(run_dir(cand, steps), config_to_yaml(run_cfg)) if resume else None
+        value = (reused if reused is not None else run_train(run_cfg).eval_after).get(metric)
+        if reused is not None:
+            out.print(f"  reused {run_dir(cand, steps)}")
         return None if value is None else float(value)
 
     planned = sum(k * s for k, s in rungs)
@@ -207,6 +218,15 @@ def tune(
     (out_dir / "best.yaml").write_text(config_to_yaml(best))
     shown = " ".join(chosen) or "the config as given"
     out.print(f"best: {shown} ({metric} {score:.4f}) -> {out_dir / 'best.yaml'}")
+
+
+def finished_run(folder: Path, resolved: str) -> dict[str, float] | None:
+    """The held-out metrics of a finished run in ``folder`` (``summary.json`` written last) that was
+    trained with exactly the resolved config ``resolved``; None when it must train."""
+    summary, written = folder / "summary.json", folder / "config.yaml"
+    if not (summary.is_file() and written.is_file()) or written.read_text() != resolved:
+        return None
+    return dict(json.loads(summary.read_text()).get("eval_after", {}))
 
 
 def confirm_unsupported(cfg: Any, metric: str) -> str | None:

@@ -94,6 +94,35 @@ def test_tune_promotes_a_winner_the_confirmation_accepts(tiny_model_dir, tmp_pat
     assert f"trainer.lr={winner} replaces the config as given" in result.output
 
 
+def test_resume_reuses_finished_runs_of_the_same_config_only(tiny_model_dir, tmp_path, monkeypatch) -> None:
+    """--resume after an interruption: finished runs with the same resolved config are read back, the
+    unfinished one (no summary.json) trains again, and the sweep ends as the uninterrupted one did."""
+    import tandem.orchestration.runner as runner
+    from tandem.cli.tune import finished_run
+
+    cfg, out = _config(tmp_path, tiny_model_dir), tmp_path / "tune"
+    _, first, winner = _confirmed_sweep(cfg, out)
+    (out / "00001-2e-3" / "summary.json").unlink()  # as if the sweep had stopped inside this run
+    trained: list[str] = []
+    real_train = runner.train
+
+    def counting_train(run_cfg, *args, **kwargs):
+        trained.append(Path(run_cfg.run.output_dir).name)
+        return real_train(run_cfg, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "train", counting_train)
+    args = ["tune", str(cfg), "--budget", "6", "--min-steps", "1", "--out", str(out), "--resume"]
+    result = CliRunner().invoke(app, [*args, "--space", "trainer.lr=2e-3,3e-3"])
+    assert result.exit_code == 0, result.output
+    assert trained == ["00001-2e-3"] and result.output.count("reused") == 3
+    again = [json.loads(line) for line in (out / "tune.jsonl").read_text().splitlines()]
+    assert [r.get("eval/accuracy") for r in again] == [r.get("eval/accuracy") for r in first]
+    assert again[-1]["overrides"] == [f"trainer.lr={winner}"]
+    written = (out / "00002-config" / "config.yaml").read_text()
+    assert finished_run(out / "00002-config", written) is not None
+    assert finished_run(out / "00002-config", written.replace("lr: 0.001", "lr: 0.002")) is None
+
+
 def _file_config(tmp_path: Path, model_dir: Path, reward: str = "digits_reward.py:digit_share") -> Path:
     """A config on prompt files (with an ``answer`` column) scored by ``reward`` (no task), 4 held-out."""
     here = Path(__file__).parent
