@@ -153,13 +153,14 @@ def tune(
 
     def run(cand: list[str], steps: int) -> float | None:
         keep = confirming and steps == top  # the final models are compared when confirming
+        folder = run_dir(cand, steps)
         run_cfg = load_config(
             config,
             [
                 *base,
                 *cand,
                 f"trainer.total_steps={steps}",
-                f"run.output_dir={run_dir(cand, steps)}",
+                f"run.output_dir={folder}",
                 "run.overwrite=true",
                 "monitor.progress=false",
                 "monitor.tensorboard=false",
@@ -168,10 +169,10 @@ def tune(
                 f"checkpoint.save_final={str(keep).lower()}",
             ],
         )
-        reused = finished_run(run_dir(cand, steps), config_to_yaml(run_cfg)) if resume else None
-        value = (reused if reused is not None else run_train(run_cfg).eval_after).get(metric)
+        reused = finished_run(folder, config_to_yaml(run_cfg)) if resume else None
         if reused is not None:
-            out.print(f"  reused {run_dir(cand, steps)}")
+            out.print(f"  reused {folder}")
+        value = (reused if reused is not None else run_train(run_cfg).eval_after).get(metric)
         return None if value is None else float(value)
 
     planned = sum(k * s for k, s in rungs)
@@ -221,12 +222,14 @@ def tune(
 
 
 def finished_run(folder: Path, resolved: str) -> dict[str, float] | None:
-    """The held-out metrics of a finished run in ``folder`` (``summary.json`` written last) that was
-    trained with exactly the resolved config ``resolved``; None when it must train."""
+    """The held-out metrics of a finished run in ``folder`` (``summary.json`` written last, and not by
+    an alert's stop) that was trained with exactly the resolved config ``resolved``; None when it must
+    train."""
     summary, written = folder / "summary.json", folder / "config.yaml"
     if not (summary.is_file() and written.is_file()) or written.read_text() != resolved:
         return None
-    return dict(json.loads(summary.read_text()).get("eval_after", {}))
+    done = json.loads(summary.read_text())
+    return None if "stopped_by_alert" in done else dict(done.get("eval_after", {}))
 
 
 def confirm_unsupported(cfg: Any, metric: str) -> str | None:

@@ -121,6 +121,9 @@ def test_resume_reuses_finished_runs_of_the_same_config_only(tiny_model_dir, tmp
     written = (out / "00002-config" / "config.yaml").read_text()
     assert finished_run(out / "00002-config", written) is not None
     assert finished_run(out / "00002-config", written.replace("lr: 0.001", "lr: 0.002")) is None
+    summary = out / "00002-config" / "summary.json"
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), "stopped_by_alert": 1}))
+    assert finished_run(out / "00002-config", written) is None  # an alert's stop is not a finished run
 
 
 def _file_config(tmp_path: Path, model_dir: Path, reward: str = "digits_reward.py:digit_share") -> Path:
