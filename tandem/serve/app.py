@@ -30,18 +30,41 @@ logger = logging.getLogger(__name__)
 
 
 _SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+# Deepest nesting a body may have (the body's object is level 1). OpenAI-style bodies nest < 10 levels, a
+# JSON schema in `tools` or `response_format` a few dozen. A fixed limit, because the parser's own limit is
+# the interpreter's: Python 3.11 refuses 5000 levels, 3.12 parses them (its limit is the C stack's).
+MAX_JSON_DEPTH = 128
+
+
+def json_depth_exceeds(data: object, limit: int) -> bool:
+    """Whether ``data`` nests dicts/lists deeper than ``limit`` levels (iterative: no recursion)."""
+    stack = [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
+def _too_deep() -> ApiError:
+    return ApiError(400, f"body is nested more than {MAX_JSON_DEPTH} levels deep", code="json_too_deep")
 
 
 def parse_json_object(raw: bytes) -> dict:
-    """The JSON object of a request body; 400 (never 500) for invalid JSON, nesting too deep for the
-    parser, a lone UTF-16 surrogate escape (``"\\ud800"``: not text, and it breaks tokenizers and
-    SQLite), or a value that is not an object."""
+    """The JSON object of a request body; 400 (never 500) for invalid JSON, nesting deeper than
+    ``MAX_JSON_DEPTH`` (or than the parser goes), a lone UTF-16 surrogate escape (``"\\ud800"``: not
+    text, and it breaks tokenizers and SQLite), or a value that is not an object."""
     try:
         data = json.loads(raw or b"null")
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ApiError(400, f"body is not valid JSON: {err}", code="json_invalid") from err
     except RecursionError as err:
-        raise ApiError(400, "body is nested too deeply", code="json_too_deep") from err
+        raise _too_deep() from err
+    # Depth needs that many brackets; counting them (C speed) spares the walk for nearly every body.
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and json_depth_exceeds(data, MAX_JSON_DEPTH):
+        raise _too_deep()
     if not isinstance(data, dict):
         raise ApiError(400, "body must be a JSON object", code="invalid_body")
     if _SURROGATE.search(raw):

@@ -8,6 +8,7 @@ import asyncio
 import json
 import math
 import shutil
+import sys
 import threading
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from tandem.errors import ConfigError, ModelError  # noqa: E402
 from tandem.models import load_causal_lm, load_tokenizer  # noqa: E402
 from tandem.rollout import SamplingParams  # noqa: E402
 from tandem.serve import admin_state as ops  # noqa: E402
-from tandem.serve.app import parse_json_object  # noqa: E402
+from tandem.serve.app import MAX_JSON_DEPTH, json_depth_exceeds, parse_json_object  # noqa: E402
 from tandem.serve.batcher import DynamicBatcher, RowFailedError  # noqa: E402
 from tandem.serve.decode import RowRequest, RowResult, decode_rows  # noqa: E402
 from tandem.serve.feedback import FeedbackStore, check_pair, check_rating, preference_pairs  # noqa: E402
@@ -164,6 +165,33 @@ def test_hostile_json_bodies_are_400(raw, code):
     with pytest.raises(ApiError) as err:
         parse_json_object(raw)
     assert err.value.status == 400 and err.value.code == code
+
+
+def _nested(levels: int) -> bytes:
+    """A body whose object holds ``levels - 1`` nested lists: ``levels`` levels deep in all."""
+    return b'{"prompt": ' + b"[" * (levels - 1) + b"]" * (levels - 1) + b"}"
+
+
+def test_nesting_limit_is_the_same_on_every_interpreter():
+    """Python 3.11's parser refuses 5000 levels, 3.12's parses them: the limit must not be the parser's."""
+    assert parse_json_object(_nested(MAX_JSON_DEPTH)) == json.loads(_nested(MAX_JSON_DEPTH))
+    with pytest.raises(ApiError) as err:
+        parse_json_object(_nested(MAX_JSON_DEPTH + 1))
+    assert err.value.code == "json_too_deep" and str(MAX_JSON_DEPTH) in str(err.value)
+    # the hostile body above, as a parser that goes deeper than 5000 levels (Python 3.12's) sees it
+    deeper = sys.getrecursionlimit()
+    sys.setrecursionlimit(20_000)
+    try:
+        with pytest.raises(ApiError) as err:
+            parse_json_object(_nested(5000))
+    finally:
+        sys.setrecursionlimit(deeper)
+    assert err.value.code == "json_too_deep"
+    # brackets inside strings are text, not depth
+    assert parse_json_object(b'{"prompt": "' + b"[{" * 500 + b'"}')["prompt"] == "[{" * 500
+    assert json_depth_exceeds({"a": [{"b": [1]}]}, 4) is False and json_depth_exceeds(
+        {"a": [{"b": [[1]]}]}, 4
+    )
 
 
 def test_valid_surrogate_pairs_are_text():
