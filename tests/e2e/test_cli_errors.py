@@ -13,12 +13,12 @@ import logging
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from console import TANDEM
 from typer.testing import CliRunner
 
 from tandem.cli.main import app
@@ -264,11 +264,6 @@ def test_missing_config_file(tmp_path):
 # -- the real console script -----------------------------------------------------------------------------
 
 
-def _console_script() -> list[str]:
-    script = Path(sys.executable).parent / "tandem"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "tandem.cli.main"]
-
-
 @pytest.mark.parametrize("case", ["invalid-yaml", "malformed-jsonl", "reward-nan"])
 def test_console_script_exit_code_and_single_stderr_line(tmp_path, tiny_model_dir, case):
     train = _jsonl(tmp_path / "train.jsonl", PROMPTS)
@@ -282,7 +277,7 @@ def test_console_script_exit_code_and_single_stderr_line(tmp_path, tiny_model_di
         cfg.write_text(cfg.read_text().replace("rollout:\n", "rollout: [\n", 1))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
     proc = subprocess.run(
-        [*_console_script(), "train", str(cfg), "--no-progress"],
+        [*TANDEM, "train", str(cfg), "--no-progress"],
         capture_output=True,
         text=True,
         env=env,

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from bigram_models import bigram_model
+from console import TANDEM
 from typer.testing import CliRunner
 
 from tandem.cli.engines import DEFAULT_ENGINE_NAME, ENGINE_NAMES
@@ -77,8 +77,7 @@ def test_unknown_engine_is_one_line_and_exit_2(digits_dir, tmp_path, command):
 
 def test_console_script_unknown_engine(digits_dir):
     model, _ = digits_dir
-    tandem = str(Path(sys.executable).parent / "tandem")
-    proc = subprocess.run([tandem, "eval", str(model), "--engine", "nope"], capture_output=True, text=True)
+    proc = subprocess.run([*TANDEM, "eval", str(model), "--engine", "nope"], capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.strip() == f"error: --engine: {UNKNOWN}"
 
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from console import TANDEM
 from typer.testing import CliRunner
 
 from tandem.cli.main import app
@@ -192,7 +192,7 @@ def test_label_cli_rule_judge_with_noise(prefs, tmp_path):
 def test_console_script_prints_one_line_and_exits_2(tmp_path):
     missing = tmp_path / "nope.jsonl"
     proc = subprocess.run(
-        [str(Path(sys.executable).parent / "tandem"), "data", "validate", str(missing)],
+        [*TANDEM, "data", "validate", str(missing)],
         capture_output=True,
         text=True,
         check=False,

@@ -16,11 +16,10 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from console import TANDEM
 
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
@@ -29,7 +28,6 @@ torch = pytest.importorskip("torch")
 
 KEY = "conformance-key"
 CAP = 48  # --max-tokens-limit: the server-side cap on max_tokens (and on chat's default)
-TANDEM = str(Path(sys.executable).parent / "tandem")
 
 
 def _free_port() -> int:
@@ -51,7 +49,7 @@ def server(tiny_model_dir, tmp_path_factory):
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 [
-                    TANDEM,
+                    *TANDEM,
                     "serve",
                     str(tiny_model_dir),
                     "--name",

@@ -30,9 +30,9 @@ from tandem.serve.server import build_state  # noqa: E402
 from tandem.serve.state import ServeSettings  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
+from console import TANDEM  # noqa: E402
 from test_serve_api import Running, _free_port  # noqa: E402
 
-TANDEM = str(Path(sys.executable).parent / "tandem")
 KEY = "k1"
 
 
@@ -136,7 +136,7 @@ def _spawn(args: list[str], port: int, env: dict | None = None, wait_s: float = 
     SIGKILLed parent leaves its uvicorn workers running."""
     with tempfile.TemporaryFile() as log:  # the child keeps its own descriptor once we close ours
         proc = subprocess.Popen(
-            [TANDEM, "serve", *args, "--port", str(port)],
+            [*TANDEM, "serve", *args, "--port", str(port)],
             stdout=subprocess.DEVNULL,
             stderr=log,
             env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
@@ -187,7 +187,7 @@ def test_feedback_survives_kill_9_and_exports(tiny_model_dir, tmp_path):
         proc.wait(timeout=30)
     out = tmp_path / "prefs.jsonl"
     r = subprocess.run(
-        [TANDEM, "data", "export-feedback", str(db), "--out", str(out)],
+        [*TANDEM, "data", "export-feedback", str(db), "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -228,7 +228,7 @@ def test_tls(tiny_model_dir, tmp_path):
     port = _free_port()
     proc = subprocess.Popen(
         [
-            TANDEM,
+            *TANDEM,
             "serve",
             str(tiny_model_dir),
             "--port",
