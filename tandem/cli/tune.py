@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import yaml
 
 from tandem.cli.app import Overrides, app, out, user_errors
 from tandem.errors import ConfigError, RewardError
@@ -77,7 +78,9 @@ def tune(
         typer.Option(
             "--confirm/--no-confirm",
             help="Train the config as given for the final length too and keep it unless the winner beats "
-            "it in a paired sign test on the held-out prompts (budget is held back for that run).",
+            "it in a paired sign test (budget is held back for that run). Judged on new test prompts of "
+            "the task, none of them held out; a prompt-file config on its held-out prompts, or "
+            "--confirm-file's.",
         ),
     ] = True,
     alpha: Annotated[float, typer.Option(help="Significance level of the confirmation's sign test.")] = 0.05,
@@ -105,7 +108,8 @@ def tune(
 
     Every candidate trains a short run; the best 1/eta go on to eta-times longer runs, up to the config's
     trainer.total_steps. With --confirm (the default) a winner that differs from the config as given must
-    beat it on the held-out prompts (or --confirm-file's) in a paired sign test, else the config is kept.
+    beat it in a paired sign test on prompts the sweep did not rank on (a task's new test prompts,
+    --confirm-file's; a prompt-file config without it: its held-out prompts), else the config is kept.
     Example: tandem tune configs/quickstart.yaml --budget 600 --space trainer.lr=3e-4,1e-3
     """
     from tandem.cli.progress import step_progress
@@ -223,13 +227,21 @@ def tune(
 
 def finished_run(folder: Path, resolved: str) -> dict[str, float] | None:
     """The held-out metrics of a finished run in ``folder`` (``summary.json`` written last, and not by
-    an alert's stop) that was trained with exactly the resolved config ``resolved``; None when it must
-    train."""
+    an alert's stop) that was trained with exactly the resolved config ``resolved`` (its own
+    ``run.output_dir`` aside, so a sweep folder that was moved or copied still resumes); None when it
+    must train."""
     summary, written = folder / "summary.json", folder / "config.yaml"
-    if not (summary.is_file() and written.is_file()) or written.read_text() != resolved:
+    if not (summary.is_file() and written.is_file()) or _placed(written.read_text()) != _placed(resolved):
         return None
     done = json.loads(summary.read_text())
     return None if "stopped_by_alert" in done else dict(done.get("eval_after", {}))
+
+
+def _placed(config_yaml: str) -> Any:
+    """A resolved config as data, without the folder it was written for."""
+    data = yaml.safe_load(config_yaml)
+    data.get("run", {}).pop("output_dir", None)
+    return data
 
 
 def confirm_unsupported(cfg: Any, metric: str) -> str | None:
@@ -254,7 +266,7 @@ def check_confirm_file(cfg: Any, path: Path, why_not: str | None) -> None:
         raise ConfigError(
             "the config has no reward.functions to score its prompts (it is scored by its task)",
             where="--confirm-file",
-            hint="leave --confirm-file out: the task's held-out prompts are used",
+            hint="leave --confirm-file out: new test prompts of the task are drawn",
         )
     data = eval_data(cfg, eval_file=str(path), require_rewards=True)
     row = data.rows[0]  # scored once now: a column the reward functions need fails here, not after the sweep
@@ -266,22 +278,36 @@ def check_confirm_file(cfg: Any, path: Path, why_not: str | None) -> None:
 
 
 def verdict_line(v: dict[str, Any]) -> str:
-    """The confirmation's verdict (``Decision.to_json()``, the winner as B) in one line."""
+    """The confirmation's verdict (``Decision.to_json()``, the winner as B, ``on``: the prompts it was
+    judged on) in one line."""
     test = f"sign test p={v['p_value']:.3g} {'<' if v['p_value'] < v['alpha'] else '≥'} {v['alpha']}"
     head = "replaces" if v["promote"] else "does not replace"
-    return (
-        f"{head} the config as given: better on {v['wins']} held-out prompts, worse on {v['losses']} ({test})"
-    )
+    n = v["wins"] + v["ties"] + v["losses"]
+    on = v.get("on", "held-out prompts")
+    return f"{head} the config as given: better on {v['wins']}, worse on {v['losses']} of {n} {on} ({test})"
 
 
 def confirm_winner(
     incumbent: Path, winner: Path, alpha: float, seed: int, prompts: Path | None = None
 ) -> dict[str, Any]:
-    """Greedy answers of both runs' final models to the held-out prompts (or to the file ``prompts``),
-    judged by the config's verifier; ``tandem.evaluate.stats.decide``'s verdict on promoting the winner
-    (JSON-ready)."""
+    """Greedy answers of both runs' final models, judged by the config's verifier, and
+    ``tandem.evaluate.stats.decide``'s verdict on promoting the winner (JSON-ready, with ``on``).
+
+    The prompts: the file ``prompts`` if given; else, for a task, a new draw of its test split without
+    the held-out prompts the sweep ranked on (so the winner's luck on those cannot carry it); else the
+    held-out prompts themselves."""
     from tandem.evaluate.abtest import ABSettings, run_abtest
+    from tandem.evaluate.targets import eval_data, resolve_target
 
     settings = ABSettings(temperature=0.0, seed=seed, alpha=alpha)
-    eval_file = None if prompts is None else str(prompts)
-    return run_abtest(incumbent, winner, "verifier", settings, eval_file=eval_file)["decision"]
+    if prompts is not None:
+        result = run_abtest(incumbent, winner, "verifier", settings, eval_file=str(prompts))
+        return {**result["decision"], "on": f"prompts of {prompts}"}
+    cfg = resolve_target(incumbent).config
+    if cfg is None or cfg.data.task is None:
+        result = run_abtest(incumbent, winner, "verifier", settings)
+        return {**result["decision"], "on": "held-out prompts (the ones the sweep ranked on)"}
+    ranked_on = {row["prompt"] for row in eval_data(cfg).rows}
+    settings = ABSettings(temperature=0.0, seed=seed + 1, alpha=alpha)
+    result = run_abtest(incumbent, winner, "verifier", settings, exclude_prompts=ranked_on)
+    return {**result["decision"], "on": f"new test prompts of task {cfg.data.task} (none held out)"}

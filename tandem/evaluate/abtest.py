@@ -7,7 +7,7 @@ answer per prompt; ``temperature=0`` compares greedy answers.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,10 +114,12 @@ def run_abtest(
     engine: str | None = None,
     engine_options: Mapping[str, Any] | None = None,
     on_progress: ProgressFn | None = None,
+    exclude_prompts: Collection[str] = (),
 ) -> dict[str, Any]:
     """Load A and B (run, checkpoint or model folders), build the prompts and judge, compare them.
 
-    The prompts come from the options, else from A's run config, else B's. Each model is sampled by
+    The prompts come from the options, else from A's run config, else B's (a task's draw without
+    ``exclude_prompts``). Each model is sampled by
     ``engine`` if given, else by its own run's engine (:func:`tandem.evaluate.runner.engine_choice`).
     """
     check_judge_spec(judge_spec)
@@ -131,6 +133,7 @@ def run_abtest(
         size=size,
         seed=settings.seed,
         require_rewards=judge_spec == "verifier",
+        exclude=exclude_prompts,
     )
     judge = build_judge(judge_spec, data.rewards)
     engines = [target_engine(t, data.max_prompt_len, engine=engine, options=engine_options) for t in (ta, tb)]

@@ -11,6 +11,7 @@ settings, so the evaluation sees exactly the prompts the training loop evaluated
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,11 +112,14 @@ def eval_data(
     size: int | None = None,
     seed: int | None = None,
     require_rewards: bool = True,
+    exclude: Collection[str] = (),
 ) -> EvalData:
     """Held-out prompts: explicit ``task``/``eval_file`` options win, else the run config's data section.
 
     For a task the verifier scores; for a file, ``reward`` (``module:function``) or the config's functions
-    (with ``require_rewards=False`` a file may come without one: ``rewards`` is then None).
+    (with ``require_rewards=False`` a file may come without one: ``rewards`` is then None). A task's rows
+    leave out the prompts in ``exclude`` (e.g. the held-out set a choice was made on): the first ``size``
+    of the test split's draw that are not in it.
     """
     data = config.data if config is not None else None
     task = task or (data.task if data and not eval_file else None)
@@ -137,9 +141,13 @@ def eval_data(
         )
         t = get_task(task, **opts)
         n = size if size is not None else (data.eval_size if data and data.eval_size else 200)
-        ds = rows_from_task(t, "test", n, seed)
+        ds = rows_from_task(t, "test", n + len(exclude), seed)
+        rows = [r for r in ds.rows if r["prompt"] not in exclude][:n] if exclude else ds.rows
+        source = (
+            f"{ds.source} (seed {seed}, none of {len(exclude)} excluded prompts)" if exclude else ds.source
+        )
         rewards = RewardSet([RewardFunction(name=t.name, fn=t.reward, weight=1.0)], on_error="raise")
-        return EvalData(ds.rows, rewards, ds.source, **gen, task=t)
+        return EvalData(rows, rewards, source, **gen, task=t)
     if eval_file is None:
         raise ConfigError(
             "nothing to evaluate on", where="--task", hint="pass --task NAME or --eval-file FILE"

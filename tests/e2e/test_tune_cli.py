@@ -69,11 +69,13 @@ def test_tune_keeps_the_config_unless_the_winner_is_shown_better(tiny_model_dir,
     assert rows[3]["overrides"] == [] and rows[4]["overrides"] == [f"trainer.lr={winner}"]
     verdict = rows[4]["confirm"]
     assert verdict["promote"] is False and verdict["p_value"] >= 0.125
-    assert verdict["wins"] + verdict["ties"] + verdict["losses"] == 4  # every held-out prompt judged
+    assert verdict["wins"] + verdict["ties"] + verdict["losses"] == 4  # data.eval_size prompts judged
+    assert verdict["on"] == "new test prompts of task arith (none held out)"  # not those ranked on
     assert load_config(out / "best.yaml").trainer.lr == 1e-3  # the config as given
     for run in (f"00002-{winner}", "00002-config"):  # the two final models that were compared
         assert any((out / run / "checkpoints").glob("step-*/COMPLETE")), run
     assert "does not replace the config as given" in result.output and "6/6" in result.output
+    assert "of 4 new test prompts of task arith" in " ".join(result.output.split())
 
 
 def test_tune_promotes_a_winner_the_confirmation_accepts(tiny_model_dir, tmp_path, monkeypatch) -> None:
@@ -121,6 +123,10 @@ def test_resume_reuses_finished_runs_of_the_same_config_only(tiny_model_dir, tmp
     written = (out / "00002-config" / "config.yaml").read_text()
     assert finished_run(out / "00002-config", written) is not None
     assert finished_run(out / "00002-config", written.replace("lr: 0.001", "lr: 0.002")) is None
+    copied = written.replace(str(out / "00002-config"), str(tmp_path / "copy" / "00002-config"))
+    assert (
+        copied != written and finished_run(out / "00002-config", copied) is not None
+    )  # a copied sweep resumes
     summary = out / "00002-config" / "summary.json"
     summary.write_text(json.dumps({**json.loads(summary.read_text()), "stopped_by_alert": 1}))
     assert finished_run(out / "00002-config", written) is None  # an alert's stop is not a finished run

@@ -123,3 +123,18 @@ def test_eval_data_names_a_configs_file_path_reward_by_its_function(models, tmp_
     cfg.write_text(json.dumps({"model": {"path": str(models["a"])}, "data": data, "reward": reward}))
     got = eval_data(load_config(cfg), size=4)
     assert [f.name for f in got.rewards.functions] == ["exact_answer"] and len(got.rows) == 4
+
+
+def test_a_task_draw_can_leave_out_the_prompts_a_choice_was_made_on() -> None:
+    """tandem tune confirms on such a draw: as many prompts as asked, none of the excluded ones."""
+    held_out = eval_data(None, task="arith", size=40, seed=0)
+    ranked_on = {r["prompt"] for r in held_out.rows}
+    fresh = eval_data(None, task="arith", size=40, seed=1, exclude=ranked_on)
+    again = eval_data(None, task="arith", size=40, seed=1, exclude=ranked_on)
+    prompts = [r["prompt"] for r in fresh.rows]
+    assert len(prompts) == 40 and not ranked_on & set(prompts)
+    assert prompts == [r["prompt"] for r in again.rows]  # the same draw each time
+    assert "none of 40 excluded prompts" in fresh.source
+    plain = [r["prompt"] for r in eval_data(None, task="arith", size=40, seed=1).rows]
+    less = eval_data(None, task="arith", size=40, seed=1, exclude=set(plain[:10]))
+    assert [r["prompt"] for r in less.rows][:30] == plain[10:]  # excluded ones skipped, the draw goes on
