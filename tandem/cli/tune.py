@@ -294,8 +294,8 @@ def confirm_winner(
     ``tandem.evaluate.stats.decide``'s verdict on promoting the winner (JSON-ready, with ``on``).
 
     The prompts: the file ``prompts`` if given; else, for a task, a new draw of its test split without
-    the held-out prompts the sweep ranked on (so the winner's luck on those cannot carry it); else the
-    held-out prompts themselves."""
+    the held-out prompts the sweep ranked on (so the winner's luck on those cannot carry it), unless the
+    split holds fewer than half as many other prompts; else the held-out prompts themselves."""
     from tandem.evaluate.abtest import ABSettings, run_abtest
     from tandem.evaluate.targets import eval_data, resolve_target
 
@@ -304,10 +304,15 @@ def confirm_winner(
         result = run_abtest(incumbent, winner, "verifier", settings, eval_file=str(prompts))
         return {**result["decision"], "on": f"prompts of {prompts}"}
     cfg = resolve_target(incumbent).config
-    if cfg is None or cfg.data.task is None:
-        result = run_abtest(incumbent, winner, "verifier", settings)
-        return {**result["decision"], "on": "held-out prompts (the ones the sweep ranked on)"}
-    ranked_on = {row["prompt"] for row in eval_data(cfg).rows}
-    settings = ABSettings(temperature=0.0, seed=seed + 1, alpha=alpha)
-    result = run_abtest(incumbent, winner, "verifier", settings, exclude_prompts=ranked_on)
-    return {**result["decision"], "on": f"new test prompts of task {cfg.data.task} (none held out)"}
+    same = "held-out prompts (the ones the sweep ranked on)"
+    if cfg is not None and cfg.data.task is not None:
+        held_out = eval_data(cfg).rows
+        ranked_on = {row["prompt"] for row in held_out}
+        new = len(eval_data(cfg, seed=seed + 1, exclude=ranked_on).rows)
+        if 2 * new >= len(held_out):
+            settings = ABSettings(temperature=0.0, seed=seed + 1, alpha=alpha)
+            result = run_abtest(incumbent, winner, "verifier", settings, exclude_prompts=ranked_on)
+            return {**result["decision"], "on": f"new test prompts of task {cfg.data.task} (none held out)"}
+        same = f"held-out prompts (a new draw of task {cfg.data.task} finds only {new} prompts outside them)"
+    result = run_abtest(incumbent, winner, "verifier", settings)
+    return {**result["decision"], "on": same}

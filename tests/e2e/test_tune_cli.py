@@ -230,3 +230,35 @@ def test_confirmation_is_skipped_with_a_reason_where_it_cannot_judge(tiny_model_
     assert "--metric eval/length_mean is not scored per prompt" in confirm_unsupported(
         cfg, "eval/length_mean"
     )
+
+
+def test_confirmation_prompts_are_new_unless_the_task_has_too_few(tmp_path, monkeypatch) -> None:
+    """A task config is confirmed on a new test draw without the held-out prompts; where the task's test
+    split holds fewer than half as many others (1-digit sums: ~50 test prompts), on the held-out ones."""
+    import tandem.evaluate.abtest as abtest
+    import tandem.evaluate.targets as targets
+    from tandem.cli.tune import confirm_winner
+
+    calls: list[tuple[int, set[str]]] = []
+
+    def judged(a, b, judge, settings, **kwargs) -> dict:  # stands in for the two models' A/B run
+        calls.append((settings.seed, set(kwargs.get("exclude_prompts", ()))))
+        return {
+            "decision": {"promote": False, "wins": 1, "ties": 2, "losses": 1, "p_value": 1.0, "alpha": 0.05}
+        }
+
+    monkeypatch.setattr(abtest, "run_abtest", judged)
+    verdicts = []
+    for digits in (2, 1):
+        data = {"task": "arith", "task_options": {"digits": digits, "ops": "+"}, "eval_size": 100}
+        path = tmp_path / f"cfg{digits}.yaml"
+        path.write_text(yaml.safe_dump({"model": {"path": str(tmp_path)}, "data": data}))
+        cfg = load_config(path)
+        monkeypatch.setattr(
+            targets, "resolve_target", lambda _p, cfg=cfg: targets.Target(tmp_path, None, cfg)
+        )
+        verdicts.append(confirm_winner(tmp_path / "a", tmp_path / "b", 0.05, seed=0)["on"])
+    held_out = {r["prompt"] for r in targets.eval_data(load_config(tmp_path / "cfg2.yaml")).rows}
+    assert calls[0] == (1, held_out) and len(held_out) > 90  # a new draw, the held-out prompts left out
+    assert verdicts[0] == "new test prompts of task arith (none held out)"
+    assert calls[1] == (0, set()) and verdicts[1].startswith("held-out prompts (a new draw of task arith")
