@@ -84,6 +84,15 @@ def tune(
         ),
     ] = True,
     alpha: Annotated[float, typer.Option(help="Significance level of the confirmation's sign test.")] = 0.05,
+    confirm_seeds: Annotated[
+        int,
+        typer.Option(
+            "--confirm-seeds",
+            help="Training seeds per config the confirmation compares: 1 judges the winner's run against "
+            "the config's; N also retrains both on run.seed+1..N-1 (2 final-length runs per extra seed) and "
+            "pools the pairs' sign test, judging the configs rather than one training run each.",
+        ),
+    ] = 1,
     confirm_file: Annotated[
         Path | None,
         typer.Option(
@@ -122,6 +131,8 @@ def tune(
         raise ConfigError(
             f"--alpha {alpha} is not a significance level", hint="pass 0 < --alpha < 1, e.g. 0.05"
         )
+    if confirm_seeds < 1:
+        raise ConfigError(f"--confirm-seeds {confirm_seeds} must be at least 1", where="--confirm-seeds")
     base = list(overrides or [])
     cfg = load_config(config, base)
     if cfg.data.eval_size == 0 and cfg.data.eval_file is None and cfg.data.task is None:
@@ -144,7 +155,8 @@ def tune(
     confirming = confirm and why_not is None
     if confirm_file is not None:
         check_confirm_file(cfg, confirm_file, None if confirming else why_not or "--no-confirm is given")
-    rungs = plan_rungs(len(candidates), cfg.trainer.total_steps, budget, eta, min_steps, int(confirming))
+    reserve = 2 * confirm_seeds - 1 if confirming else 0  # the config's run, then both per extra seed
+    rungs = plan_rungs(len(candidates), cfg.trainer.total_steps, budget, eta, min_steps, reserve)
     out_dir.mkdir(parents=True, exist_ok=True)
     log_path = out_dir / "tune.jsonl"
     log_path.write_text("")
@@ -152,17 +164,20 @@ def tune(
 
     top = rungs[-1][1]
 
-    def run_dir(cand: list[str], steps: int) -> Path:
-        return out_dir / f"{steps:05d}-{'_'.join(c.split('=', 1)[1] for c in cand) or 'config'}"
+    def run_dir(cand: list[str], steps: int, extra_seed: int = 0) -> Path:
+        name = f"{steps:05d}-{'_'.join(c.split('=', 1)[1] for c in cand) or 'config'}"
+        return out_dir / (f"{name}-s{extra_seed}" if extra_seed else name)
 
-    def run(cand: list[str], steps: int) -> float | None:
+    def run(cand: list[str], steps: int, extra_seed: int = 0) -> float | None:
         keep = confirming and steps == top  # the final models are compared when confirming
-        folder = run_dir(cand, steps)
+        folder = run_dir(cand, steps, extra_seed)
+        seeded = [f"run.seed={cfg.run.seed + extra_seed}"] if extra_seed else []
         run_cfg = load_config(
             config,
             [
                 *base,
                 *cand,
+                *seeded,
                 f"trainer.total_steps={steps}",
                 f"run.output_dir={folder}",
                 "run.overwrite=true",
@@ -182,7 +197,7 @@ def tune(
     planned = sum(k * s for k, s in rungs)
     done = {"steps": 0, "best": -math.inf}
 
-    def record(trial: Trial, steps: int) -> None:
+    def record(trial: Trial, steps: int, seed: int | None = None) -> None:
         value = trial.scores[steps]
         done["steps"] += steps
         if value is not None and not math.isnan(value):
@@ -194,6 +209,7 @@ def tune(
             fh.write(
                 json.dumps(
                     {"trial": trial.index, "overrides": trial.overrides, "steps": steps, metric: value}
+                    | ({} if seed is None else {"seed": seed})
                 )
                 + "\n"
             )
@@ -207,13 +223,19 @@ def tune(
             )
         chosen, score = winner.overrides, winner.last()
         if confirming and config_to_yaml(load_config(config, [*base, *chosen])) != config_to_yaml(cfg):
-            on_step(done["steps"], {}, total=planned + top)  # the config as given, at the final length
+            # the config as given at the final length, then both configs on each extra seed
+            on_step(done["steps"], {}, total=planned + reserve * top)
             incumbent = Trial(-1, [])
             incumbent.scores[top] = run([], top)
             record(incumbent, top)
-            verdict = confirm_winner(
-                run_dir([], top), run_dir(chosen, top), alpha, cfg.run.seed, confirm_file
-            )
+            pairs = [(run_dir([], top), run_dir(chosen, top))]
+            for k in range(1, confirm_seeds):
+                for index, cand in ((-1, []), (winner.index, chosen)):
+                    again = Trial(index, cand)
+                    again.scores[top] = run(cand, top, k)
+                    record(again, top, seed=cfg.run.seed + k)
+                pairs.append((run_dir([], top, k), run_dir(chosen, top, k)))
+            verdict = confirm_winner(pairs, alpha, cfg.run.seed, confirm_file)
             with log_path.open("a") as fh:
                 fh.write(json.dumps({"confirm": verdict, "overrides": chosen}) + "\n")
             out.print(f"confirmation: {' '.join(chosen)} {verdict_line(verdict)}")
@@ -288,31 +310,52 @@ def verdict_line(v: dict[str, Any]) -> str:
 
 
 def confirm_winner(
-    incumbent: Path, winner: Path, alpha: float, seed: int, prompts: Path | None = None
+    pairs: list[tuple[Path, Path]], alpha: float, seed: int, prompts: Path | None = None
 ) -> dict[str, Any]:
-    """Greedy answers of both runs' final models, judged by the config's verifier, and
-    ``tandem.evaluate.stats.decide``'s verdict on promoting the winner (JSON-ready, with ``on``).
+    """Greedy answers of each pair's final models (the config's run, the winner's; one pair per training
+    seed), judged by the config's verifier, and ``tandem.evaluate.stats.decide``'s verdict on the pooled
+    outcomes (JSON-ready, with ``on``: the prompts, and ``seeds``).
 
-    The prompts: the file ``prompts`` if given; else, for a task, a new draw of its test split without
-    the held-out prompts the sweep ranked on (so the winner's luck on those cannot carry it), unless the
-    split holds fewer than half as many other prompts; else the held-out prompts themselves."""
+    The prompts: the file ``prompts`` if given; else, for a task, a new draw of its test split per pair
+    without the held-out prompts the sweep ranked on (so the winner's luck on those cannot carry it) nor
+    an earlier pair's, unless the split holds fewer than half as many other prompts; else the held-out
+    prompts themselves. Pairs judged on the same prompts count each prompt once per seed."""
     from tandem.evaluate.abtest import ABSettings, run_abtest
+    from tandem.evaluate.stats import decide
     from tandem.evaluate.targets import eval_data, resolve_target
 
-    settings = ABSettings(temperature=0.0, seed=seed, alpha=alpha)
+    def judged(k: int, settings_seed: int, **data: Any) -> tuple[list[int], list[str]]:
+        a, b = pairs[k]
+        settings = ABSettings(temperature=0.0, seed=settings_seed, alpha=alpha)
+        result = run_abtest(a, b, "verifier", settings, **data)
+        return [int(p["outcome"]) for p in result["pairs"]], [p["prompt"] for p in result["pairs"]]
+
+    cfg = resolve_target(pairs[0][0]).config
+    outcomes: list[int] = []
+    on = "held-out prompts (the ones the sweep ranked on)"
     if prompts is not None:
-        result = run_abtest(incumbent, winner, "verifier", settings, eval_file=str(prompts))
-        return {**result["decision"], "on": f"prompts of {prompts}"}
-    cfg = resolve_target(incumbent).config
-    same = "held-out prompts (the ones the sweep ranked on)"
-    if cfg is not None and cfg.data.task is not None:
+        on = f"prompts of {prompts}"
+    elif cfg is not None and cfg.data.task is not None:
         held_out = eval_data(cfg).rows
-        ranked_on = {row["prompt"] for row in held_out}
-        new = len(eval_data(cfg, seed=seed + 1, exclude=ranked_on).rows)
+        used = {row["prompt"] for row in held_out}
+        new = len(eval_data(cfg, seed=seed + 1, exclude=used).rows)
         if 2 * new >= len(held_out):
-            settings = ABSettings(temperature=0.0, seed=seed + 1, alpha=alpha)
-            result = run_abtest(incumbent, winner, "verifier", settings, exclude_prompts=ranked_on)
-            return {**result["decision"], "on": f"new test prompts of task {cfg.data.task} (none held out)"}
-        same = f"held-out prompts (a new draw of task {cfg.data.task} finds only {new} prompts outside them)"
-    result = run_abtest(incumbent, winner, "verifier", settings)
-    return {**result["decision"], "on": same}
+            for k in range(len(pairs)):
+                got, asked = judged(k, seed + 1 + k, exclude_prompts=set(used))
+                outcomes += got
+                used |= set(asked)
+            on = f"new test prompts of task {cfg.data.task} (none held out)"
+        else:
+            on = (
+                f"held-out prompts (a new draw of task {cfg.data.task} finds only {new} prompts outside them)"
+            )
+    if not outcomes:
+        file = {} if prompts is None else {"eval_file": str(prompts)}
+        for k in range(len(pairs)):
+            outcomes += judged(k, seed, **file)[0]
+    decision = decide(outcomes, alpha=alpha, seed=seed).to_json()
+    return {
+        **decision,
+        "on": on + (f", {len(pairs)} training seeds" if len(pairs) > 1 else ""),
+        "seeds": len(pairs),
+    }

@@ -84,8 +84,8 @@ def test_tune_promotes_a_winner_the_confirmation_accepts(tiny_model_dir, tmp_pat
 
     seen: list[tuple[str, str]] = []
 
-    def accept(incumbent: Path, winner: Path, alpha: float, seed: int, prompts: Path | None) -> dict:
-        seen.append((incumbent.name, winner.name))
+    def accept(pairs: list[tuple[Path, Path]], alpha: float, seed: int, prompts: Path | None) -> dict:
+        seen.extend((incumbent.name, winner.name) for incumbent, winner in pairs)
         return {"promote": True, "wins": 3, "ties": 1, "losses": 0, "p_value": 0.01, "alpha": alpha}
 
     monkeypatch.setattr(tune_cli, "confirm_winner", accept)
@@ -243,9 +243,7 @@ def test_confirmation_prompts_are_new_unless_the_task_has_too_few(tmp_path, monk
 
     def judged(a, b, judge, settings, **kwargs) -> dict:  # stands in for the two models' A/B run
         calls.append((settings.seed, set(kwargs.get("exclude_prompts", ()))))
-        return {
-            "decision": {"promote": False, "wins": 1, "ties": 2, "losses": 1, "p_value": 1.0, "alpha": 0.05}
-        }
+        return {"pairs": [{"prompt": "1+1=", "outcome": o} for o in (1, 0, 0, -1)]}
 
     monkeypatch.setattr(abtest, "run_abtest", judged)
     verdicts = []
@@ -257,8 +255,30 @@ def test_confirmation_prompts_are_new_unless_the_task_has_too_few(tmp_path, monk
         monkeypatch.setattr(
             targets, "resolve_target", lambda _p, cfg=cfg: targets.Target(tmp_path, None, cfg)
         )
-        verdicts.append(confirm_winner(tmp_path / "a", tmp_path / "b", 0.05, seed=0)["on"])
+        verdicts.append(confirm_winner([(tmp_path / "a", tmp_path / "b")], 0.05, seed=0)["on"])
     held_out = {r["prompt"] for r in targets.eval_data(load_config(tmp_path / "cfg2.yaml")).rows}
     assert calls[0] == (1, held_out) and len(held_out) > 90  # a new draw, the held-out prompts left out
     assert verdicts[0] == "new test prompts of task arith (none held out)"
     assert calls[1] == (0, set()) and verdicts[1].startswith("held-out prompts (a new draw of task arith")
+
+
+def test_confirm_seeds_retrains_both_configs_and_pools_the_pairs(tiny_model_dir, tmp_path) -> None:
+    """--confirm-seeds 2: the config and the winner are also trained on run.seed+1, each pair is judged on
+    its own new prompts, and one sign test runs on all of them."""
+    cfg, out = _config(tmp_path, tiny_model_dir), tmp_path / "tune"
+    args = ["tune", str(cfg), "--budget", "10", "--min-steps", "1", "--out", str(out), "--confirm-seeds", "2"]
+    result = CliRunner().invoke(app, [*args, "--space", "trainer.lr=2e-3,3e-3"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (out / "tune.jsonl").read_text().splitlines()]
+    winner = rows[2]["overrides"][0].split("=")[1]
+    extra = [(r["overrides"], r["steps"], r.get("seed")) for r in rows[3:6]]
+    assert extra == [([], 2, None), ([], 2, 1), ([f"trainer.lr={winner}"], 2, 1)]
+    for run in ("00002-config", "00002-config-s1", f"00002-{winner}", f"00002-{winner}-s1"):
+        assert any((out / run / "checkpoints").glob("step-*/COMPLETE")), run
+    assert load_config(out / "00002-config-s1" / "config.yaml").run.seed == 1
+    verdict = rows[6]["confirm"]
+    assert verdict["seeds"] == 2 and verdict["wins"] + verdict["ties"] + verdict["losses"] == 8
+    assert verdict["on"] == "new test prompts of task arith (none held out), 2 training seeds"
+    assert "10/10" in result.output  # the bar grew by the three confirmation runs
+    bad = CliRunner().invoke(app, [*args[:-1], "0"])
+    assert bad.exit_code == 2 and "--confirm-seeds: --confirm-seeds 0 must be at least 1" in bad.output
