@@ -222,7 +222,8 @@ def tune(
                 f"no run reported {metric}", where="--metric", hint="check the config's held-out data"
             )
         chosen, score = winner.overrides, winner.last()
-        if confirming and config_to_yaml(load_config(config, [*base, *chosen])) != config_to_yaml(cfg):
+        best = load_config(config, [*base, *chosen])
+        if confirming and config_to_yaml(best) != config_to_yaml(cfg):
             # the config as given at the final length, then both configs on each extra seed
             on_step(done["steps"], {}, total=planned + reserve * top)
             incumbent = Trial(-1, [])
@@ -240,8 +241,7 @@ def tune(
                 fh.write(json.dumps({"confirm": verdict, "overrides": chosen}) + "\n")
             out.print(f"confirmation: {' '.join(chosen)} {verdict_line(verdict)}")
             if not verdict["promote"]:
-                chosen, score = [], incumbent.last()
-    best = load_config(config, [*base, *chosen])
+                chosen, score, best = [], incumbent.last(), cfg
     (out_dir / "best.yaml").write_text(config_to_yaml(best))
     shown = " ".join(chosen) or "the config as given"
     out.print(f"best: {shown} ({metric} {score:.4f}) -> {out_dir / 'best.yaml'}")
@@ -331,28 +331,28 @@ def confirm_winner(
         return [int(p["outcome"]) for p in result["pairs"]], [p["prompt"] for p in result["pairs"]]
 
     cfg = resolve_target(pairs[0][0]).config
-    outcomes: list[int] = []
+    used: set[str] | None = None  # prompts a new task draw leaves out; None: judge on fixed prompts
     on = "held-out prompts (the ones the sweep ranked on)"
     if prompts is not None:
         on = f"prompts of {prompts}"
     elif cfg is not None and cfg.data.task is not None:
         held_out = eval_data(cfg).rows
-        used = {row["prompt"] for row in held_out}
-        new = len(eval_data(cfg, seed=seed + 1, exclude=used).rows)
+        ranked_on = {row["prompt"] for row in held_out}
+        new = len(eval_data(cfg, seed=seed + 1, exclude=ranked_on).rows)
         if 2 * new >= len(held_out):
-            for k in range(len(pairs)):
-                got, asked = judged(k, seed + 1 + k, exclude_prompts=set(used))
-                outcomes += got
-                used |= set(asked)
-            on = f"new test prompts of task {cfg.data.task} (none held out)"
+            used, on = ranked_on, f"new test prompts of task {cfg.data.task} (none held out)"
         else:
             on = (
                 f"held-out prompts (a new draw of task {cfg.data.task} finds only {new} prompts outside them)"
             )
-    if not outcomes:
-        file = {} if prompts is None else {"eval_file": str(prompts)}
-        for k in range(len(pairs)):
-            outcomes += judged(k, seed, **file)[0]
+    outcomes: list[int] = []
+    for k in range(len(pairs)):
+        if used is None:
+            got, _ = judged(k, seed, **({} if prompts is None else {"eval_file": str(prompts)}))
+        else:
+            got, asked = judged(k, seed + 1 + k, exclude_prompts=set(used))
+            used |= set(asked)
+        outcomes += got
     decision = decide(outcomes, alpha=alpha, seed=seed).to_json()
     return {
         **decision,

@@ -14,10 +14,11 @@ The plan is the longest one whose total fits ``--budget`` (training steps over a
 Confirmation (on by default): one held-out evaluation of a few hundred prompts has a standard error of
 ≈ 3 points, more than the differences between neighbouring learning rates, so the highest score is often
 noise (docs/learning.md, "Does `tandem tune` pay for itself?"). When the winner differs from the config
-as given, the config itself is trained for the final rung's length too, both final models answer the
-held-out prompts greedily, and the winner replaces the config only if a paired sign test on the prompts
-they answer differently says it is better (``tandem.evaluate.stats.decide``) — the rule ``tandem ab``
-gates a promotion on. The plan holds back budget for that run.
+as given, the config itself is trained for the final rung's length too (and both on more seeds with
+``--confirm-seeds``), both final models answer prompts the sweep did not rank on greedily, and the winner
+replaces the config only if a paired sign test on the prompts they answer differently says it is better
+(``tandem.evaluate.stats.decide``) — the rule ``tandem ab`` gates a promotion on. The plan holds back
+budget for those runs (``reserve``).
 
 Why our own ~100 lines rather than Optuna or Ray Tune: trials are whole training runs that use every core
 of the machine, so a scheduler's parallel trials buy nothing; the grid is small; this is deterministic,
@@ -66,8 +67,8 @@ def plan_rungs(
 
     Candidates shrink ``n, ceil(n / eta), ..., 1``; steps grow ``eta``-fold per rung up to ``top`` on the
     last rung (never below ``min_steps``). ``top`` is the largest value up to ``max_steps`` whose total
-    (``sum(candidates × steps)``, plus ``reserve`` more runs of ``top`` steps: the confirmation run of
-    the config as given) fits ``budget``; ConfigError when none does."""
+    (``sum(candidates × steps)``, plus ``reserve`` more runs of ``top`` steps: the confirmation's runs)
+    fits ``budget``; ConfigError when none does."""
     if n < 1 or eta < 2 or min_steps < 1:
         raise ConfigError(
             f"successive halving needs candidates, min_steps >= 1 and eta >= 2 (got {n}, {eta})"
