@@ -90,7 +90,8 @@ def tune(
             "--confirm-seeds",
             help="Training seeds per config the confirmation compares: 1 judges the winner's run against "
             "the config's; N also retrains both on run.seed+1..N-1 (2 final-length runs per extra seed) and "
-            "pools the pairs' sign test, judging the configs rather than one training run each.",
+            "pools the pairs' sign test (on fixed prompts: one outcome per prompt, summed over the seeds), "
+            "judging the configs rather than one training run each.",
         ),
     ] = 1,
     confirm_file: Annotated[
@@ -309,6 +310,15 @@ def verdict_line(v: dict[str, Any]) -> str:
     return f"{head} the config as given: better on {v['wins']}, worse on {v['losses']} of {n} {on} ({test})"
 
 
+def per_prompt_net(judgements: list[tuple[list[int], list[str]]]) -> list[int]:
+    """One outcome per prompt from several judgements (outcomes, prompts) of the same prompts in the
+    same order: the sign of its summed outcomes, so a prompt won on one seed and lost on another is a
+    tie."""
+    if any(asked != judgements[0][1] for _, asked in judgements):
+        raise ValueError("pairs meant to be judged on the same prompts were asked different ones")
+    return [(t > 0) - (t < 0) for t in map(sum, zip(*(got for got, _ in judgements), strict=True))]
+
+
 def confirm_winner(
     pairs: list[tuple[Path, Path]], alpha: float, seed: int, prompts: Path | None = None
 ) -> dict[str, Any]:
@@ -319,7 +329,8 @@ def confirm_winner(
     The prompts: the file ``prompts`` if given; else, for a task, a new draw of its test split per pair
     without the held-out prompts the sweep ranked on (so the winner's luck on those cannot carry it) nor
     an earlier pair's, unless the split holds fewer than half as many other prompts; else the held-out
-    prompts themselves. Pairs judged on the same prompts count each prompt once per seed."""
+    prompts themselves. Pairs judged on the same prompts give one outcome per prompt, the sign of its
+    summed outcomes over the pairs: the sign test counts independent prompts, not a prompt per seed."""
     from tandem.evaluate.abtest import ABSettings, run_abtest
     from tandem.evaluate.stats import decide
     from tandem.evaluate.targets import eval_data, resolve_target
@@ -346,16 +357,18 @@ def confirm_winner(
                 f"held-out prompts (a new draw of task {cfg.data.task} finds only {new} prompts outside them)"
             )
     outcomes: list[int] = []
-    for k in range(len(pairs)):
-        if used is None:
-            got, _ = judged(k, seed, **({} if prompts is None else {"eval_file": str(prompts)}))
-        else:
+    if used is None:  # the same prompts for every pair: one outcome per prompt
+        fixed = {} if prompts is None else {"eval_file": str(prompts)}
+        outcomes = per_prompt_net([judged(k, seed, **fixed) for k in range(len(pairs))])
+    else:
+        for k in range(len(pairs)):
             got, asked = judged(k, seed + 1 + k, exclude_prompts=set(used))
             used |= set(asked)
-        outcomes += got
+            outcomes += got
     decision = decide(outcomes, alpha=alpha, seed=seed).to_json()
+    per_prompt = " summed per prompt" if used is None else ""
     return {
         **decision,
-        "on": on + (f", {len(pairs)} training seeds" if len(pairs) > 1 else ""),
+        "on": on + (f", {len(pairs)} training seeds{per_prompt}" if len(pairs) > 1 else ""),
         "seeds": len(pairs),
     }

@@ -262,6 +262,31 @@ def test_confirmation_prompts_are_new_unless_the_task_has_too_few(tmp_path, monk
     assert calls[1] == (0, set()) and verdicts[1].startswith("held-out prompts (a new draw of task arith")
 
 
+def test_pairs_on_the_same_prompts_give_one_outcome_per_prompt(tmp_path, monkeypatch) -> None:
+    """A prompt file judged for two training seeds: each prompt counts once, by the sign of its summed
+    outcomes (won once and lost once is a tie), so the sign test sees independent prompts only."""
+    import tandem.evaluate.abtest as abtest
+    import tandem.evaluate.targets as targets
+    from tandem.cli.tune import confirm_winner, per_prompt_net
+
+    per_seed = {"a0": [1, 1, -1, 0, 1], "a1": [1, -1, -1, 0, 0]}
+
+    def judged(a, b, judge, settings, **kwargs) -> dict:  # stands in for the two models' A/B run
+        assert kwargs == {"eval_file": str(tmp_path / "confirm.jsonl")} and settings.seed == 3
+        return {"pairs": [{"prompt": f"p{i}", "outcome": o} for i, o in enumerate(per_seed[a.name])]}
+
+    monkeypatch.setattr(abtest, "run_abtest", judged)
+    monkeypatch.setattr(targets, "resolve_target", lambda _p: targets.Target(tmp_path, None, None))
+    pairs = [(tmp_path / "a0", tmp_path / "b0"), (tmp_path / "a1", tmp_path / "b1")]
+    verdict = confirm_winner(pairs, 0.05, seed=3, prompts=tmp_path / "confirm.jsonl")
+    assert (verdict["wins"], verdict["ties"], verdict["losses"]) == (2, 2, 1)
+    assert verdict["on"].endswith(", 2 training seeds summed per prompt") and verdict["seeds"] == 2
+    assert per_prompt_net([([1, -1, 1], ["x", "y", "z"])] * 3) == [1, -1, 1]
+    assert per_prompt_net([([1, 1], ["x", "y"]), ([1, -1], ["x", "y"]), ([-1, -1], ["x", "y"])]) == [1, -1]
+    with pytest.raises(ValueError, match="asked different ones"):
+        per_prompt_net([([1], ["x"]), ([1], ["y"])])
+
+
 def test_confirm_seeds_retrains_both_configs_and_pools_the_pairs(tiny_model_dir, tmp_path) -> None:
     """--confirm-seeds 2: the config and the winner are also trained on run.seed+1, each pair is judged on
     its own new prompts, and one sign test runs on all of them."""
