@@ -136,9 +136,12 @@ def tune(
         raise ConfigError(f"--confirm-seeds {confirm_seeds} must be at least 1", where="--confirm-seeds")
     base = list(overrides or [])
     cfg = load_config(config, base)
-    if cfg.data.eval_size == 0 and cfg.data.eval_file is None and cfg.data.task is None:
+    if cfg.data.eval_size == 0 or (cfg.data.eval_file is None and cfg.data.task is None):
+        where = "data.eval_size" if cfg.data.eval_size == 0 else "data.eval_file"
         raise ConfigError(
-            "tuning needs a held-out set", where="data.eval_size", hint="set data.eval_size > 0"
+            "tuning needs a held-out set",
+            where=where,
+            hint=f"set {where} (it ranks runs on held-out prompts)",
         )
     grid_space = parse_space(space) if space else default_space(cfg.trainer.lr)
     if not space:

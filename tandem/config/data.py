@@ -43,7 +43,12 @@ class DataConfig(Section):
     train_file: str | None = Field(None, description="JSONL/Parquet prompt dataset with a `prompt` column.")
     eval_file: str | None = Field(None, description="Held-out JSONL/Parquet prompt dataset.")
     train_size: int = Field(4096, ge=1, description="Number of generated training prompts (built-in tasks).")
-    eval_size: int = Field(200, ge=0, description="Number of held-out prompts evaluated (0 disables eval).")
+    eval_size: int = Field(
+        200,
+        ge=0,
+        description="Held-out prompts drawn from a built-in task's test split (an eval_file is evaluated "
+        "whole); 0 disables eval.",
+    )
     prompts_per_step: int = Field(8, ge=1, description="Prompts sampled per training step.")
     max_prompt_len: int = Field(128, ge=1, description="Maximum prompt length in tokens.")
     skip_long_prompts: bool = Field(

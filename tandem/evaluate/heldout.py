@@ -80,11 +80,13 @@ def evaluate_prompts(
     prefix: str = "eval",
 ) -> dict[str, float]:
     """Greedy (or sampled, per ``params``) answers to ``rows``; accuracy = share of samples whose score
-    reaches the maximum 1.0, plus mean reward and response length."""
+    reaches the maximum 1.0, plus mean reward, response length and the number of prompts (the noise of
+    the accuracy depends on it)."""
     out = generate_scored(engine, rows, rewards, params, batch_size=batch_size)
     if out.scores.numel() == 0:
         return {}
     return {
+        f"{prefix}/num_prompts": float(len(rows)),
         f"{prefix}/accuracy": float(correct(out.scores).float().mean()),
         f"{prefix}/reward_mean": float(out.scores.mean()),
         f"{prefix}/length_mean": float(out.lengths.mean()),

@@ -5,7 +5,8 @@ and returns :class:`Finding` objects; ``tandem train`` / ``tandem demo`` print t
 shows them. The rules are the causes measured on issue 17's outside-style warm starts (docs/learning.md):
 
 * the **verdict** compares held-out accuracy at its best with the start, against the noise of one
-  evaluation (two binomial standard errors on the run's ``data.eval_size`` prompts, at least 2 points):
+  evaluation (two binomial standard errors on the prompts it counted, ``eval/num_prompts``, else the
+  run's ``data.eval_size``; at least 2 points):
   ``learned``, or ``flat``; after learning, ``degraded`` when the last evaluation is that far below the best;
 * for a ``flat`` run, the causes: ``no_signal`` (most groups had all-equal rewards, so a group-relative
   advantage is zero — split into all-fail, too hard, and all-pass, too easy), ``train_only`` (the train
@@ -79,6 +80,8 @@ def _verdict(rows: Sequence[dict[str, Any]], eval_size: int | None) -> list[Find
         return []
     (s0, a0), (sl, al) = evals[0], evals[-1]
     sb, ab = max(evals, key=lambda e: (e[1], -e[0]))  # the earliest of equal bests
+    counted = [r["eval/num_prompts"] for r in rows if _num(r.get("eval/num_prompts"))]
+    eval_size = int(counted[0]) if counted else eval_size  # what was evaluated, over what was configured
     thr = noise(a0, eval_size)
     where = f"{eval_size} prompts" if eval_size else "an unknown number of prompts"
     if ab - a0 < thr:

@@ -151,7 +151,7 @@ def build_data(cfg: DataConfig, *, seed: int) -> DataParts:
         ev = rows_from_task(task, "test", cfg.eval_size, seed) if cfg.eval_size else None
         return DataParts(task=task, train=train, eval=ev)
     train = load_prompt_dataset(cfg.train_file)
-    ev = load_prompt_dataset(cfg.eval_file) if cfg.eval_file else None
+    ev = load_prompt_dataset(cfg.eval_file) if cfg.eval_file and cfg.eval_size else None
     return DataParts(task=None, train=train, eval=ev)
 
 

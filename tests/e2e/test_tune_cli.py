@@ -209,7 +209,9 @@ def test_tune_bad_space_and_small_budget_are_one_line(tiny_model_dir, tmp_path) 
     assert key.exit_code == 2 and "trainer.lrr" in key.output
     alpha = CliRunner().invoke(app, ["tune", str(cfg), "--alpha", "1.5", "--out", str(tmp_path / "f")])
     assert alpha.exit_code == 2 and "--alpha 1.5 is not a significance level" in alpha.output
-    assert not any((tmp_path / d).exists() for d in "abcdef")
+    no_eval = CliRunner().invoke(app, ["tune", str(cfg), "data.eval_size=0", "--out", str(tmp_path / "g")])
+    assert no_eval.exit_code == 2 and "data.eval_size: tuning needs a held-out set" in no_eval.output
+    assert not any((tmp_path / d).exists() for d in "abcdefg")
 
 
 def test_default_space_is_relative_to_the_configs_learning_rate() -> None:

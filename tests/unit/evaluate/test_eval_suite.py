@@ -52,6 +52,7 @@ def test_greedy_metrics_equal_heldout_eval(setup):
     )
     for key, value in ref.items():
         assert got[key] == value
+    assert ref["eval/num_prompts"] == 12  # the count the diagnosis' noise is computed on
     assert "sampled/pass@4" in got and "sampled/pass@8" not in got  # k > samples is left out
     assert got["sampled/pass@1"] == pytest.approx(got["sampled/accuracy"])
     assert got["sampled/pass@1"] <= got["sampled/pass@2"] <= got["sampled/pass@4"]

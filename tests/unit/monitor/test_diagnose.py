@@ -104,3 +104,15 @@ def test_noise_threshold():
     assert codes(diagnose(_run({0: 0.50, 50: 0.55}, **HEALTHY), eval_size=100))[0] == "flat"
     assert codes(diagnose(_run({0: 0.50, 50: 0.55}, **HEALTHY), eval_size=10_000))[0] == "learned"
     assert not math.isnan(noise(1.0, 50))
+
+
+def test_noise_uses_the_prompts_the_run_evaluated():
+    """A run that logged ``eval/num_prompts`` (a whole eval file) is judged on that count, not on the
+    configured ``data.eval_size``: +6 points is noise on 100 prompts at 40 % (±9.8), not on 2000 (±2.2)."""
+    rows = _run({0: 0.40, 50: 0.46}, **HEALTHY)
+    assert codes(diagnose(rows, eval_size=2000)) == ["learned"]
+    for r in rows:
+        if "eval/accuracy" in r:
+            r["eval/num_prompts"] = 100.0
+    got = diagnose(rows, eval_size=2000)
+    assert codes(got)[0] == "flat" and "on 100 prompts" in got[0].message
