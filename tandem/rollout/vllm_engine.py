@@ -158,6 +158,7 @@ class VLLMEngine:
         self._version = int(version)
         self._stops: dict[tuple[str, ...], StopStrings] = {}
         self.last_sync: dict[str, float] = {}  # seconds and bytes of the last weight update
+        self._threads = torch.get_num_threads()  # vLLM's own count, set by _start (see _vllm_threads)
         self.llm = self._start(dtype)
         self._eos_ids = _eos_ids(self.llm, tokenizer)
         if source is not None:
@@ -219,12 +220,14 @@ class VLLMEngine:
         gc.collect()
         try:
             with _context_proxies_parked():
-                return vllm.LLM(**kwargs)
+                llm = vllm.LLM(**kwargs)
+            self._threads = torch.get_num_threads()
+            return llm
         except (ValueError, RuntimeError, OSError) as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise ModelError(f"vLLM could not load {self.path}: {first}", where="rollout.backend") from None
         finally:
-            torch.set_num_threads(threads)
+            torch._C.set_num_threads(threads)  # vLLM made torch.set_num_threads a no-op on CPU
             random.setstate(rng[0])
             np.random.set_state(rng[1])
             torch.random.set_rng_state(rng[2])
@@ -352,7 +355,8 @@ class VLLMEngine:
             for i, (p, seed) in enumerate(zip(each, seeds, strict=True))
             for _ in range(p.n if p.greedy else 1)
         ]
-        samples = self._run(encoded, requests, on_chunk, max(1, int(chunk_tokens)))
+        with _vllm_threads(None if self.cuda else self._threads):
+            samples = self._run(encoded, requests, on_chunk, max(1, int(chunk_tokens)))
         return self._to_batch(prompts, encoded, each, samples, group_offset, extras, start_version)
 
     def _run(
@@ -478,6 +482,24 @@ def _context_proxies_parked() -> Iterator[None]:
     finally:
         for namespace, attr, value in parked:
             namespace[attr] = value
+
+
+@contextmanager
+def _vllm_threads(n: int | None) -> Iterator[None]:
+    """Run vLLM's steps with the thread count it set up (``n``; None: leave it) and give the caller's back.
+
+    vLLM's CPU attention fails a step whose kernels run with another OpenMP thread count than the one its
+    plan was made with — a request from a server's worker thread (which starts at the process default)
+    or from a trainer that restored its own count. ``torch._C``'s setter: once vLLM binds threads it
+    replaces ``torch.set_num_threads`` with a no-op."""
+    before = torch.get_num_threads()
+    if n is not None and before != n:
+        torch._C.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if n is not None and before != n:
+            torch._C.set_num_threads(before)
 
 
 def _check_cpu_head_size(path: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,41 @@ def test_greedy_outputs_and_logprobs_equal_the_hf_engine(models):
         torch.testing.assert_close(a.behavior_logprobs, b.behavior_logprobs, atol=1e-4, rtol=0)
     finally:
         vllm.close()
+
+
+def test_requests_from_a_thread_with_another_thread_count(models):
+    """A server calls the engine from its own worker thread, whose OpenMP thread count is the process
+    default rather than what the builder's thread had: vLLM's CPU attention aborted the whole process on
+    that mismatch (metadata planned with one count, kernels run with another). The engine now gives the
+    calling thread its count for the step and gives the caller's back; the answers are the builder's."""
+    got: dict[str, object] = {}
+    worker = threading.Thread(target=lambda: got.setdefault("default", torch.get_num_threads()))
+    worker.start()
+    worker.join()
+    before = torch.get_num_threads()
+    # the builder's thread differs from what a new thread starts with (torch._C's setter: an earlier vLLM
+    # engine in this process made torch.set_num_threads a no-op)
+    mine = got.pop("default") + 1
+    torch._C.set_num_threads(mine)
+    vllm = build_engine("vllm", EngineSpec(path=str(models[0])))
+    assert torch.get_num_threads() == mine  # the builder keeps its own count
+    try:
+        want = vllm.generate(PROMPTS, GREEDY)
+
+        def serve() -> None:
+            try:
+                got["batch"] = vllm.generate(PROMPTS, GREEDY)
+            except Exception as err:  # noqa: BLE001 — surfaced in the main thread below
+                got["error"] = err
+
+        worker = threading.Thread(target=serve)
+        worker.start()
+        worker.join()
+        assert "error" not in got, got.get("error")
+        assert got["batch"].completions == want.completions
+    finally:
+        vllm.close()
+        torch._C.set_num_threads(before)
 
 
 def test_after_a_weight_update_vllm_samples_the_new_weights(models):
