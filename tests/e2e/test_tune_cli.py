@@ -80,7 +80,7 @@ def test_tune_keeps_the_config_unless_the_winner_is_shown_better(tiny_model_dir,
 
 def test_tune_promotes_a_winner_the_confirmation_accepts(tiny_model_dir, tmp_path, monkeypatch) -> None:
     """The code around the verdict: a promoting verdict puts the winner in best.yaml."""
-    import tandem.cli.tune as tune_cli
+    import tandem.evaluate.confirm as confirmation
 
     seen: list[tuple[str, str]] = []
 
@@ -88,7 +88,7 @@ def test_tune_promotes_a_winner_the_confirmation_accepts(tiny_model_dir, tmp_pat
         seen.extend((incumbent.name, winner.name) for incumbent, winner in pairs)
         return {"promote": True, "wins": 3, "ties": 1, "losses": 0, "p_value": 0.01, "alpha": alpha}
 
-    monkeypatch.setattr(tune_cli, "confirm_winner", accept)
+    monkeypatch.setattr(confirmation, "confirm_winner", accept)
     cfg, out = _config(tmp_path, tiny_model_dir), tmp_path / "tune"
     result, _, winner = _confirmed_sweep(cfg, out)
     assert seen == [("00002-config", f"00002-{winner}")]
@@ -224,7 +224,7 @@ def test_default_space_is_relative_to_the_configs_learning_rate() -> None:
 
 
 def test_confirmation_is_skipped_with_a_reason_where_it_cannot_judge(tiny_model_dir, tmp_path) -> None:
-    from tandem.cli.tune import confirm_unsupported
+    from tandem.evaluate.confirm import confirm_unsupported
 
     cfg = load_config(_config(tmp_path, tiny_model_dir))
     assert confirm_unsupported(cfg, "eval/accuracy") is None
@@ -239,7 +239,7 @@ def test_confirmation_prompts_are_new_unless_the_task_has_too_few(tmp_path, monk
     split holds fewer than half as many others (1-digit sums: ~50 test prompts), on the held-out ones."""
     import tandem.evaluate.abtest as abtest
     import tandem.evaluate.targets as targets
-    from tandem.cli.tune import confirm_winner
+    from tandem.evaluate.confirm import confirm_winner
 
     calls: list[tuple[int, set[str]]] = []
 
@@ -269,7 +269,7 @@ def test_pairs_on_the_same_prompts_give_one_outcome_per_prompt(tmp_path, monkeyp
     outcomes (won once and lost once is a tie), so the sign test sees independent prompts only."""
     import tandem.evaluate.abtest as abtest
     import tandem.evaluate.targets as targets
-    from tandem.cli.tune import confirm_winner, per_prompt_net
+    from tandem.evaluate.confirm import confirm_winner, per_prompt_net
 
     per_seed = {"a0": [1, 1, -1, 0, 1], "a1": [1, -1, -1, 0, 0]}
 
