@@ -17,9 +17,9 @@ def _one_torch_thread():
     import torch
 
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch._C.set_num_threads(1)  # torch.set_num_threads is a no-op once a vLLM engine ran on CPU
     yield
-    torch.set_num_threads(before)
+    torch._C.set_num_threads(before)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -154,7 +154,7 @@ def train_decoupled(
             if dp is not None:
                 dp.close()  # never raises
             backend.close()  # channel, weights (and the Ray instance it started)
-            torch.set_num_threads(threads)
+            torch._C.set_num_threads(threads)  # torch.set_num_threads is a no-op once vLLM ran on CPU
             parts.engine.close()  # the learner's evaluation engine
     result.steps = trainer.step
     return finish_run(result, run_dir / "checkpoints", **trainer.summary())
