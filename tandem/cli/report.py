@@ -9,15 +9,8 @@ from rich.table import Table
 
 
 def print_run_result(console: Console, result, eval_size: int | None = None) -> None:
-    table = Table(title="held-out evaluation", show_header=True, header_style="bold")
-    table.add_column("metric")
-    table.add_column("before", justify="right")
-    table.add_column("after", justify="right")
-    for key in sorted(set(result.eval_before) | set(result.eval_after)):
-        b, a = result.eval_before.get(key), result.eval_after.get(key)
-        fmt = (lambda v: f"{100 * v:.1f}%") if key.endswith("accuracy") else (lambda v: f"{v:.3f}")
-        table.add_row(key, "-" if b is None else fmt(b), "-" if a is None else fmt(a))
-    console.print(table)
+    if result.eval_before or result.eval_after:  # data.eval_size 0 or no held-out data: no table
+        _print_eval_table(console, result)
     print_diagnosis(console, result.run_dir, eval_size)
     console.print(f"run folder: [bold]{escape(str(result.run_dir))}[/]  ({result.steps} steps)")
     if result.best:  # checkpoint.best_metric
@@ -27,6 +20,18 @@ def print_run_result(console: Console, result, eval_size: int | None = None) -> 
             f"best model: [bold]{escape(b['path'])}[/]  ({b['metric']} {value} at step {b['step']})"
         )
     console.print(f"TensorBoard: [bold]tensorboard --logdir {escape(str(result.run_dir))}/tensorboard[/]")
+
+
+def _print_eval_table(console: Console, result) -> None:
+    table = Table(title="held-out evaluation", show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("before", justify="right")
+    table.add_column("after", justify="right")
+    for key in sorted(set(result.eval_before) | set(result.eval_after)):
+        b, a = result.eval_before.get(key), result.eval_after.get(key)
+        fmt = (lambda v: f"{100 * v:.1f}%") if key.endswith("accuracy") else (lambda v: f"{v:.3f}")
+        table.add_row(key, "-" if b is None else fmt(b), "-" if a is None else fmt(a))
+    console.print(table)
 
 
 def print_diagnosis(console: Console, run_dir, eval_size: int | None) -> None:

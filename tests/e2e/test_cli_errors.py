@@ -53,9 +53,11 @@ def _jsonl(path: Path, prompts: list[str]) -> Path:
 
 
 def _file_data(tmp_path: Path, train: Path, reward: Path = DIGITS, fn: str = "digit_share", **extra) -> dict:
-    """Sections for a run on a prompt file scored by ``reward:fn`` (no task)."""
+    """Sections for a run on a prompt file scored by ``reward:fn`` (no task); held-out eval only when
+    ``eval_file`` is given (``eval_size: 0`` turns an eval file off too)."""
+    off = {} if "eval_file" in extra else {"eval_size": 0}
     return {
-        "data": {"task": None, "train_file": str(train), "eval_size": 0, **extra},
+        "data": {"task": None, "train_file": str(train), **off, **extra},
         "reward": {"task_reward": False, "functions": [{"path": f"{reward}:{fn}"}]},
     }
 
