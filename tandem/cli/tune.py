@@ -77,8 +77,8 @@ def tune(
             "--confirm/--no-confirm",
             help="Train the config as given for the final length too and keep it unless the winner beats "
             "it in a paired sign test (budget is held back for that run). Judged on new test prompts of "
-            "the task, none of them held out; a prompt-file config on its held-out prompts, or "
-            "--confirm-file's.",
+            "the task, none of them held out; a prompt-file config on the half of its held-out file the "
+            "sweep did not rank on (on the whole file below 200 distinct prompts), or --confirm-file's.",
         ),
     ] = True,
     alpha: Annotated[float, typer.Option(help="Significance level of the confirmation's sign test.")] = 0.05,
@@ -117,7 +117,8 @@ def tune(
     Every candidate trains a short run; the best 1/eta go on to eta-times longer runs, up to the config's
     trainer.total_steps. With --confirm (the default) a winner that differs from the config as given must
     beat it in a paired sign test on prompts the sweep did not rank on (a task's new test prompts,
-    --confirm-file's; a prompt-file config without it: its held-out prompts), else the config is kept.
+    --confirm-file's; a prompt-file config without it: the half of its held-out file the sweep did not
+    rank on, where the file has 200 distinct prompts or more), else the config is kept.
     Example: tandem tune configs/quickstart.yaml --budget 600 --space trainer.lr=3e-4,1e-3
     """
     from tandem.cli.progress import step_progress
@@ -166,6 +167,19 @@ def tune(
     log_path = out_dir / "tune.jsonl"
     log_path.write_text("")
     out.print(f"{len(candidates)} candidates; rungs (candidates x steps): {rungs}")
+    ranking: list[str] = []  # the held-out half the sweep ranks on, where the file is split
+    confirm_on = None
+    if confirming and confirm_file is None and cfg.data.task is None:
+        split = confirmation.split_held_out(cfg, out_dir, cfg.run.seed)
+        if isinstance(split, str):
+            out.print(f"confirmation on the prompts the sweep ranks on: {split} (--confirm-file sets others)")
+        else:
+            ranking, confirm_file = [f"data.eval_file={split.rank}"], split.confirm
+            confirm_on = f"held-out prompts of {cfg.data.eval_file} the sweep did not rank on"
+            out.print(
+                f"{cfg.data.eval_file} split: {split.ranked} rows rank the sweep, "
+                f"{split.confirming} confirm its winner"
+            )
 
     top = rungs[-1][1]
 
@@ -183,6 +197,7 @@ def tune(
                 *base,
                 *cand,
                 *seeded,
+                *ranking,
                 f"trainer.total_steps={steps}",
                 f"run.output_dir={folder}",
                 "run.overwrite=true",
@@ -241,7 +256,7 @@ def tune(
                     again.scores[top] = run(cand, top, k)
                     record(again, top, seed=cfg.run.seed + k)
                 pairs.append((run_dir([], top, k), run_dir(chosen, top, k)))
-            verdict = confirmation.confirm_winner(pairs, alpha, cfg.run.seed, confirm_file)
+            verdict = confirmation.confirm_winner(pairs, alpha, cfg.run.seed, confirm_file, confirm_on)
             with log_path.open("a") as fh:
                 fh.write(json.dumps({"confirm": verdict, "overrides": chosen}) + "\n")
             out.print(f"confirmation: {' '.join(chosen)} {confirmation.verdict_line(verdict)}")

@@ -5,13 +5,26 @@ as folders)."""
 
 from __future__ import annotations
 
+import json
+import random
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from tandem.errors import ConfigError, RewardError
 
 # held-out metrics a per-prompt verdict of the verifier stands for (what the confirmation can judge)
 PAIRED_METRICS = ("eval/accuracy", "eval/reward_mean")
+# distinct held-out prompts a prompt file needs before tune splits it into ranking and confirming halves
+MIN_SPLIT = 200
+
+
+class HeldOutSplit(NamedTuple):
+    """A prompt-file config's held-out file in two disjoint halves: one ranks the sweep, one confirms."""
+
+    rank: Path
+    confirm: Path
+    ranked: int  # rows in each half
+    confirming: int
 
 
 def confirm_unsupported(cfg: Any, metric: str) -> str | None:
@@ -47,6 +60,33 @@ def check_confirm_file(cfg: Any, path: Path, why_not: str | None) -> None:
         raise RewardError(str(err), where=f"--confirm-file {path}:1") from err
 
 
+def split_held_out(cfg: Any, folder: Path, seed: int) -> HeldOutSplit | str:
+    """Split ``data.eval_file`` by distinct prompt (seeded shuffle, rows of one prompt stay together) into
+    ``folder/held_out_rank.jsonl`` and ``folder/held_out_confirm.jsonl`` with all their columns, so the
+    winner is confirmed on prompts no choice was made on; the reason it is not split (fewer than
+    ``MIN_SPLIT`` distinct prompts, columns JSON cannot hold) otherwise. Same file and seed, same halves."""
+    from tandem.data.prompts import load_prompt_dataset
+    from tandem.utils.io import atomic_write_text
+
+    rows = load_prompt_dataset(cfg.data.eval_file).rows
+    groups: dict[str, list[dict[str, Any]]] = {}
+    try:
+        for row in rows:
+            groups.setdefault(json.dumps(row["prompt"], sort_keys=True), []).append(row)
+        lines = {key: "".join(json.dumps(r) + "\n" for r in group) for key, group in groups.items()}
+    except (TypeError, ValueError) as err:  # e.g. a Parquet column of dates
+        return f"its rows do not all convert to JSON ({err})"
+    if len(groups) < MIN_SPLIT:
+        return f"{len(groups)} distinct held-out prompts, fewer than the {MIN_SPLIT} a split needs"
+    keys = sorted(groups)
+    random.Random(seed).shuffle(keys)
+    half = keys[: len(keys) // 2], keys[len(keys) // 2 :]
+    paths = folder / "held_out_rank.jsonl", folder / "held_out_confirm.jsonl"
+    for path, part in zip(paths, half, strict=True):
+        atomic_write_text(path, "".join(lines[k] for k in part))
+    return HeldOutSplit(*paths, *(sum(len(groups[k]) for k in part) for part in half))
+
+
 def verdict_line(v: dict[str, Any]) -> str:
     """The confirmation's verdict (``Decision.to_json()``, the winner as B, ``on``: the prompts it was
     judged on) in one line."""
@@ -67,13 +107,17 @@ def per_prompt_net(judgements: list[tuple[list[int], list[str]]]) -> list[int]:
 
 
 def confirm_winner(
-    pairs: list[tuple[Path, Path]], alpha: float, seed: int, prompts: Path | None = None
+    pairs: list[tuple[Path, Path]],
+    alpha: float,
+    seed: int,
+    prompts: Path | None = None,
+    prompts_are: str | None = None,
 ) -> dict[str, Any]:
     """Greedy answers of each pair's final models (the config's run, the winner's; one pair per training
     seed), judged by the config's verifier, and ``tandem.evaluate.stats.decide``'s verdict on the pooled
     outcomes (JSON-ready, with ``on``: the prompts, and ``seeds``).
 
-    The prompts: the file ``prompts`` if given; else, for a task, a new draw of its test split per pair
+    The prompts: the file ``prompts`` if given (``prompts_are`` says what they are); else, for a task, a new draw of its test split per pair
     without the held-out prompts the sweep ranked on (so the winner's luck on those cannot carry it) nor
     an earlier pair's, unless the split holds fewer than half as many other prompts; else the held-out
     prompts themselves. Pairs judged on the same prompts give one outcome per prompt, the sign of its
@@ -92,7 +136,7 @@ def confirm_winner(
     used: set[str] | None = None  # prompts a new task draw leaves out; None: judge on fixed prompts
     on = "held-out prompts (the ones the sweep ranked on)"
     if prompts is not None:
-        on = f"prompts of {prompts}"
+        on = prompts_are or f"prompts of {prompts}"
     elif cfg is not None and cfg.data.task is not None:
         held_out = eval_data(cfg).rows
         ranked_on = {row["prompt"] for row in held_out}

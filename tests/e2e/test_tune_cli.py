@@ -84,7 +84,9 @@ def test_tune_promotes_a_winner_the_confirmation_accepts(tiny_model_dir, tmp_pat
 
     seen: list[tuple[str, str]] = []
 
-    def accept(pairs: list[tuple[Path, Path]], alpha: float, seed: int, prompts: Path | None) -> dict:
+    def accept(
+        pairs: list[tuple[Path, Path]], alpha: float, seed: int, prompts: Path | None, on: str | None
+    ) -> dict:
         seen.extend((incumbent.name, winner.name) for incumbent, winner in pairs)
         return {"promote": True, "wins": 3, "ties": 1, "losses": 0, "p_value": 0.01, "alpha": alpha}
 
@@ -167,6 +169,32 @@ def test_confirmation_judges_on_the_confirm_file(tiny_model_dir, tmp_path) -> No
     assert result.exit_code == 0, result.output
     verdict = json.loads((out / "tune.jsonl").read_text().splitlines()[-1])["confirm"]
     assert verdict["wins"] + verdict["ties"] + verdict["losses"] == 7  # the file's 7 prompts
+
+
+def test_a_large_held_out_file_is_split_into_ranking_and_confirming_halves(tiny_model_dir, tmp_path) -> None:
+    """Without --confirm-file, a prompt-file config's runs rank on one half of its held-out file and the
+    winner is confirmed on the other: no prompt a choice was made on judges it."""
+    cfg, out = _file_config(tmp_path, tiny_model_dir), tmp_path / "tune"
+    rows = [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in range(20, 230)]  # 210 distinct prompts
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["tune", str(cfg), "--budget", "6", "--min-steps", "1", "--out", str(out)]
+    result = CliRunner().invoke(app, [*args, "--space", "trainer.lr=2e-3,3e-3"])
+    assert result.exit_code == 0, result.output
+    assert "105 rows rank the sweep, 105 confirm its winner" in result.output
+    for run in out.glob("0*"):
+        assert yaml.safe_load((run / "config.yaml").read_text())["data"]["eval_file"] == str(
+            out / "held_out_rank.jsonl"
+        )
+    verdict = json.loads((out / "tune.jsonl").read_text().splitlines()[-1])["confirm"]
+    assert verdict["wins"] + verdict["ties"] + verdict["losses"] == 105
+    assert verdict["on"].endswith("the sweep did not rank on")
+    ranked = {json.loads(line)["prompt"] for line in (out / "held_out_rank.jsonl").read_text().splitlines()}
+    confirmed = {
+        json.loads(line)["prompt"] for line in (out / "held_out_confirm.jsonl").read_text().splitlines()
+    }
+    assert not ranked & confirmed and len(ranked | confirmed) == 210
+    best = yaml.safe_load((out / "best.yaml").read_text())
+    assert best["data"]["eval_file"] == str(tmp_path / "eval.jsonl")  # the user's file, not a half
 
 
 def test_bad_confirm_file_is_one_line_before_anything_trains(tiny_model_dir, tmp_path) -> None:
