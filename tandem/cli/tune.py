@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
-import yaml
 
 from tandem.cli.app import Overrides, app, out, user_errors
 from tandem.errors import ConfigError
@@ -126,7 +125,7 @@ def tune(
     from tandem.config.loader import config_to_yaml
     from tandem.evaluate import confirm as confirmation
     from tandem.orchestration.runner import train as run_train
-    from tandem.orchestration.tune import Trial, grid, plan_rungs, successive_halving
+    from tandem.orchestration.tune import Trial, finished_run, grid, plan_rungs, successive_halving
 
     if not 0 < alpha < 1:
         raise ConfigError(
@@ -265,22 +264,3 @@ def tune(
     (out_dir / "best.yaml").write_text(config_to_yaml(best))
     shown = " ".join(chosen) or "the config as given"
     out.print(f"best: {shown} ({metric} {score:.4f}) -> {out_dir / 'best.yaml'}")
-
-
-def finished_run(folder: Path, resolved: str) -> dict[str, float] | None:
-    """The held-out metrics of a finished run in ``folder`` (``summary.json`` written last, and not by
-    an alert's stop) that was trained with exactly the resolved config ``resolved`` (its own
-    ``run.output_dir`` aside, so a sweep folder that was moved or copied still resumes); None when it
-    must train."""
-    summary, written = folder / "summary.json", folder / "config.yaml"
-    if not (summary.is_file() and written.is_file()) or _placed(written.read_text()) != _placed(resolved):
-        return None
-    done = json.loads(summary.read_text())
-    return None if "stopped_by_alert" in done else dict(done.get("eval_after", {}))
-
-
-def _placed(config_yaml: str) -> Any:
-    """A resolved config as data, without the folder it was written for."""
-    data = yaml.safe_load(config_yaml)
-    data.get("run", {}).pop("output_dir", None)
-    return data

@@ -29,9 +29,14 @@ start) for a loop a user can read in one screen.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
 
 from tandem.errors import ConfigError
 
@@ -108,3 +113,22 @@ def successive_halving(
                 on_result(trial, steps)
     winner = min(alive, key=lambda t: (-t.last(), t.index))
     return winner, trials
+
+
+def finished_run(folder: Path, resolved: str) -> dict[str, float] | None:
+    """The held-out metrics of a finished run in ``folder`` (``summary.json`` written last, and not by
+    an alert's stop) that was trained with exactly the resolved config ``resolved`` (its own
+    ``run.output_dir`` aside, so a sweep folder that was moved or copied still resumes); None when it
+    must train."""
+    summary, written = folder / "summary.json", folder / "config.yaml"
+    if not (summary.is_file() and written.is_file()) or _placed(written.read_text()) != _placed(resolved):
+        return None
+    done = json.loads(summary.read_text())
+    return None if "stopped_by_alert" in done else dict(done.get("eval_after", {}))
+
+
+def _placed(config_yaml: str) -> Any:
+    """A resolved config as data, without the folder it was written for."""
+    data = yaml.safe_load(config_yaml)
+    data.get("run", {}).pop("output_dir", None)
+    return data

@@ -102,7 +102,7 @@ def test_resume_reuses_finished_runs_of_the_same_config_only(tiny_model_dir, tmp
     """--resume after an interruption: finished runs with the same resolved config are read back, the
     unfinished one (no summary.json) trains again, and the sweep ends as the uninterrupted one did."""
     import tandem.orchestration.runner as runner
-    from tandem.cli.tune import finished_run
+    from tandem.orchestration.tune import finished_run
 
     cfg, out = _config(tmp_path, tiny_model_dir), tmp_path / "tune"
     _, first, winner = _confirmed_sweep(cfg, out)
