@@ -162,10 +162,6 @@ def tune(
         )
     reserve = 2 * confirm_seeds - 1 if confirming else 0  # the config's run, then both per extra seed
     rungs = plan_rungs(len(candidates), cfg.trainer.total_steps, budget, eta, min_steps, reserve)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    log_path = out_dir / "tune.jsonl"
-    log_path.write_text("")
-    out.print(f"{len(candidates)} candidates; rungs (candidates x steps): {rungs}")
     ranking: list[str] = []  # the held-out half the sweep ranks on, where the file is split
     confirm_on = None
     if confirming and confirm_file is None and cfg.data.task is None:
@@ -179,7 +175,10 @@ def tune(
                 f"{cfg.data.eval_file} split: {split.ranked} rows rank the sweep, "
                 f"{split.confirming} confirm its winner"
             )
-
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log_path = out_dir / "tune.jsonl"
+    log_path.write_text("")
+    out.print(f"{len(candidates)} candidates; rungs (candidates x steps): {rungs}")
     top = rungs[-1][1]
 
     def run_dir(cand: list[str], steps: int, extra_seed: int = 0) -> Path:

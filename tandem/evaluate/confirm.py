@@ -81,6 +81,7 @@ def split_held_out(cfg: Any, folder: Path, seed: int) -> HeldOutSplit | str:
     keys = sorted(groups)
     random.Random(seed).shuffle(keys)
     half = keys[: len(keys) // 2], keys[len(keys) // 2 :]
+    folder.mkdir(parents=True, exist_ok=True)
     paths = folder / "held_out_rank.jsonl", folder / "held_out_confirm.jsonl"
     for path, part in zip(paths, half, strict=True):
         atomic_write_text(path, "".join(lines[k] for k in part))

@@ -197,6 +197,16 @@ def test_a_large_held_out_file_is_split_into_ranking_and_confirming_halves(tiny_
     assert best["data"]["eval_file"] == str(tmp_path / "eval.jsonl")  # the user's file, not a half
 
 
+def test_a_bad_held_out_row_is_one_line_before_the_split_or_any_run(tiny_model_dir, tmp_path) -> None:
+    cfg, out = _file_config(tmp_path, tiny_model_dir), tmp_path / "tune"
+    lines = [json.dumps({"prompt": f"{a}+{a}="}) + "\n" for a in range(210)]
+    lines[6] = '{"prompt": 7\n'
+    (tmp_path / "eval.jsonl").write_text("".join(lines))
+    res = CliRunner().invoke(app, ["tune", str(cfg), "--out", str(out)])
+    assert res.exit_code == 2 and f"{tmp_path / 'eval.jsonl'}:7" in res.output, res.output
+    assert len(res.output.strip().splitlines()) == 1 and not out.exists()
+
+
 def test_bad_confirm_file_is_one_line_before_anything_trains(tiny_model_dir, tmp_path) -> None:
     cfg = _file_config(tmp_path, tiny_model_dir)
     bad = tmp_path / "bad.jsonl"
