@@ -124,6 +124,7 @@ def tune(
     from tandem.config import load_config
     from tandem.config.loader import config_to_yaml
     from tandem.evaluate import confirm as confirmation
+    from tandem.monitor.diagnose import noise
     from tandem.orchestration.runner import train as run_train
     from tandem.orchestration.tune import Trial, finished_run, grid, plan_rungs, successive_halving
 
@@ -209,11 +210,14 @@ def tune(
         reused = finished_run(folder, config_to_yaml(run_cfg)) if resume else None
         if reused is not None:
             out.print(f"  reused {folder}")
-        value = (reused if reused is not None else run_train(run_cfg).eval_after).get(metric)
+        evaluated = reused if reused is not None else run_train(run_cfg).eval_after
+        if evaluated.get("eval/num_prompts"):
+            done["prompts"] = int(evaluated["eval/num_prompts"])
+        value = evaluated.get(metric)
         return None if value is None else float(value)
 
     planned = sum(k * s for k, s in rungs)
-    done = {"steps": 0, "best": -math.inf}
+    done = {"steps": 0, "best": -math.inf, "prompts": 0}  # prompts: what each run's evaluation counted
 
     def record(trial: Trial, steps: int, seed: int | None = None) -> None:
         value = trial.scores[steps]
@@ -222,11 +226,15 @@ def tune(
             done["best"] = max(done["best"], value)
         on_step(done["steps"], {metric: done["best"]} if done["best"] > -math.inf else {})
         shown = "n/a" if value is None else f"{value:.4f}"
+        n = done["prompts"]
+        if value is not None and n and metric.endswith("accuracy"):  # what one evaluation can tell apart
+            shown += f" (±{noise(value, n):.3f} noise on {n} prompts)"
         out.print(f"  steps {steps:>5}  {metric} {shown}  {' '.join(trial.overrides)}")
         with log_path.open("a") as fh:
             fh.write(
                 json.dumps(
                     {"trial": trial.index, "overrides": trial.overrides, "steps": steps, metric: value}
+                    | ({"num_prompts": n} if n else {})
                     | ({} if seed is None else {"seed": seed})
                 )
                 + "\n"

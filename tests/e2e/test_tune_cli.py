@@ -43,6 +43,8 @@ def test_tune_runs_the_plan_and_writes_the_best_config(tiny_model_dir, tmp_path)
     assert best.trainer.total_steps == 2  # the config's length, not the rung's
     assert {p.name for p in out.iterdir() if p.is_dir()} == {"00001-1e-3", "00001-3e-3", f"00002-{winner}"}
     assert "tune (2 candidates)" in result.output and "4/4" in result.output  # the sweep's bar: 1+1+2 steps
+    assert all(r["num_prompts"] == 4 for r in rows)  # data.eval_size: what each score was counted on
+    assert "noise on 4 prompts)" in result.output  # ±2 binomial standard errors beside each score
 
 
 def _confirmed_sweep(cfg: Path, out: Path) -> tuple[object, list[dict], str]:
