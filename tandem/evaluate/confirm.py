@@ -118,11 +118,12 @@ def confirm_winner(
     seed), judged by the config's verifier, and ``tandem.evaluate.stats.decide``'s verdict on the pooled
     outcomes (JSON-ready, with ``on``: the prompts, and ``seeds``).
 
-    The prompts: the file ``prompts`` if given (``prompts_are`` says what they are); else, for a task, a new draw of its test split per pair
-    without the held-out prompts the sweep ranked on (so the winner's luck on those cannot carry it) nor
-    an earlier pair's, unless the split holds fewer than half as many other prompts; else the held-out
-    prompts themselves. Pairs judged on the same prompts give one outcome per prompt, the sign of its
-    summed outcomes over the pairs: the sign test counts independent prompts, not a prompt per seed."""
+    The prompts: the file ``prompts`` if given (``prompts_are`` says what they are); else, for a task, a
+    new draw of its test split per pair without the held-out prompts the sweep ranked on (so the winner's
+    luck on those cannot carry it) nor an earlier pair's, unless the split holds fewer than half as many
+    other prompts; else the held-out prompts themselves. Pairs judged on the same prompts give one
+    outcome per prompt, the sign of its summed outcomes over the pairs: the sign test counts independent
+    prompts, not a prompt per seed."""
     from tandem.evaluate.abtest import ABSettings, run_abtest
     from tandem.evaluate.stats import decide
     from tandem.evaluate.targets import eval_data, resolve_target
