@@ -9,6 +9,7 @@ import gc
 import multiprocessing as mp
 import os
 import warnings
+import weakref
 from pathlib import Path
 
 import pytest
@@ -58,30 +59,42 @@ def fsdp2_run(tiny_model_dir, tmp_path_factory):
     strategies: list[str] = []
 
     plain_bytes: list[int] = []
+    # parameters alive before the run (another test's model this worker process still holds) are not the
+    # run's: weak references, so only objects still alive are excluded, never a new one reusing an id
+    before = [weakref.ref(p) for p in _plain_parameters()]
 
     def on_step(run, step):
         seen.update(p.pid for p in mp.active_children() if p.name.startswith("tandem-learner-rank"))
         strategies.append(type(run.learner.learn.dp).__name__)
-        plain_bytes.append(_plain_policy_bytes(run.learner.learn))
+        plain_bytes.append(
+            _plain_policy_bytes(run.learner.learn, {id(o) for w in before if (o := w()) is not None})
+        )
 
     res = train_decoupled(_cfg(tiny_model_dir, out, 2, "fsdp2", 3), progress=False, hooks=RunHooks(on_step))
     return out, res, seen, strategies, plain_bytes
 
 
-def _plain_policy_bytes(learn) -> int:
-    """Storage bytes of every plain (not DTensor) parameter alive in this process other than the reference
-    model's: rank 0 of a decoupled FSDP2 learner should hold none (its policy is sharded, no copy is
-    kept; FSDP2's own unsharded-parameter placeholders are alive but their storage is freed between
-    forwards, size 0)."""
+def _plain_parameters() -> list[torch.nn.Parameter]:
+    """Every plain (not DTensor) parameter alive in this process."""
     gc.collect()
-    ref = set() if learn.ref_model is None else {id(p) for p in learn.ref_model.parameters()}
     with warnings.catch_warnings():  # isinstance on every object touches deprecated torch aliases
         warnings.simplefilter("ignore", FutureWarning)
-        storages = {
-            o.untyped_storage().data_ptr(): o.untyped_storage().nbytes()
-            for o in gc.get_objects()
-            if isinstance(o, torch.nn.Parameter) and not isinstance(o, DTensor) and id(o) not in ref
-        }
+        return [
+            o for o in gc.get_objects() if isinstance(o, torch.nn.Parameter) and not isinstance(o, DTensor)
+        ]
+
+
+def _plain_policy_bytes(learn, earlier: set[int]) -> int:
+    """Storage bytes of every plain parameter alive in this process other than the reference model's and
+    those alive before the run (ids ``earlier``): rank 0 of a decoupled FSDP2 learner should hold none (its
+    policy is sharded, no copy is kept; FSDP2's own unsharded-parameter placeholders are alive but their
+    storage is freed between forwards, size 0)."""
+    ref = set() if learn.ref_model is None else {id(p) for p in learn.ref_model.parameters()}
+    storages = {
+        p.untyped_storage().data_ptr(): p.untyped_storage().nbytes()
+        for p in _plain_parameters()
+        if id(p) not in ref and id(p) not in earlier
+    }
     return sum(storages.values())
 
 
