@@ -21,7 +21,8 @@ ROLLOUT_TENSORS = (
     "group_ids",
     "policy_version",
 )  # the tensor fields of RolloutBatch, in declaration order (serialisers iterate over them)
-OPTIONAL_ROLLOUT_TENSORS = ("turn_rewards",)  # tensor fields that may be None (serialisers send them if set)
+# tensor fields that may be None (serialisers send them if set)
+OPTIONAL_ROLLOUT_TENSORS = ("turn_rewards", "sample_temperature")
 
 
 @dataclass
@@ -48,6 +49,9 @@ class RolloutBatch:
     # score already: token-level estimators put them here and the rest of the score on the last token.
     # None: the whole score is earned at the end (single-turn batches; env.turn_rewards=sum)
     turn_rewards: torch.Tensor | None = None  # [B, R] float32
+    # sample_temperature: the temperature each row was sampled at, when it is not rollout.temperature
+    # (rollout.adaptive_temperature); the learner scores the batch at it. None: rollout.temperature
+    sample_temperature: torch.Tensor | None = None  # [B] float32
 
     @property
     def batch_size(self) -> int:
@@ -140,7 +144,31 @@ def concat_rollouts(batches: list[RolloutBatch], pad_token_id: int) -> RolloutBa
         sample_ids=[s for b in batches for s in b.sample_ids],
         extras=[e for b in batches for e in b.extras],
         turn_rewards=_concat_turn_rewards(batches, R),
+        sample_temperature=_concat_temperatures(batches),
     )
+
+
+def _concat_temperatures(batches: list[RolloutBatch]) -> torch.Tensor | None:
+    """The batches' ``sample_temperature`` end to end; None when no batch has them (a batch without them
+    next to one with them is a bug: its temperature is unknown here)."""
+    if all(b.sample_temperature is None for b in batches):
+        return None
+    if any(b.sample_temperature is None for b in batches):
+        raise ValueError("cannot concatenate rollouts with and without sample_temperature")
+    return torch.cat([b.sample_temperature for b in batches])  # type: ignore[misc]
+
+
+def batch_temperature(batch: RolloutBatch) -> float | None:
+    """The one temperature every row of ``batch`` was sampled at (``sample_temperature``), or None when
+    the batch does not say (sampled at ``rollout.temperature``). A learner scores a batch at one
+    temperature, so rows sampled at different ones are a ValueError."""
+    t = batch.sample_temperature
+    if t is None or t.numel() == 0:
+        return None
+    first = float(t[0])
+    if not bool((t == t[0]).all()):
+        raise ValueError(f"a batch's rows were sampled at different temperatures ({sorted(set(t.tolist()))})")
+    return first
 
 
 def _concat_turn_rewards(batches: list[RolloutBatch], width: int) -> torch.Tensor | None:

@@ -35,7 +35,7 @@ from tandem.algos.dapo import (
     zero_advantage_groups,
 )
 from tandem.algos.distill import topk_forward_kl
-from tandem.algos.entropy import AdaptiveEntropy
+from tandem.algos.entropy import AdaptiveEntropy, sampled_entropy
 from tandem.algos.imitation import success_mask, success_nll, success_tokens
 from tandem.algos.kl import KL_ESTIMATORS, AdaptiveKL, FixedKL, kl_penalty
 from tandem.algos.mismatch import logprob_mismatch
@@ -97,6 +97,7 @@ __all__ = [
     "overlong_penalty",
     "policy_loss",
     "reward_model_loss",
+    "sampled_entropy",
     "selective_log_softmax",
     "sequence_sum",
     "success_mask",

@@ -1,4 +1,5 @@
-"""The entropy bonus coefficient's controller (``algorithm.entropy_target``).
+"""The entropy controller: steers a knob that raises entropy (``algorithm.entropy_target``: the entropy
+bonus coefficient; ``rollout.adaptive_temperature``: the sampling temperature).
 
 A fixed ``algorithm.entropy_coef`` either does nothing (too small) or keeps the policy from sharpening at
 all (too large), and the right value depends on the model and the task. Skywork-OR1 (He et al., 2025)
@@ -6,31 +7,40 @@ steers it instead: after every step the coefficient moves by a fixed ``step`` to
 token entropy at ``target`` —
 
     α <- min(α + step, α_max)   if H < target   (the policy is sharper than wanted: push entropy up)
-    α <- max(α - step, 0)       otherwise       (enough exploration: let the bonus fade)
+    α <- max(α - step, α_min)   otherwise       (enough exploration: let the bonus fade)
 
-— so the bonus is only as strong, and only as long, as the entropy needs it. ``H`` is the step's mean
-token entropy of the sampled responses (``actor/entropy``), the same quantity the bonus raises.
+— so the bonus is only as strong, and only as long, as the entropy needs it (α_min = 0). ``H`` is the step's
+mean token entropy of the sampled responses (``actor/entropy``), the same quantity the bonus raises.
+
+The same rule steers the sampling temperature (``rollout.adaptive_temperature``, bounds
+``[min_temperature, max_temperature]``): entropy rises monotonically with the temperature, so a policy that
+sharpens below the target is sampled hotter, and one above it cooler. There ``H`` is measured on the rollout
+side (:func:`sampled_entropy`), so the controller needs nothing from the learner.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 
 @dataclass
 class AdaptiveEntropy:
-    """Bang-bang controller of the entropy coefficient ``value`` (see the module docstring)."""
+    """Bang-bang controller of a knob ``value`` that raises entropy (see the module docstring)."""
 
     value: float
     target: float
     step: float
     max_value: float
+    min_value: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.target <= 0 or self.step <= 0 or self.max_value < self.value or self.value < 0:
+        if not (self.target > 0 and self.step > 0 and 0 <= self.min_value <= self.value <= self.max_value):
             raise ValueError(
-                "AdaptiveEntropy needs target > 0, step > 0 and 0 <= value <= max_value, got "
-                f"target={self.target}, step={self.step}, value={self.value}, max_value={self.max_value}"
+                "AdaptiveEntropy needs target > 0, step > 0 and 0 <= min_value <= value <= max_value, got "
+                f"target={self.target}, step={self.step}, value={self.value}, "
+                f"min_value={self.min_value}, max_value={self.max_value}"
             )
 
     def update(self, entropy: float) -> float:
@@ -38,5 +48,14 @@ class AdaptiveEntropy:
         if entropy < self.target:
             self.value = min(self.value + self.step, self.max_value)
         else:
-            self.value = max(self.value - self.step, 0.0)
+            self.value = max(self.value - self.step, self.min_value)
         return self.value
+
+
+def sampled_entropy(behavior_logprobs: torch.Tensor, response_mask: torch.Tensor) -> float:
+    """Mean per-token entropy of a rollout, estimated from its sampled tokens: the mean of ``-log p`` of
+    each sampled token under the distribution it was drawn from (an unbiased estimate of the entropy at the
+    sampling temperature; with top-k/top-p the log-probs are pre-truncation, so it reads a little high).
+    ``[B, R]`` float and ``[B, R]`` bool -> a float (0.0 for a rollout without tokens)."""
+    n = int(response_mask.sum())
+    return 0.0 if n == 0 else float(-(behavior_logprobs.float() * response_mask).sum() / n)

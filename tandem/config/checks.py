@@ -321,10 +321,32 @@ def _check_entropy_target(cfg: CheckedConfig) -> None:
         )
 
 
+def _check_adaptive_temperature(cfg: CheckedConfig) -> None:
+    """``rollout.adaptive_temperature``: it starts at ``rollout.temperature``, inside its bounds, in a
+    colocated run (a decoupled worker's controller would be neither shared nor checkpointed)."""
+    at, r, key = cfg.rollout.adaptive_temperature, cfg.rollout, "rollout.adaptive_temperature.target_entropy"
+    if at.target_entropy is None:
+        return
+    if at.min_temperature > at.max_temperature:
+        raise CrossFieldError(
+            "rollout.adaptive_temperature.min_temperature",
+            f"{at.min_temperature} is above max_temperature={at.max_temperature}",
+        )
+    if not at.min_temperature <= r.temperature <= at.max_temperature:
+        raise CrossFieldError(
+            "rollout.temperature",
+            f"the adaptive temperature starts at rollout.temperature={r.temperature}, outside "
+            f"[min_temperature={at.min_temperature}, max_temperature={at.max_temperature}]",
+        )
+    if cfg.architecture.mode == "decoupled":
+        raise CrossFieldError(key, "an adaptive temperature needs the colocated architecture")
+
+
 def check_config(cfg: CheckedConfig) -> None:
     """Cross-field checks, each naming the key to change."""
     _check_algorithm(cfg)
     _check_entropy_target(cfg)
+    _check_adaptive_temperature(cfg)
     _check_adaptive_group(cfg)
     _check_architecture(cfg)
     if cfg.checkpoint.best_metric and cfg.data.eval_size == 0:

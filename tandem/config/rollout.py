@@ -9,6 +9,25 @@ from pydantic import Field
 from tandem.config.base import Section
 
 
+class AdaptiveTemperatureConfig(Section):
+    target_entropy: float | None = Field(
+        None,
+        gt=0,
+        description="Adaptive sampling temperature (null = off): after every step the temperature moves by "
+        "step towards keeping the sampled tokens' mean entropy (nats per token, estimated from their "
+        "log-probs; rollout/sampled_entropy) at this value, within [min_temperature, max_temperature]; it "
+        "starts at rollout.temperature, and the learner scores each batch at the temperature it was "
+        "sampled with. Colocated architecture only; docs/algorithms.md.",
+    )
+    step: float = Field(0.02, gt=0, description="Change of the temperature per step (with target_entropy).")
+    min_temperature: float = Field(
+        0.5, gt=0, description="Lowest adaptive temperature (with target_entropy)."
+    )
+    max_temperature: float = Field(
+        1.5, gt=0, description="Highest adaptive temperature (with target_entropy)."
+    )
+
+
 class RolloutConfig(Section):
     backend: str = Field(
         "hf",
@@ -29,4 +48,8 @@ class RolloutConfig(Section):
     top_k: int = Field(0, ge=0, description="Top-k sampling (0 = off).")
     stop: list[str] = Field(
         default_factory=lambda: ["\n"], description="Stop strings (stripped from completions)."
+    )
+    adaptive_temperature: AdaptiveTemperatureConfig = Field(
+        default_factory=AdaptiveTemperatureConfig,
+        description="Steer the sampling temperature to a target entropy (off by default; docs/algorithms.md).",
     )

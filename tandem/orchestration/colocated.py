@@ -64,10 +64,11 @@ class LocalRollouts:
         return {}
 
     def state_dict(self) -> dict[str, Any]:
-        return self.prompts.state_dict()
+        return {**self.prompts.state_dict(), "rollout": self.rollout.state_dict()}
 
     def restore(self, state: dict[str, Any], version: int, *, rollback: bool) -> None:
         self.prompts.load_state_dict(state)  # a rollback replays the same prompts
+        self.rollout.load_state_dict(state.get("rollout", {}))  # and the same temperature
 
     def checkpointed(self) -> None:
         pass

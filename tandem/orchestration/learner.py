@@ -28,7 +28,7 @@ from tandem.train.critic import CriticSettings, critic_update, shared_value
 from tandem.train.distributed import DataParallel, StepInputs
 from tandem.train.experience import ExperienceSettings, critic_values, make_experience, scoring_logprobs
 from tandem.train.update import SharedValue, UpdateSettings, policy_update
-from tandem.types import RolloutBatch
+from tandem.types import RolloutBatch, batch_temperature
 
 
 @dataclass
@@ -185,7 +185,12 @@ class LearnerStep:
 
     def __call__(self, batch: RolloutBatch, scores: torch.Tensor) -> dict[str, float]:
         """One update on ``batch`` with sequence rewards ``scores`` ``[B]``; returns ``actor/*`` metrics."""
-        s, dp = self.update_settings, self.dp
+        s, exp_settings, dp = self.update_settings, self.exp_settings, self.dp
+        if (temperature := batch_temperature(batch)) is not None:  # rollout.adaptive_temperature
+            s, exp_settings = (
+                replace(s, temperature=temperature),
+                replace(exp_settings, temperature=temperature),
+            )
         entropy_coef = None if self.entropy_ctl is None else self.entropy_ctl.value
         if entropy_coef is not None:  # this step's coefficient (rank 0's, sent to the other ranks)
             s = replace(s, entropy_coef=entropy_coef)
@@ -196,7 +201,7 @@ class LearnerStep:
             exp, metrics = make_experience(
                 batch,
                 scores,
-                self.exp_settings,
+                exp_settings,
                 policy=None if s.on_policy_single_pass else self.policy,
                 ref_model=self.ref_model,
                 critic=self.critic,

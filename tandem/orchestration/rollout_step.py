@@ -25,7 +25,15 @@ from typing import Any, Protocol
 
 import torch
 
-from tandem.algos import CURRICULA, CurriculumOptions, PromptStats, degeneracy_metrics, group_outcomes
+from tandem.algos import (
+    CURRICULA,
+    AdaptiveEntropy,
+    CurriculumOptions,
+    PromptStats,
+    degeneracy_metrics,
+    group_outcomes,
+    sampled_entropy,
+)
 from tandem.config.schema import TandemConfig
 from tandem.data import PromptDataset, PromptSampler
 from tandem.data.chat import is_conversational, render_prompts, reward_inputs
@@ -56,18 +64,30 @@ def step_seed(seed: int, step: int, round_: int = 0) -> int:
     return (seed * 1_000_003 + step * 9_973 + round_ * 31) % (2**31 - 1)
 
 
-def sampling_params(cfg: TandemConfig, step: int, round_: int = 0) -> SamplingParams:
-    """Sampling parameters of training step ``step`` (generation round ``round_``), in both architectures."""
+def sampling_params(
+    cfg: TandemConfig, step: int, round_: int = 0, *, temperature: float | None = None
+) -> SamplingParams:
+    """Sampling parameters of training step ``step`` (generation round ``round_``), in both architectures;
+    ``temperature`` overrides ``rollout.temperature`` (the adaptive temperature's current value)."""
     r = cfg.rollout
     return SamplingParams(
         max_new_tokens=r.max_new_tokens,
-        temperature=r.temperature,
+        temperature=r.temperature if temperature is None else temperature,
         top_p=r.top_p,
         top_k=r.top_k,
         n=r.n,
         stop=list(r.stop),
         seed=step_seed(cfg.run.seed, step, round_),
     )
+
+
+def temperature_controller(cfg: TandemConfig) -> AdaptiveEntropy | None:
+    """The sampling temperature's controller (``rollout.adaptive_temperature``; None when off): starts at
+    ``rollout.temperature`` and steers the sampled tokens' entropy to the target."""
+    r, at = cfg.rollout, cfg.rollout.adaptive_temperature
+    if at.target_entropy is None:
+        return None
+    return AdaptiveEntropy(r.temperature, at.target_entropy, at.step, at.max_temperature, at.min_temperature)
 
 
 def overlong_shaping(cfg: TandemConfig) -> OverlongShaping | None:
@@ -224,6 +244,7 @@ class RolloutStep:
         self.overlong = overlong_shaping(cfg)
         self.episodes = episode_runner(cfg.env, engine)  # every sample is an episode (single-turn: one step)
         self._drawn: tuple[list[dict[str, Any]], int] = ([], 0)  # the latest draw's rows, first group id
+        self.temperature = temperature_controller(cfg)
         cur = cfg.data.curriculum
         if isinstance(prompts, SequentialPrompts):
             options = CurriculumOptions(cur.skip_after, cur.revisit, cur.replay, cur.max_draws)
@@ -237,10 +258,15 @@ class RolloutStep:
         rows = self.prompts.rows(step, round_)
         offset = self.prompts.group_offset(step, round_, len(rows))
         self._drawn = (rows, offset)
-        batch, scores, metrics = self._sample(rows, sampling_params(self.cfg, step, round_), offset, on_chunk)
+        batch, scores, metrics = self._sample(rows, self._params(step, round_), offset, on_chunk)
         if observe:
             self._observe(batch, scores, offset)
         return batch, scores, metrics
+
+    def _params(self, step: int, round_: int) -> SamplingParams:
+        """Round ``round_`` of step ``step``'s sampling parameters, at the adaptive temperature if any."""
+        ctl = self.temperature
+        return sampling_params(self.cfg, step, round_, temperature=None if ctl is None else ctl.value)
 
     def _sample(
         self,
@@ -263,6 +289,9 @@ class RolloutStep:
                 on_chunk=on_chunk,
                 chunk_tokens=self.cfg.architecture.weight_sync_chunk,
             )
+        if self.temperature is not None:  # the learner scores the batch at the temperature it was drawn at
+            t = torch.full((batch.batch_size,), self.temperature.value, dtype=torch.float32)
+            batch = dataclasses.replace(batch, sample_temperature=t)
         inputs = None
         if any(is_conversational(p) for p in prompts):  # rewards see messages, as in TRL
             per_sample = [prompts[int(g) - offset] for g in batch.group_ids]
@@ -283,7 +312,7 @@ class RolloutStep:
         rows, offset = self._drawn
 
         def more(asks: list[tuple[int, int]], r: int) -> tuple[RolloutBatch, torch.Tensor]:
-            base = sampling_params(self.cfg, step, GROWTH_ROUNDS + r)
+            base = self._params(step, GROWTH_ROUNDS + r)
             params = [dataclasses.replace(base, n=k) for _, k in asks]
             batch, scores, _ = self._sample([rows[gid - offset] for gid, _ in asks], params, 0, on_chunk)
             gids = torch.tensor([gid for gid, _ in asks], dtype=torch.long)[batch.group_ids]
@@ -304,6 +333,24 @@ class RolloutStep:
 
     def __call__(self, step: int, on_chunk: ChunkCallback | None = None) -> ScoredBatch:
         """Step ``step``'s scored batch; ``on_chunk`` is the engine's in-flight weight-update hook."""
+        scored = self._step(step, on_chunk)
+        if self.temperature is not None:  # the temperature this step used, then the next step's
+            entropy = sampled_entropy(scored.batch.behavior_logprobs, scored.batch.response_mask)
+            scored.metrics["rollout/temperature"] = self.temperature.value
+            scored.metrics["rollout/sampled_entropy"] = entropy
+            if scored.batch.batch_size:
+                self.temperature.update(entropy)
+        return scored
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resume needs beyond the prompt source: the adaptive temperature (None when off)."""
+        return {"temperature": None if self.temperature is None else self.temperature.value}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.temperature is not None and state.get("temperature") is not None:
+            self.temperature.value = float(state["temperature"])
+
+    def _step(self, step: int, on_chunk: ChunkCallback | None) -> ScoredBatch:
         algo = self.cfg.algorithm
         grow = algo.adaptive_group
         batch, scores, metrics = self.generate(step, 0, on_chunk, observe=not grow.enabled)

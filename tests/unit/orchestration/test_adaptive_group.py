@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from rollout_batches import constant_batch
 
 from tandem.algos import ADVANTAGE_ESTIMATORS, compute_advantages
 from tandem.config import build_config
@@ -26,22 +27,7 @@ DIGITS = Path(__file__).parents[2] / "e2e" / "digits_reward.py"
 
 def rows(gids: list[int], scores: list[float]) -> tuple[RolloutBatch, torch.Tensor]:
     """A batch with one row per entry of ``gids`` (the score goes in the completion, for checking)."""
-    B = len(gids)
-    batch = RolloutBatch(
-        prompt_ids=torch.full((B, 2), 5),
-        prompt_mask=torch.ones(B, 2, dtype=torch.bool),
-        response_ids=torch.full((B, 1), 6),
-        response_mask=torch.ones(B, 1, dtype=torch.bool),
-        behavior_logprobs=torch.full((B, 1), -1.0),
-        group_ids=torch.tensor(gids, dtype=torch.long),
-        policy_version=torch.zeros(B, dtype=torch.long),
-        prompts=[f"p{g}" for g in gids],
-        completions=[str(s) for s in scores],
-        finish_reasons=["stop"] * B,
-        sample_ids=[str(i) for i in range(B)],
-        extras=[{} for _ in range(B)],
-    )
-    return batch, torch.tensor(scores, dtype=torch.float32)
+    return constant_batch(gids, [str(s) for s in scores]), torch.tensor(scores, dtype=torch.float32)
 
 
 class Scripted:
