@@ -120,6 +120,8 @@ DIAGNOSTICS = (
     "adaptive/extended_frac",
     "adaptive/rescued_frac",
     "adaptive/all_equal_frac",
+    "rollout/temperature",
+    "rollout/sampled_entropy",
 )
 
 
