@@ -22,7 +22,7 @@ ROLLOUT_TENSORS = (
     "policy_version",
 )  # the tensor fields of RolloutBatch, in declaration order (serialisers iterate over them)
 # tensor fields that may be None (serialisers send them if set)
-OPTIONAL_ROLLOUT_TENSORS = ("turn_rewards", "sample_temperature")
+OPTIONAL_ROLLOUT_TENSORS = ("turn_rewards", "sample_temperature", "greedy")
 
 
 @dataclass
@@ -52,6 +52,9 @@ class RolloutBatch:
     # sample_temperature: the temperature each row was sampled at, when it is not rollout.temperature
     # (rollout.adaptive_temperature); the learner scores the batch at it. None: rollout.temperature
     sample_temperature: torch.Tensor | None = None  # [B] float32
+    # greedy: True on the rows decoded greedily and added to their group (rollout.greedy_in_group; ReMax's
+    # baseline). None: no greedy rows
+    greedy: torch.Tensor | None = None  # [B] bool
 
     @property
     def batch_size(self) -> int:
@@ -145,6 +148,17 @@ def concat_rollouts(batches: list[RolloutBatch], pad_token_id: int) -> RolloutBa
         extras=[e for b in batches for e in b.extras],
         turn_rewards=_concat_turn_rewards(batches, R),
         sample_temperature=_concat_temperatures(batches),
+        greedy=_concat_greedy(batches),
+    )
+
+
+def _concat_greedy(batches: list[RolloutBatch]) -> torch.Tensor | None:
+    """The batches' ``greedy`` flags end to end (a batch without them has no greedy rows); None when no
+    batch has them."""
+    if all(b.greedy is None for b in batches):
+        return None
+    return torch.cat(
+        [torch.zeros(b.batch_size, dtype=torch.bool) if b.greedy is None else b.greedy for b in batches]
     )
 
 

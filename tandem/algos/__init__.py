@@ -12,6 +12,7 @@ from tandem.algos.advantages import (
     compute_advantages,
     discounted_returns,
     gae_scan,
+    greedy_baseline,
 )
 from tandem.algos.aggregation import AGGREGATIONS, aggregate
 from tandem.algos.core import (
@@ -77,6 +78,7 @@ __all__ = [
     "aggregate",
     "clipped_surrogate",
     "compute_advantages",
+    "greedy_baseline",
     "correction_weights",
     "degeneracy_metrics",
     "discounted_returns",

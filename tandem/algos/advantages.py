@@ -279,6 +279,25 @@ def _reinforce_pp_baseline(inp: AdvantageInputs) -> tuple[torch.Tensor, torch.Te
     return _reinforce_pp_common(inp, inp.scores - mean)
 
 
+def greedy_baseline(scores: torch.Tensor, group_ids: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
+    """Each row's ReMax baseline: the score of the greedy row of its group (``rollout.greedy_in_group``).
+
+    scores ``[B]``, group_ids ``[B]``, greedy ``[B]`` bool -> ``[B]`` float32. ValueError when a group holds
+    no greedy row or more than one. Naive equivalent:
+    ``[scores[(group_ids == g) & greedy].item() for g in group_ids]``."""
+    uniq, inverse = torch.unique(group_ids, return_inverse=True)
+    count = torch.zeros(uniq.numel(), dtype=torch.long).index_add_(0, inverse, greedy.long())
+    if bool((count != 1).any()):
+        bad = int(uniq[(count != 1).nonzero()[0, 0]])
+        raise ValueError(
+            f"group {bad} holds {int(count[uniq == bad])} greedy rows; a greedy baseline needs one"
+        )
+    base = torch.zeros(uniq.numel(), dtype=torch.float32).index_add_(
+        0, inverse[greedy], scores.detach().float()[greedy]
+    )
+    return base[inverse]
+
+
 @_register("remax", requires=("baseline_scores",), summary="R - reward of the greedy sample")
 def _remax(inp: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     assert inp.baseline_scores is not None

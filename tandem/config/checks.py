@@ -89,19 +89,30 @@ def _check_algorithm(cfg: CheckedConfig) -> None:
             "(or set critic.shared_backbone=false for a separate value model)",
         )
     _check_teacher(cfg, "teacher_logprobs" in adv.requires)
-    provides = TRAINER_PROVIDES | ({"teacher_logprobs"} if a.opd.teacher else set())
+    provides = (
+        TRAINER_PROVIDES
+        | ({"teacher_logprobs"} if a.opd.teacher else set())
+        | ({"baseline_scores"} if cfg.rollout.greedy_in_group else set())
+    )
     missing = [r for r in adv.requires if r not in provides]
     if missing:
         usable = [n for n in ADVANTAGE_ESTIMATORS if provides.issuperset(ADVANTAGE_ESTIMATORS[n].requires)]
+        if missing == ["baseline_scores"]:  # remax: the greedy rows' scores
+            raise CrossFieldError(
+                "algorithm.advantage",
+                f"'{a.advantage}' needs each prompt's greedy answer as its baseline: set "
+                "rollout.greedy_in_group=true",
+            )
         raise CrossFieldError(
             "algorithm.advantage",
             f"'{a.advantage}' needs {', '.join(missing)}, which this trainer does not provide yet; "
             f"use {', '.join(usable)}",
         )
-    if adv.group_relative and cfg.rollout.n < 2:
+    if adv.group_relative and cfg.rollout.group_size < 2:
         raise CrossFieldError(
             "rollout.n",
-            f"advantage '{a.advantage}' is group-relative and needs rollout.n >= 2 (got {cfg.rollout.n})",
+            f"advantage '{a.advantage}' is group-relative and needs rollout.n >= 2 (got {cfg.rollout.n}; "
+            "or rollout.n=1 with rollout.greedy_in_group)",
         )
     if a.kl.where == "reward" and a.beta > 0 and not adv.uses_token_rewards:
         token = [n for n in ADVANTAGE_ESTIMATORS if ADVANTAGE_ESTIMATORS[n].uses_token_rewards]
@@ -120,10 +131,11 @@ def _check_algorithm(cfg: CheckedConfig) -> None:
             ("trainer.mini_batch_size", cfg.trainer.mini_batch_size),
             ("trainer.micro_batch_size", cfg.trainer.micro_batch_size),
         ):
-            if size is not None and size % cfg.rollout.n:
+            if size is not None and size % cfg.rollout.group_size:
                 raise CrossFieldError(
                     key,
-                    f"'{a.policy_loss}' needs whole groups per batch: {key} must be a multiple of rollout.n",
+                    f"'{a.policy_loss}' needs whole groups per batch: {key} must be a multiple of the group "
+                    f"size ({cfg.rollout.group_size}: rollout.n plus rollout.greedy_in_group)",
                 )
 
 
@@ -235,7 +247,7 @@ def _check_data_parallel(cfg: CheckedConfig) -> None:
 
     whole = POLICY_LOSSES.get(cfg.algorithm.policy_loss).needs_whole_groups
     mini = cfg.trainer.mini_batch_size or cfg.samples_per_step
-    units, what = (mini // cfg.rollout.n, "groups") if whole else (mini, "samples")
+    units, what = (mini // cfg.rollout.group_size, "groups") if whole else (mini, "samples")
     if units < ws:
         raise CrossFieldError(
             key,
@@ -342,11 +354,31 @@ def _check_adaptive_temperature(cfg: CheckedConfig) -> None:
         raise CrossFieldError(key, "an adaptive temperature needs the colocated architecture")
 
 
+def _check_greedy_in_group(cfg: CheckedConfig) -> None:
+    """``rollout.greedy_in_group``: a greedy completion's log-probs are recorded under the raw logits
+    (Tandem's engine convention), which is the distribution the learner scores the group at only when
+    the samples are drawn at temperature 1."""
+    r = cfg.rollout
+    if not r.greedy_in_group:
+        return
+    if r.temperature != 1.0:
+        raise CrossFieldError(
+            "rollout.greedy_in_group",
+            f"needs rollout.temperature=1 (got {r.temperature}): the greedy completion is scored with the "
+            "samples, at the sampling temperature, and its log-probs are those of temperature 1",
+        )
+    if r.adaptive_temperature.target_entropy is not None:
+        raise CrossFieldError(
+            "rollout.greedy_in_group", "does not work with rollout.adaptive_temperature (it moves off 1)"
+        )
+
+
 def check_config(cfg: CheckedConfig) -> None:
     """Cross-field checks, each naming the key to change."""
     _check_algorithm(cfg)
     _check_entropy_target(cfg)
     _check_adaptive_temperature(cfg)
+    _check_greedy_in_group(cfg)
     _check_adaptive_group(cfg)
     _check_architecture(cfg)
     if cfg.checkpoint.best_metric and cfg.data.eval_size == 0:

@@ -41,7 +41,7 @@ class RolloutConfig(Section):
         "false). vllm: max_model_len, kv_cache_gb, gpu_memory_utilization, enforce_eager, "
         "enable_prefix_caching, sleep_during_update, tensor_parallel_size, seed (docs/engines.md).",
     )
-    n: int = Field(8, ge=1, description="Samples per prompt (the group size).")
+    n: int = Field(8, ge=1, description="Samples per prompt (the group size, plus one with greedy_in_group).")
     max_new_tokens: int = Field(32, ge=1, description="Maximum generated tokens per sample.")
     temperature: float = Field(1.0, ge=0, description="Sampling temperature (0 = greedy).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
@@ -49,7 +49,19 @@ class RolloutConfig(Section):
     stop: list[str] = Field(
         default_factory=lambda: ["\n"], description="Stop strings (stripped from completions)."
     )
+    greedy_in_group: bool = Field(
+        False,
+        description="Add each prompt's greedy (temperature 0) completion to its group, beside the rollout.n "
+        "samples: the group-relative advantage then rewards or penalises the answer greedy evaluation "
+        "reads (groups of rollout.n + 1; needs rollout.temperature=1; docs/algorithms.md).",
+    )
     adaptive_temperature: AdaptiveTemperatureConfig = Field(
         default_factory=AdaptiveTemperatureConfig,
         description="Steer the sampling temperature to a target entropy (off by default; docs/algorithms.md).",
     )
+
+    @property
+    def group_size(self) -> int:
+        """Completions per prompt in a step's batch: ``n`` samples, plus the greedy one with
+        ``greedy_in_group``."""
+        return self.n + int(self.greedy_in_group)

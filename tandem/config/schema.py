@@ -91,4 +91,4 @@ class TandemConfig(Section):
 
     @property
     def samples_per_step(self) -> int:
-        return self.data.prompts_per_step * self.rollout.n
+        return self.data.prompts_per_step * self.rollout.group_size

@@ -38,6 +38,17 @@ def eligible_groups(
     raise ValueError(f"algorithm.adaptive_group.which: unknown value {which!r}")
 
 
+def join_groups(
+    batches: list[RolloutBatch], scores: list[torch.Tensor], pad_token_id: int
+) -> tuple[RolloutBatch, torch.Tensor]:
+    """Batches whose rows share group ids, and their scores ``[b_i]``, as one batch with every group's rows
+    together (stable order by group id: a group's first batch's rows first)."""
+    out = concat_rollouts(batches, pad_token_id)
+    out_scores = torch.cat(scores)
+    order = torch.sort(out.group_ids, stable=True).indices
+    return out.select(order), out_scores[order]
+
+
 def grow_groups(
     first: tuple[RolloutBatch, torch.Tensor],
     more: MoreSamples,
@@ -81,10 +92,7 @@ def grow_groups(
         all_scores.append(new_scores)
         grown = torch.cat([b.group_ids for b in batches])
         _, inverse, _, equal = group_outcomes(torch.cat(all_scores), grown)
-    out = concat_rollouts(batches, pad_token_id)
-    out_scores = torch.cat(all_scores)
-    order = torch.sort(out.group_ids, stable=True).indices
-    out, out_scores = out.select(order), out_scores[order]
+    out, out_scores = join_groups(batches, all_scores, pad_token_id)
     n_ext = int(extended.sum())
     rescued = int((extended & ~equal).sum())
     metrics = {

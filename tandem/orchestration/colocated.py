@@ -112,7 +112,7 @@ class ColocatedTrainer(Trainer):
             LocalRollouts(rollout, prompts),
             EngineWeights(parts.engine),
             evaluate=lambda: evaluate_heldout(parts),
-            group_size=cfg.rollout.n,
+            group_size=cfg.rollout.group_size,
         )
         self.parts, self.rollout = parts, rollout
 

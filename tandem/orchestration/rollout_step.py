@@ -38,7 +38,7 @@ from tandem.config.schema import TandemConfig
 from tandem.data import PromptDataset, PromptSampler
 from tandem.data.chat import is_conversational, render_prompts, reward_inputs
 from tandem.monitor import PhaseTimer
-from tandem.orchestration.adaptive_group import MoreSamples, grow_groups
+from tandem.orchestration.adaptive_group import MoreSamples, grow_groups, join_groups
 from tandem.orchestration.scoring import OverlongShaping, collect_dynamic, score_rollout
 from tandem.rewards import RewardSet
 from tandem.rollout.base import ChunkCallback, RolloutEngine, SamplingParams
@@ -259,6 +259,9 @@ class RolloutStep:
         offset = self.prompts.group_offset(step, round_, len(rows))
         self._drawn = (rows, offset)
         batch, scores, metrics = self._sample(rows, self._params(step, round_), offset, on_chunk)
+        if self.cfg.rollout.greedy_in_group and batch.batch_size:
+            batch, scores, greedy = self._add_greedy(rows, (batch, scores), step, round_, offset, on_chunk)
+            metrics.update(greedy)
         if observe:
             self._observe(batch, scores, offset)
         return batch, scores, metrics
@@ -299,6 +302,33 @@ class RolloutStep:
         with self.timer.phase("reward"):
             scores, metrics = score_rollout(batch, self.rewards, self.overlong, inputs=inputs)
         return (batch, *self._add_episodes(scores, metrics))
+
+    def _add_greedy(
+        self,
+        rows: list[dict[str, Any]],
+        sampled: tuple[RolloutBatch, torch.Tensor],
+        step: int,
+        round_: int,
+        offset: int,
+        on_chunk: ChunkCallback | None,
+    ) -> tuple[RolloutBatch, torch.Tensor, dict[str, float]]:
+        """``rollout.greedy_in_group``: each row's greedy completion joins its group, as the group's last
+        row, flagged in ``RolloutBatch.greedy`` (the ``remax`` estimator's baseline). Metrics: ``greedy/reward_mean`` (the greedy answers' reward on this step's training prompts)
+        and ``greedy/above_group_frac`` / ``greedy/below_group_frac`` (share of groups whose greedy answer
+        scored above / below the mean of the sampled ones: the update pushes it up / down)."""
+        params = dataclasses.replace(self._params(step, round_), temperature=0.0, n=1)
+        greedy, greedy_scores, _ = self._sample(rows, params, offset, on_chunk)
+        batch, scores = sampled
+        ids, _, means, _ = group_outcomes(scores, batch.group_ids)  # the sampled groups, ids sorted
+        sampled_mean = means[torch.searchsorted(ids, greedy.group_ids)]  # [b] the greedy row's group
+        metrics = {
+            "greedy/reward_mean": float(greedy_scores.mean()),
+            "greedy/above_group_frac": float((greedy_scores > sampled_mean + 1e-6).float().mean()),
+            "greedy/below_group_frac": float((greedy_scores < sampled_mean - 1e-6).float().mean()),
+        }
+        batch = dataclasses.replace(batch, greedy=torch.zeros(batch.batch_size, dtype=torch.bool))
+        greedy = dataclasses.replace(greedy, greedy=torch.ones(greedy.batch_size, dtype=torch.bool))
+        return (*join_groups([batch, greedy], [scores, greedy_scores], self.pad_token_id), metrics)
 
     def _observe(self, batch: RolloutBatch, scores: torch.Tensor, offset: int) -> None:
         """What each prompt's group scored: the curriculum's feedback."""

@@ -14,6 +14,7 @@ from tandem.algos import (
     ADVANTAGE_ESTIMATORS,
     compute_advantages,
     explained_variance,
+    greedy_baseline,
     kl_penalty,
     logprob_mismatch,
 )
@@ -41,6 +42,7 @@ class ExperienceSettings:
     needs_teacher: bool = False  # the estimator needs a teacher's log-probs (registry metadata)
     reward_weight: float = 0.0  # opd: weight of the task reward beside the teacher term
     pass_k: int = 2  # the passk estimator's k
+    needs_baseline: bool = False  # the estimator needs the greedy rows' scores (remax; registry metadata)
 
     @classmethod
     def from_config(
@@ -70,6 +72,7 @@ class ExperienceSettings:
             needs_teacher="teacher_logprobs" in ADVANTAGE_ESTIMATORS.get(algo.advantage).requires,
             reward_weight=algo.opd.reward_weight,
             pass_k=algo.pass_k,
+            needs_baseline="baseline_scores" in ADVANTAGE_ESTIMATORS.get(algo.advantage).requires,
         )
 
 
@@ -169,6 +172,11 @@ def make_experience(
         metrics["actor/kl_ref"] = float(kl.sum() / mask.sum().clamp(min=1))
         if s.kl_in_reward:
             token_rewards = -beta * kl
+    baseline = None
+    if s.needs_baseline:  # remax: each group's greedy answer (rollout.greedy_in_group) is its baseline
+        if rollout.greedy is None:
+            raise ValueError(f"advantage '{s.advantage}' needs greedy rows: set rollout.greedy_in_group=true")
+        baseline = greedy_baseline(scores, rollout.group_ids, rollout.greedy)
     advantages, returns = compute_advantages(
         s.advantage,
         scores=scores,
@@ -180,6 +188,7 @@ def make_experience(
         lam=s.lam,
         norm_by_std=s.norm_by_std,
         values=values,
+        baseline_scores=baseline,
         logprobs=current if teacher_lp is not None else None,
         teacher_logprobs=teacher_lp,
         reward_weight=s.reward_weight,

@@ -165,3 +165,26 @@ def test_eta0_adaptive_group_size_equals_colocated(tiny_model_dir, tmp_path):
     wa, wb = _weights(colo.run_dir), _weights(dec.run_dir)
     for k in wa:
         assert torch.equal(wa[k], wb[k]), k
+
+
+def test_eta0_greedy_in_group_equals_colocated(tiny_model_dir, tmp_path):
+    """A decoupled worker adds each prompt's greedy answer to its group as the colocated step does: at η = 0
+    with one worker the groups of n + 1, the losses and the weights are the colocated run's exactly."""
+    torch.set_num_threads(1)
+
+    def cfg(out, mode, **arch):
+        data = _cfg(tiny_model_dir, out, mode, **arch).model_dump(mode="json")
+        data["rollout"]["greedy_in_group"] = True
+        return build_config(data)
+
+    colo = train(cfg(tmp_path / "colo", "colocated"), progress=False)
+    dec = train_decoupled(cfg(tmp_path / "dec", "decoupled", staleness=0, num_workers=1), progress=False)
+    a, b = step_rows(colo.run_dir), step_rows(dec.run_dir)
+    assert len(a) == len(b) == 3
+    for ra, rb in zip(a, b, strict=True):
+        for key in ("reward/mean", "actor/pg_loss", "greedy/reward_mean", "greedy/below_group_frac"):
+            assert ra[key] == rb[key], key
+    assert b[-1]["decoupled/trained_samples"] == 3 * 2 * 5  # 3 steps x 2 prompts x (n=4 + the greedy one)
+    wa, wb = _weights(colo.run_dir), _weights(dec.run_dir)
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k

@@ -131,7 +131,7 @@ def train_decoupled(
             source,
             ChannelWeights(backend.weights, learn),
             evaluate=evaluate,
-            group_size=cfg.rollout.n,
+            group_size=cfg.rollout.group_size,
         )
         if extra is not None:  # policy, critic, optimisers, ledger, β, critic warm-up count; publishes
             trainer.restore(extra)

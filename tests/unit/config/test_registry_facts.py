@@ -68,9 +68,22 @@ def test_kl_in_the_reward_follows_uses_token_rewards():
 
 
 def test_estimator_needing_an_input_the_trainer_lacks_lists_the_usable_ones():
-    with pytest.raises(ConfigError, match="algorithm.advantage: 'remax' needs baseline_scores") as err:
-        build_config(_data({"advantage": "remax"}))
+    spec = dataclasses.replace(ADVANTAGE_ESTIMATORS["grpo"], requires=("turn_rewards",))
+    needs = "algorithm.advantage: 'test_turns' needs turn_rewards"
+    with (
+        _registered(ADVANTAGE_ESTIMATORS, "test_turns", spec),
+        pytest.raises(ConfigError, match=needs) as err,
+    ):
+        build_config(_data({"advantage": "test_turns"}))
     assert "use gae, grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline" in str(err.value)
+
+
+def test_remax_asks_for_the_greedy_rows_that_provide_its_baseline():
+    with pytest.raises(ConfigError, match=r"algorithm.advantage: 'remax' .*rollout\.greedy_in_group=true"):
+        build_config(_data({"advantage": "remax"}))
+    data = _data({"advantage": "remax"})
+    data.setdefault("rollout", {})["greedy_in_group"] = True
+    assert build_config(data).rollout.group_size == 5  # n = 4 samples and the greedy answer
 
 
 def test_off_policy_safe_loss_registered_in_a_test_silences_the_staleness_warning(caplog):
