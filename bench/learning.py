@@ -122,6 +122,8 @@ DIAGNOSTICS = (
     "adaptive/all_equal_frac",
     "rollout/temperature",
     "rollout/sampled_entropy",
+    "greedy/reward_mean",
+    "greedy/below_group_frac",
 )
 
 
