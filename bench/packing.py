@@ -117,7 +117,7 @@ def child(arm: str, updates: int) -> dict:
         temperature=1.0,
         autocast_bf16=bf16,
         max_new_tokens=R,
-        group_size=8 if dist == "grouped" else None,  # shared-prefix scoring (padded arm only)
+        share_prefix=dist == "grouped",  # shared-prefix scoring (padded arm only)
     )
     opt = build_optimizer(model, trainer)
     base = _rss_mb()

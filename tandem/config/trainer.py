@@ -105,9 +105,10 @@ class TrainerConfig(Section):
     )
     shared_prefix: bool = Field(
         True,
-        description="Score each group's shared prompt once (KV cache reused by its n responses); same "
-        "log-probs and gradients, less compute. Off: every row runs its own prompt. Strategy fsdp2 "
-        "turns it off (every rank must run as many forwards).",
+        description="Score each run of consecutive rows with the same prompt (a group's samples, of any "
+        "size) with one prompt forward whose KV cache its responses reuse; same log-probs and gradients, "
+        "less compute. Off: every row runs its own prompt. Strategy fsdp2 turns it off (every rank must "
+        "run as many forwards).",
     )
 
     @property

@@ -59,7 +59,7 @@ def response_logprobs(
     temperature: float = 1.0,
     micro_batch_size: int | None = None,
     with_entropy: bool = False,
-    group_size: int | None = None,
+    share_prefix: bool = False,
     packed: bool = False,
     micro_batch_tokens: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -72,10 +72,12 @@ def response_logprobs(
     the call in ``torch.no_grad()`` for scoring. ``micro_batch_size`` bounds peak memory by running rows
     in chunks; results equal the full-batch call.
 
-    ``group_size`` (GRPO-style groups: every ``n`` consecutive rows share one prompt): the prompt is run
-    once per group and its KV cache shared by the group's responses (:func:`_shared_prefix_logprobs`) —
-    the same maths, with the prompt's forward and backward done once instead of ``n`` times. Used only
-    when every chunk holds whole groups of identical prompts; otherwise the plain path runs.
+    ``share_prefix`` (rows of a group sharing one prompt, e.g. GRPO's samples): each run of consecutive
+    rows with the same prompt (ids and padding) runs that prompt once and shares its KV cache among the
+    run's responses (:func:`_shared_prefix_logprobs`) — the same maths, with the prompt's forward and
+    backward done once per run instead of once per row. Runs may have any lengths (adaptive or ragged
+    groups, a group's greedy answer, a micro-batch that splits a group); a chunk with no two consecutive
+    rows sharing a prompt, or a model without ``logits_to_keep``, takes the plain path.
 
     ``packed``: rows run packed without padding (:func:`_packed_logprobs`), same values to float error.
     ``micro_batch_tokens`` (implies ``packed``, replaces ``micro_batch_size``): chunks of rows whose real
@@ -91,24 +93,17 @@ def response_logprobs(
     B = prompt_ids.shape[0]
     step = micro_batch_size or B
     logprobs, entropies = [], []
-    shared = (
-        not packed
-        and group_size is not None
-        and _can_share_prefix(model, prompt_ids, prompt_mask, group_size, step)
-    )
-    run = _shared_prefix_logprobs if shared else _packed_logprobs if packed else _chunk_logprobs
+    can_share = share_prefix and not packed and accepts_logits_to_keep(model)
     for start in range(0, B, max(step, 1)):
         rows = slice(start, start + step)
-        lp, ent = run(
-            model,
-            prompt_ids[rows],
-            prompt_mask[rows],
-            response_ids[rows],
-            response_mask[rows],
-            temperature,
-            with_entropy,
-            **({"group_size": group_size} if shared else {}),
-        )
+        chunk = (prompt_ids[rows], prompt_mask[rows], response_ids[rows], response_mask[rows])
+        runs = prompt_runs(chunk[0], chunk[1]) if can_share else None
+        if runs is not None:
+            lp, ent = _shared_prefix_logprobs(model, *chunk, temperature, with_entropy, runs=runs)
+        elif packed:
+            lp, ent = _packed_logprobs(model, *chunk, temperature, with_entropy)
+        else:
+            lp, ent = _chunk_logprobs(model, *chunk, temperature, with_entropy)
         logprobs.append(lp)
         entropies.append(ent)
     out_lp = torch.cat(logprobs) if logprobs else torch.zeros(response_ids.shape, dtype=torch.float32)
@@ -142,41 +137,43 @@ def _chunk_logprobs(
     return logprobs, entropy
 
 
-def _can_share_prefix(
-    model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, chunk: int
-) -> bool:
-    """Whether the shared-prefix path applies: groups of ``n > 1`` identical prompts (ids and padding),
-    whole groups per chunk, and a model whose forward takes a KV cache and ``logits_to_keep``."""
-    B, P = prompt_ids.shape
-    if n <= 1 or B % n or chunk % n or not accepts_logits_to_keep(model):
-        return False
-    ids, mask = prompt_ids.view(B // n, n, P), prompt_mask.view(B // n, n, P)  # [G, n, P]
-    return bool((ids == ids[:, :1]).all() and (mask == mask[:, :1]).all())
+def prompt_runs(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor | None:
+    """Index of each row's run of consecutive rows with the same prompt (ids and padding): ``[b, P]`` ->
+    ``[b]`` long (``0, 0, 0, 1, 2, 2, …``), or None when no two consecutive rows share a prompt (nothing
+    to share)."""
+    if prompt_ids.shape[0] < 2:
+        return None
+    same = (prompt_ids[1:] == prompt_ids[:-1]).all(1) & (prompt_mask[1:] == prompt_mask[:-1]).all(1)  # [b-1]
+    if not bool(same.any()):
+        return None
+    starts = torch.cat([same.new_ones(1), ~same])  # [b] True on a run's first row
+    return starts.long().cumsum(0) - 1
 
 
 def _shared_prefix_logprobs(
     model: PreTrainedModel,
-    prompt_ids: torch.Tensor,  # [b, P], rows in groups of group_size identical prompts
+    prompt_ids: torch.Tensor,  # [b, P], runs of identical prompts (``runs``)
     prompt_mask: torch.Tensor,  # [b, P]
     response_ids: torch.Tensor,  # [b, R]
     response_mask: torch.Tensor,  # [b, R]
     temperature: float,
     with_entropy: bool,
     *,
-    group_size: int,
+    runs: torch.Tensor,  # [b] long, the run of each row (:func:`prompt_runs`)
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`_chunk_logprobs` for grouped rows, with one prompt forward per group.
+    """:func:`_chunk_logprobs` for rows in runs sharing a prompt, with one prompt forward per run.
 
-    1. The ``g = b / n`` distinct prompts go through the model once (KV cache kept, with its autograd
-       graph); the last prompt position's logits score response token 0.
-    2. The cache is repeated ``n`` times along the batch (``repeat_interleave``: its backward sums the n
-       gradients into the one prompt pass) and the responses run on top of it with the full
+    1. The ``g`` distinct prompts (one per run) go through the model once (KV cache kept, with its
+       autograd graph); the last prompt position's logits score response token 0.
+    2. The cache is gathered to the rows (``runs`` as the batch index: its backward sums a run's
+       gradients into its one prompt pass) and the responses run on top of it with the full
        ``[prompt_mask, response_mask]`` attention mask and the positions the plain path uses.
     Equal to the plain path up to floating-point summation order (tested to 1e-5)."""
     from transformers import DynamicCache
 
-    n, R = group_size, response_ids.shape[1]
-    p_ids, p_mask = prompt_ids[::n], prompt_mask[::n]  # [g, P]
+    R = response_ids.shape[1]
+    first_rows = torch.cat([runs.new_ones(1, dtype=torch.bool), runs[1:] != runs[:-1]])  # [b]
+    p_ids, p_mask = prompt_ids[first_rows], prompt_mask[first_rows]  # [g, P]
     full_mask = torch.cat([prompt_mask, attended(response_mask)], dim=1).long()  # [b, P+R]
     positions = positions_from_mask(full_mask)[:, prompt_ids.shape[1] :]  # [b, R]
     try:
@@ -194,7 +191,7 @@ def _shared_prefix_logprobs(
             logits_to_keep=1,
             **{key: cache},
         ).logits  # [g, 1, V]
-        cache.batch_repeat_interleave(n)
+        cache.batch_select_indices(runs)  # [g, …] -> [b, …]
         rest = model(
             input_ids=response_ids,
             attention_mask=full_mask,
@@ -203,7 +200,7 @@ def _shared_prefix_logprobs(
             logits_to_keep=R,
             **{key: cache},
         ).logits[:, :-1]  # [b, R-1, V]
-    logits = torch.cat([first.repeat_interleave(n, dim=0), rest], dim=1).float() / temperature  # [b, R, V]
+    logits = torch.cat([first[runs], rest], dim=1).float() / temperature  # [b, R, V]
     mask = response_mask.to(torch.float32)  # [b, R]
     logprobs = selective_log_softmax(logits, response_ids) * mask  # [b, R]
     entropy = entropy_from_logits(logits) * mask if with_entropy else None  # [b, R]

@@ -130,25 +130,27 @@ class ValueCapture:
     def __init__(self) -> None:
         self.calls: list[torch.Tensor] = []  # one [b, T] per LM-head call, in call order
 
-    def values(self, response_mask: torch.Tensor) -> torch.Tensor:
+    def values(self, response_mask: torch.Tensor, runs: torch.Tensor | None = None) -> torch.Tensor:
         """``[B, R]`` float32 (zero where ``response_mask`` is False) from the recorded calls.
 
         Two call patterns exist, both from one ``response_logprobs`` call without ``micro_batch_size``:
         the plain path (one call over ``>= R + 1`` positions: keep ``[-R-1:-1]``) and the shared-prefix
-        path (``[g, 1]`` for the last prompt position of each group's prompt, repeated over the group,
-        then ``[B, R]`` for the response positions: keep ``[:, :-1]``)."""
+        path (``[g, 1]`` for the last prompt position of each run's prompt, gathered to the rows by
+        ``runs``, which that path needs: :func:`tandem.models.forward.prompt_runs` of the scored prompts,
+        ``[B]`` long; then ``[B, R]`` for the response positions: keep ``[:, :-1]``)."""
         B, R = response_mask.shape
         c = self.calls
+        shared = len(c) == 2 and c[0].shape[1] == 1 and c[1].shape == (B, R)
         if len(c) == 1 and c[0].shape[0] == B and c[0].shape[1] >= R + 1:
             v = c[0][:, -R - 1 : -1]
-        elif len(c) == 2 and c[0].shape[1] == 1 and B % c[0].shape[0] == 0 and c[1].shape == (B, R):
-            v = torch.cat([c[0].repeat_interleave(B // c[0].shape[0], dim=0), c[1][:, :-1]], dim=1)
+        elif shared and runs is not None and runs.shape == (B,) and int(runs.max()) + 1 == c[0].shape[0]:
+            v = torch.cat([c[0][runs], c[1][:, :-1]], dim=1)
         else:
             shapes = [tuple(t.shape) for t in c]
             raise ModelError(
                 f"cannot align value-head outputs {shapes} with responses [{B}, {R}]",
                 where="critic.shared_backbone",
-                hint="capture exactly one response_logprobs call, without micro_batch_size",
+                hint="capture exactly one response_logprobs call, without micro_batch_size (shared prefix: pass runs)",
             )
         return v.float() * response_mask.to(torch.float32)
 

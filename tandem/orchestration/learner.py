@@ -83,14 +83,14 @@ class LearnerStep:
             temperature=cfg.rollout.temperature,
             autocast_bf16=cfg.model.autocast_bf16,
             max_new_tokens=cfg.rollout.max_new_tokens,
-            group_size=cfg.rollout.group_size if cfg.trainer.prefix_sharing else None,
+            share_prefix=cfg.trainer.prefix_sharing,
         )
         exp = ExperienceSettings.from_config(
             cfg.algorithm,
             temperature=cfg.rollout.temperature,
             autocast_bf16=cfg.model.autocast_bf16,
             micro_batch_size=cfg.trainer.micro_batch_size,
-            group_size=cfg.rollout.group_size if cfg.trainer.prefix_sharing else None,
+            share_prefix=cfg.trainer.prefix_sharing,
             micro_batch_tokens=cfg.trainer.micro_batch_tokens,
         )
         kl = cfg.algorithm.kl

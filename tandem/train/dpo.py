@@ -74,7 +74,7 @@ def _summed_logps(
     if shared_prefix and len(pairs) > 0:
         order = torch.arange(2 * len(pairs)).view(2, -1).t().reshape(-1)  # [2B]: c0, r0, c1, r1, ...
         logps, _ = response_logprobs(
-            model, p_ids[order], p_mask[order], r_ids[order], r_mask[order], group_size=2
+            model, p_ids[order], p_mask[order], r_ids[order], r_mask[order], share_prefix=True
         )  # [2B, R], pair-major
         logps = logps[order.argsort()]  # back to chosen rows, then rejected rows
     else:

@@ -37,7 +37,7 @@ class ExperienceSettings:
     autocast_bf16: bool
     micro_batch_size: int | None
     needs_values: bool = False  # the estimator needs critic values (registry metadata, not a name)
-    group_size: int | None = None  # rows come in groups of n sharing a prompt: score the prompt once
+    share_prefix: bool = False  # rows of a group share a prompt: score each run of one prompt once
     micro_batch_tokens: int | None = None  # score packed chunks of this many real tokens (not rows)
     needs_teacher: bool = False  # the estimator needs a teacher's log-probs (registry metadata)
     reward_weight: float = 0.0  # opd: weight of the task reward beside the teacher term
@@ -52,7 +52,7 @@ class ExperienceSettings:
         temperature: float,
         autocast_bf16: bool,
         micro_batch_size: int | None,
-        group_size: int | None = None,
+        share_prefix: bool = False,
         micro_batch_tokens: int | None = None,
     ) -> ExperienceSettings:
         return cls(
@@ -67,7 +67,7 @@ class ExperienceSettings:
             autocast_bf16=autocast_bf16,
             micro_batch_size=micro_batch_size,
             needs_values=ADVANTAGE_ESTIMATORS.get(algo.advantage).needs_critic,
-            group_size=group_size,
+            share_prefix=share_prefix,
             micro_batch_tokens=micro_batch_tokens,
             needs_teacher="teacher_logprobs" in ADVANTAGE_ESTIMATORS.get(algo.advantage).requires,
             reward_weight=algo.opd.reward_weight,
@@ -91,7 +91,7 @@ def scoring_logprobs(model: torch.nn.Module, r: RolloutBatch, s: ExperienceSetti
                 r.response_mask,
                 temperature=s.temperature,
                 micro_batch_size=s.micro_batch_size,
-                group_size=s.group_size,
+                share_prefix=s.share_prefix,
                 micro_batch_tokens=s.micro_batch_tokens,
             )
     finally:

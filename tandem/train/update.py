@@ -36,7 +36,7 @@ from tandem.algos import (
 )
 from tandem.config.schema import AlgorithmConfig, TrainerConfig
 from tandem.errors import ModelError
-from tandem.models.forward import response_logprobs
+from tandem.models.forward import prompt_runs, response_logprobs
 from tandem.models.packing import row_lengths, token_budget_chunks
 from tandem.models.value import SharedValueHead, ValueCapture
 from tandem.types import Experience
@@ -62,7 +62,7 @@ class UpdateSettings:
     correction: str | None
     correction_low: float | None
     correction_high: float
-    group_size: int | None = None  # rows come in groups of n sharing a prompt: score the prompt once
+    share_prefix: bool = False  # rows of a group share a prompt: score each run of one prompt once
     micro_batch_tokens: int | None = (
         None  # token-budget micro-batches, run packed (replaces micro_batch_size)
     )
@@ -81,7 +81,7 @@ class UpdateSettings:
         temperature: float,
         autocast_bf16: bool,
         max_new_tokens: int,
-        group_size: int | None = None,
+        share_prefix: bool = False,
     ) -> UpdateSettings:
         assert algo.policy_loss is not None and algo.aggregation is not None  # the config checks ensure it
         return cls(
@@ -102,7 +102,9 @@ class UpdateSettings:
             correction_low=algo.correction_low,
             correction_high=algo.correction_high,
             # the shared-prefix KV cache is dropped by checkpointed layers, and packing replaces it
-            group_size=None if trainer.gradient_checkpointing or trainer.micro_batch_tokens else group_size,
+            share_prefix=share_prefix
+            and not trainer.gradient_checkpointing
+            and not trainer.micro_batch_tokens,
             micro_batch_tokens=trainer.micro_batch_tokens,
             whole_groups=POLICY_LOSSES.get(algo.policy_loss).needs_whole_groups,
             gradient_checkpointing=trainer.gradient_checkpointing,
@@ -386,7 +388,7 @@ def _micro_backward(
             mask,
             temperature=s.temperature,
             with_entropy=True,
-            group_size=s.group_size,
+            share_prefix=s.share_prefix,
             # a shared value head reads the padded hidden states, so its forward stays padded
             packed=s.micro_batch_tokens is not None and value is None,
         )
@@ -469,7 +471,12 @@ def _shared_value_loss(
         raise ValueError("a shared value head needs exp.values (make_experience with critic=the head)")
     mask = m.rollout.response_mask
     vloss, clipfrac = value_loss(
-        cap.values(mask), m.values, m.returns, mask, clip=value.value_clip, global_tokens=mini_tokens
+        cap.values(mask, prompt_runs(m.rollout.prompt_ids, m.rollout.prompt_mask)),
+        m.values,
+        m.returns,
+        mask,
+        clip=value.value_clip,
+        global_tokens=mini_tokens,
     )
     metrics = {
         "critic/vf_loss": float(vloss.detach()) / share,

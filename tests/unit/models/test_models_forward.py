@@ -125,7 +125,9 @@ def test_shared_prefix_equals_plain_path_values_and_gradients(tiny_model_dir, mi
     model = load_causal_lm(tiny_model_dir)
     batch = _grouped_batch()
     plain, ent_a = response_logprobs(model, *batch, with_entropy=True, micro_batch_size=micro)
-    shared, ent_b = response_logprobs(model, *batch, with_entropy=True, micro_batch_size=micro, group_size=4)
+    shared, ent_b = response_logprobs(
+        model, *batch, with_entropy=True, micro_batch_size=micro, share_prefix=True
+    )
     torch.testing.assert_close(shared, plain, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ent_b, ent_a, atol=1e-5, rtol=1e-5)
     params = list(model.parameters())
@@ -135,21 +137,52 @@ def test_shared_prefix_equals_plain_path_values_and_gradients(tiny_model_dir, mi
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
 
 
-def test_shared_prefix_falls_back_when_rows_are_not_grouped(tiny_model_dir, monkeypatch):
-    """Mixed prompts within a 'group' (e.g. shuffled mini-batches) or a chunk that splits a group must
-    take the plain path — sharing a prefix there would be wrong."""
+def test_shared_prefix_falls_back_when_no_rows_share_a_prompt(tiny_model_dir, monkeypatch):
+    """Rows whose neighbours all have other prompts (e.g. an interleaved mini-batch) take the plain path —
+    there is nothing to share."""
     from tandem.models import forward
 
     model = load_causal_lm(tiny_model_dir)
     p_ids, p_mask, r_ids, r_mask = _grouped_batch()
-    shuffled = torch.randperm(p_ids.shape[0], generator=torch.Generator().manual_seed(1))
-    batch = (p_ids[shuffled], p_mask[shuffled], r_ids[shuffled], r_mask[shuffled])
+    order = torch.arange(12).view(3, 4).t().reshape(-1)  # g0, g1, g2, g0, ...: no neighbour shares
+    batch = (p_ids[order], p_mask[order], r_ids[order], r_mask[order])
+    assert forward.prompt_runs(batch[0], batch[1]) is None
 
     def boom(*a, **k):
         raise AssertionError("shared-prefix path taken")
 
     monkeypatch.setattr(forward, "_shared_prefix_logprobs", boom)
     plain, _ = response_logprobs(model, *batch)
-    torch.testing.assert_close(response_logprobs(model, *batch, group_size=4)[0], plain)
-    grouped = _grouped_batch()
-    response_logprobs(model, *grouped, group_size=4, micro_batch_size=6)  # 6 is not whole groups of 4
+    torch.testing.assert_close(response_logprobs(model, *batch, share_prefix=True)[0], plain)
+
+
+@pytest.mark.parametrize("micro", [None, 6])
+def test_shared_prefix_with_ragged_runs_equals_plain_path(tiny_model_dir, monkeypatch, micro):
+    """Runs of 4, 1, 2 and 3 rows (grown groups, a group's greedy row; a micro-batch of 6 splits the run of
+    2): one prompt pass per run of each chunk gives the plain path's log-probs, entropies and gradients."""
+    from tandem.models import forward
+
+    model = load_causal_lm(tiny_model_dir)
+    p_ids, p_mask, r_ids, r_mask = _grouped_batch()  # 3 groups of 4
+    rows = torch.tensor([0, 1, 2, 3, 4, 8, 9, 5, 6, 7])  # runs g0 x4, g1 x1, g2 x2, g1 x3
+    batch = (p_ids[rows], p_mask[rows], r_ids[rows], r_mask[rows])
+    assert forward.prompt_runs(batch[0], batch[1]).tolist() == [0, 0, 0, 0, 1, 2, 2, 3, 3, 3]
+    passes: list[int] = []  # prompt passes per shared-prefix call
+    real = forward._shared_prefix_logprobs
+
+    def counted(*a, **k):
+        passes.append(int(k["runs"].max()) + 1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(forward, "_shared_prefix_logprobs", counted)
+    kw = {"with_entropy": True, "micro_batch_size": micro}
+    shared, ent_b = response_logprobs(model, *batch, share_prefix=True, **kw)
+    assert passes == ([4] if micro is None else [3, 2])
+    plain, ent_a = response_logprobs(model, *batch, with_entropy=True, micro_batch_size=micro)
+    torch.testing.assert_close(shared, plain, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent_b, ent_a, atol=1e-5, rtol=1e-5)
+    params = list(model.parameters())
+    for a, b in zip(
+        torch.autograd.grad(plain.sum(), params), torch.autograd.grad(shared.sum(), params), strict=True
+    ):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)

@@ -108,7 +108,7 @@ def test_reference_is_the_base_with_the_adapter_disabled_exactly(tiny_model_dir)
     with torch.no_grad():
         want, _ = response_logprobs(base, *batch)
         got, _ = response_logprobs(ref, *batch)
-        shared, _ = response_logprobs(ref, *(t.repeat_interleave(2, 0) for t in batch), group_size=2)
+        shared, _ = response_logprobs(ref, *(t.repeat_interleave(2, 0) for t in batch), share_prefix=True)
         pol, _ = response_logprobs(policy, *batch)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     torch.testing.assert_close(shared[::2], want, rtol=0, atol=1e-5)  # the KV-cache path runs too

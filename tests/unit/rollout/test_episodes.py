@@ -111,7 +111,7 @@ def test_episode_rows_are_exactly_the_sampled_and_observation_ids(bpe_dir):
         )  # fmt: skip
         shared, _ = response_logprobs(
             model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask,
-            group_size=2,
+            share_prefix=True,
         )  # fmt: skip
     m = batch.response_mask
     assert torch.allclose(lp[m], batch.behavior_logprobs[m], atol=1e-4)

@@ -10,7 +10,7 @@ from tandem.config import build_config
 from tandem.config.schema import AlgorithmConfig, CriticConfig, TrainerConfig
 from tandem.errors import ConfigError, ModelError
 from tandem.models import load_causal_lm
-from tandem.models.forward import response_logprobs
+from tandem.models.forward import prompt_runs, response_logprobs
 from tandem.models.value import SharedValueHead, ValueCapture, build_shared_value_head
 from tandem.train.critic import CriticSettings, add_value_head_group, critic_update, shared_value
 from tandem.train.experience import ExperienceSettings, make_experience
@@ -52,8 +52,8 @@ def _exp_settings() -> ExperienceSettings:
     return ExperienceSettings.from_config(algo, temperature=1.0, autocast_bf16=False, micro_batch_size=None)
 
 
-@pytest.mark.parametrize("group_size", [None, 2])
-def test_one_forward_gives_logprobs_and_the_heads_values_on_the_hidden_states(tiny_model_dir, group_size):
+@pytest.mark.parametrize("share", [False, True])
+def test_one_forward_gives_logprobs_and_the_heads_values_on_the_hidden_states(tiny_model_dir, share):
     """Plain and shared-prefix scoring: values captured in the policy forward equal the head applied to the
     decoder's last hidden state at the position that predicts each token; log-probs are unchanged."""
     policy, head = _head(tiny_model_dir)
@@ -69,13 +69,34 @@ def test_one_forward_gives_logprobs_and_the_heads_values_on_the_hidden_states(ti
         expected = head.head(hidden[:, -R - 1 : -1]).squeeze(-1) * r.response_mask  # [B, R]
         plain_lp, _ = response_logprobs(policy, *args)
         with head.capture() as cap:
-            lp, _ = response_logprobs(policy, *args, group_size=group_size)
-        values = cap.values(r.response_mask)
-    assert len(cap.calls) == (1 if group_size is None else 2)  # the shared-prefix path really ran
+            lp, _ = response_logprobs(policy, *args, share_prefix=share)
+        values = cap.values(r.response_mask, prompt_runs(r.prompt_ids, r.prompt_mask) if share else None)
+    assert len(cap.calls) == (2 if share else 1)  # the shared-prefix path really ran
     torch.testing.assert_close(values, expected, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(head.values(*args), expected, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(lp, plain_lp, rtol=1e-5, atol=1e-6)
     assert torch.all(values[~r.response_mask] == 0) and values[r.response_mask].abs().sum() > 0
+
+
+def test_shared_prefix_values_follow_ragged_runs_and_need_them(tiny_model_dir):
+    """Runs of 3 and 1 rows (a grown group, a lone row): each row's first value comes from its own run's
+    prompt; without the runs the shared-prefix calls are refused rather than guessed."""
+    policy, head = _head(tiny_model_dir)
+    r = _grouped_rollout(B=6, n=3).select(torch.tensor([0, 1, 2, 3]))  # runs [0, 0, 0, 1]
+    args = (r.prompt_ids, r.prompt_mask, r.response_ids, r.response_mask)
+    runs = prompt_runs(r.prompt_ids, r.prompt_mask)
+    assert runs.tolist() == [0, 0, 0, 1]
+    with torch.no_grad():
+        with head.capture() as plain:
+            response_logprobs(policy, *args)
+        with head.capture() as cap:
+            response_logprobs(policy, *args, share_prefix=True)
+    assert [tuple(c.shape) for c in cap.calls][0] == (2, 1)
+    torch.testing.assert_close(
+        cap.values(r.response_mask, runs), plain.values(r.response_mask), rtol=1e-5, atol=1e-6
+    )
+    with pytest.raises(ModelError, match="cannot align"):
+        cap.values(r.response_mask)
 
 
 def test_capture_refuses_calls_it_cannot_align():
@@ -96,7 +117,7 @@ def test_head_state_is_the_head_alone_and_round_trips(tiny_model_dir, tmp_path):
     assert torch.equal(other.head.weight, head.head.weight) and torch.equal(other.head.bias, head.head.bias)
 
 
-def _joint(tiny_model_dir, r, scores, *, group_size=None, micro=None):
+def _joint(tiny_model_dir, r, scores, *, share=False, micro=None):
     """Policy + head, one optimiser with the head group, the experience of ``r`` and the settings."""
     policy, head = _head(tiny_model_dir)
     # lr 1e-3: repeated updates on one batch lower the value loss at every step (at 1e-2 Adam overshoots
@@ -111,7 +132,7 @@ def _joint(tiny_model_dir, r, scores, *, group_size=None, micro=None):
         temperature=1.0,
         autocast_bf16=False,
         max_new_tokens=r.response_ids.shape[1],
-        group_size=group_size,
+        share_prefix=share,
     )
     cs = CriticSettings.from_config(critic_cfg, trainer, autocast_bf16=False)
     exp, metrics = make_experience(r, scores, _exp_settings(), critic=head)
@@ -134,10 +155,10 @@ def test_value_loss_reaches_the_backbone_in_one_backward(tiny_model_dir):
     assert abs(metrics["actor/pg_loss"]) < 1e-7  # zero advantages: the loss that moved it is the value's
 
 
-@pytest.mark.parametrize(("group_size", "micro"), [(None, None), (None, 2), (2, 2)])
-def test_joint_update_lowers_value_loss_and_micro_batching_is_exact(tiny_model_dir, group_size, micro):
+@pytest.mark.parametrize(("share", "micro"), [(False, None), (False, 2), (True, 2)])
+def test_joint_update_lowers_value_loss_and_micro_batching_is_exact(tiny_model_dir, share, micro):
     r, scores = _grouped_rollout(), torch.tensor([1.0, 0.0, 0.5, 0.2])
-    policy, head, opt, us, cs, exp, _ = _joint(tiny_model_dir, r, scores, group_size=group_size, micro=micro)
+    policy, head, opt, us, cs, exp, _ = _joint(tiny_model_dir, r, scores, share=share, micro=micro)
     value = shared_value(head, cs)
     losses = [policy_update(policy, opt, None, exp, us, value=value)["critic/vf_loss"] for _ in range(5)]
     assert all(b < a for a, b in zip(losses, losses[1:], strict=False)), losses

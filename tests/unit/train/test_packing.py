@@ -137,7 +137,7 @@ def _grads_after_one_step(model_dir, exp, aggregation, **trainer_kw):
         temperature=1.0,
         autocast_bf16=False,
         max_new_tokens=12,
-        group_size=4,
+        share_prefix=True,
     )
     opt = build_optimizer(model, trainer)
     grads = capture_grads(model, opt)
@@ -169,7 +169,7 @@ def test_micro_batches_follow_the_budget_and_keep_groups_for_agro():
             AlgorithmConfig(name=name) if name == "grpo" else AlgorithmConfig(name="grpo", policy_loss="agro")
         )
         s = UpdateSettings.from_config(algo, trainer, temperature=1.0, autocast_bf16=False, max_new_tokens=12)
-        assert s.whole_groups is whole and s.group_size is None
+        assert s.whole_groups is whole and s.share_prefix is False
         chunks = micro_batches(exp, rows, 8, s)
         assert sorted(torch.cat(chunks).tolist()) == list(range(8))
         if whole:

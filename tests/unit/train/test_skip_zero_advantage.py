@@ -66,7 +66,7 @@ def _step(model_dir, exp, skip, algo_kw=None, **trainer_kw):
     algo = AlgorithmConfig(name="grpo", **(algo_kw or {}))
     trainer = TrainerConfig(max_grad_norm=None, lr=1e-3, skip_zero_advantage=skip, **trainer_kw)
     settings = UpdateSettings.from_config(
-        algo, trainer, temperature=1.0, autocast_bf16=False, max_new_tokens=5, group_size=4
+        algo, trainer, temperature=1.0, autocast_bf16=False, max_new_tokens=5, share_prefix=True
     )
     opt = build_optimizer(model, trainer)
     grads = capture_grads(model, opt)
