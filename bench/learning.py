@@ -46,6 +46,7 @@ import argparse
 import dataclasses
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -153,6 +154,48 @@ def run_tandem(
     return {"evals": evals, "rewards": rewards, "diagnostics": means}
 
 
+def run_tandem_decoupled(
+    w: Any, folder: Path, steps: int, seed: int, every: int, overrides: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """A variant with ``architecture.mode=decoupled``: the learner and its rollout worker are two
+    processes, so the run goes through ``tandem.train`` with its own evaluations every ``every`` steps.
+    Training wall = the sum of the learner's ``timing/step`` (evaluations left out, as in
+    :func:`run_tandem`; the worker may run ahead by at most η batches during one); ``start_s`` is the
+    first step's wait for the worker to start, also left out (reported beside). No CPU clock covers
+    both processes: ``cpu`` is NaN."""
+    import tempfile
+
+    from tandem.orchestration.runner import train
+
+    cfg = tandem_config(w, folder, steps, seed, overrides)
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = cfg.model_copy(
+            update={
+                "run": cfg.run.model_copy(update={"output_dir": tmp, "overwrite": True}),
+                "monitor": cfg.monitor.model_copy(update={"eval_every": every}),
+            }
+        )
+        train(cfg, progress=False)
+        rows = [json.loads(x) for x in (Path(tmp) / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    evals, rewards, diag, wall, start_s = [], [], {}, 0.0, 0.0
+    for r in rows:
+        step = int(r.get("step", -1))
+        if "timing/step" in r:
+            if step == 1:
+                start_s = float(r["timing/step"]) - float(r.get("timing/update", 0.0))
+                wall += float(r.get("timing/update", 0.0))
+            else:
+                wall += float(r["timing/step"])
+            rewards.append(float(r["reward/mean"]))
+            for key in DIAGNOSTICS:
+                if key in r:
+                    diag.setdefault(key, []).append(float(r[key]))
+        if "eval/accuracy" in r:
+            evals.append({"step": step, "acc": float(r["eval/accuracy"]), "wall": wall, "cpu": math.nan})
+    means = {k: sum(v) / len(v) for k, v in diag.items()}
+    return {"evals": evals, "rewards": rewards, "diagnostics": means, "start_s": start_s}
+
+
 def run_trl(w: Any, folder: Path, steps: int, seed: int, every: int, lr: float) -> dict[str, Any]:
     import tempfile
 
@@ -226,7 +269,9 @@ def child(args: argparse.Namespace) -> None:
     torch.set_num_interop_threads(1)
     w, folder = warm_starts.WARM_STARTS[args.start], args.warm / args.start
     if args.child == "tandem":
-        out = run_tandem(w, folder, args.steps, args.seed, args.every, tuple(args.override))
+        decoupled = "architecture.mode=decoupled" in args.override
+        run = run_tandem_decoupled if decoupled else run_tandem
+        out = run(w, folder, args.steps, args.seed, args.every, tuple(args.override))
     else:
         out = run_trl(w, folder, args.steps, args.seed, args.every, args.lr)
     print("@@RESULT " + json.dumps(out), flush=True)

@@ -193,8 +193,13 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f} %"
 
 
+def _num(x: float, fmt: str) -> str:
+    """``x`` in ``fmt``, or "-" where it is unknown (NaN: a decoupled run has no one CPU clock)."""
+    return "-" if math.isnan(x) else format(x, fmt)
+
+
 def _at(e: Eval) -> str:
-    return f"{_pct(e.acc)} @{e.step} ({e.wall:.0f} s, CPU {e.cpu:.0f} s)"
+    return f"{_pct(e.acc)} @{e.step} ({e.wall:.0f} s, CPU {_num(e.cpu, '.0f')} s)"
 
 
 def _match(r: Row) -> str:
@@ -203,7 +208,7 @@ def _match(r: Row) -> str:
         return "not reached"
     if r.tandem_match.step == 0:
         return f"@0 (TRL best {_pct(r.trl_best[r.trl_lr].acc)} = start)"
-    return f"@{r.tandem_match.step}: {r.match_ratio:.2f} ({r.match_cpu_ratio:.2f})"
+    return f"@{r.tandem_match.step}: {r.match_ratio:.2f} ({_num(r.match_cpu_ratio, '.2f')})"
 
 
 def format_table(rows: list[Row]) -> str:
@@ -219,7 +224,7 @@ def format_table(rows: list[Row]) -> str:
         cells = [r.start, str(r.seed), _pct(r.start_acc), _pct(r.target), _at(r.tandem_best)]
         cells.append(_at(r.tandem_hit) if r.tandem_hit else "not reached")
         cells += [_at(r.trl_best[lr]) if lr in r.trl_best else "-" for lr in lrs]
-        ratio = f"{r.ratio:.2f} ({r.cpu_ratio:.2f})"
+        ratio = f"{r.ratio:.2f} ({_num(r.cpu_ratio, '.2f')})"
         if math.isinf(r.ratio):
             ratio = "inf (TRL best at step 0)"
         elif r.tandem_hit is None and r.tandem_best.step == 0:
