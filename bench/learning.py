@@ -128,36 +128,38 @@ DIAGNOSTICS = (
 )
 
 
-def run_tandem(
-    w: Any, folder: Path, steps: int, seed: int, every: int, overrides: tuple[str, ...] = ()
-) -> dict[str, Any]:
+def _diagnostic_means(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Each of :data:`DIAGNOSTICS` averaged over the per-step metric ``rows`` that log it."""
+    means = {}
+    for key in DIAGNOSTICS:
+        values = [float(r[key]) for r in rows if key in r]
+        if values:
+            means[key] = sum(values) / len(values)
+    return means
+
+
+def run_tandem(cfg: Any, every: int) -> dict[str, Any]:
     from tandem.orchestration.colocated import ColocatedTrainer
     from tandem.orchestration.parts import build_parts
 
-    parts = build_parts(tandem_config(w, folder, steps, seed, overrides))
+    parts = build_parts(cfg)
     trainer = ColocatedTrainer(parts)
-    clock, evals, rewards = Clock(), [], []
-    diag: dict[str, list[float]] = {}
+    clock, evals, step_metrics = Clock(), [], []
     _evaluate(parts, 0, clock, evals)
     clock.mark()
+    steps = cfg.trainer.total_steps
     for step in range(1, steps + 1):
-        metrics = trainer.train_step()
-        rewards.append(metrics["reward/mean"])
-        for key in DIAGNOSTICS:
-            if key in metrics:
-                diag.setdefault(key, []).append(float(metrics[key]))
+        step_metrics.append(trainer.train_step())
         clock.lap()
         if step % every == 0 or step == steps:
             _evaluate(parts, step, clock, evals)
         clock.mark()
-    means = {k: sum(v) / len(v) for k, v in diag.items()}
-    return {"evals": evals, "rewards": rewards, "diagnostics": means}
+    rewards = [m["reward/mean"] for m in step_metrics]
+    return {"evals": evals, "rewards": rewards, "diagnostics": _diagnostic_means(step_metrics)}
 
 
-def run_tandem_decoupled(
-    w: Any, folder: Path, steps: int, seed: int, every: int, overrides: tuple[str, ...] = ()
-) -> dict[str, Any]:
-    """A variant with ``architecture.mode=decoupled``: the learner and its rollout worker are two
+def run_tandem_decoupled(cfg: Any, every: int) -> dict[str, Any]:
+    """A run with ``architecture.mode=decoupled``: the learner and its rollout worker are two
     processes, so the run goes through ``tandem.train`` with its own evaluations every ``every`` steps.
     Training wall = the sum of the learner's ``timing/step`` (evaluations left out, as in
     :func:`run_tandem`; the worker may run ahead by at most η batches during one); ``start_s`` is the
@@ -166,8 +168,8 @@ def run_tandem_decoupled(
     import tempfile
 
     from tandem.orchestration.runner import train
+    from tandem.report.data import load_run
 
-    cfg = tandem_config(w, folder, steps, seed, overrides)
     with tempfile.TemporaryDirectory() as tmp:
         cfg = cfg.model_copy(
             update={
@@ -176,24 +178,17 @@ def run_tandem_decoupled(
             }
         )
         train(cfg, progress=False)
-        rows = [json.loads(x) for x in (Path(tmp) / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    evals, rewards, diag, wall, start_s = [], [], {}, 0.0, 0.0
+        rows = load_run(tmp).rows  # one row per step: its training and evaluation metrics merged
+    steps = [r for r in rows if "timing/step" in r]
+    start_s = float(steps[0]["timing/step"]) - float(steps[0].get("timing/update", 0.0))
+    evals, wall = [], 0.0
     for r in rows:
-        step = int(r.get("step", -1))
         if "timing/step" in r:
-            if step == 1:
-                start_s = float(r["timing/step"]) - float(r.get("timing/update", 0.0))
-                wall += float(r.get("timing/update", 0.0))
-            else:
-                wall += float(r["timing/step"])
-            rewards.append(float(r["reward/mean"]))
-            for key in DIAGNOSTICS:
-                if key in r:
-                    diag.setdefault(key, []).append(float(r[key]))
+            wall += float(r["timing/step"]) - (start_s if r is steps[0] else 0.0)
         if "eval/accuracy" in r:
-            evals.append({"step": step, "acc": float(r["eval/accuracy"]), "wall": wall, "cpu": math.nan})
-    means = {k: sum(v) / len(v) for k, v in diag.items()}
-    return {"evals": evals, "rewards": rewards, "diagnostics": means, "start_s": start_s}
+            evals.append({"step": r["step"], "acc": float(r["eval/accuracy"]), "wall": wall, "cpu": math.nan})
+    rewards = [float(r["reward/mean"]) for r in steps]
+    return {"evals": evals, "rewards": rewards, "diagnostics": _diagnostic_means(steps), "start_s": start_s}
 
 
 def run_trl(w: Any, folder: Path, steps: int, seed: int, every: int, lr: float) -> dict[str, Any]:
@@ -269,9 +264,11 @@ def child(args: argparse.Namespace) -> None:
     torch.set_num_interop_threads(1)
     w, folder = warm_starts.WARM_STARTS[args.start], args.warm / args.start
     if args.child == "tandem":
-        decoupled = "architecture.mode=decoupled" in args.override
-        run = run_tandem_decoupled if decoupled else run_tandem
-        out = run(w, folder, args.steps, args.seed, args.every, tuple(args.override))
+        cfg = tandem_config(w, folder, args.steps, args.seed, tuple(args.override))
+        if cfg.architecture.mode == "decoupled":
+            out = run_tandem_decoupled(cfg, args.every)
+        else:
+            out = run_tandem(cfg, args.every)
     else:
         out = run_trl(w, folder, args.steps, args.seed, args.every, args.lr)
     print("@@RESULT " + json.dumps(out), flush=True)
