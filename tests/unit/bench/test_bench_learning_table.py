@@ -106,6 +106,15 @@ def test_format_table_has_one_column_per_trl_lr_and_one_row_per_start():
     assert row.ratio == 0 and "- (Tandem best at step 0)" in lt.format_table([row])
 
 
+def test_format_table_prints_a_dash_for_an_unknown_cpu_clock():
+    # A decoupled run's learner and worker share no CPU clock: bench/learning.py records NaN.
+    tandem = run("tandem", 6e-4, [(0, 0.15, 0), (20, 0.42, 20)], cpu=math.nan)
+    row = lt.compare("add2", tandem, [run("trl", 2e-4, [(0, 0.15, 0), (20, 0.42, 90)])])
+    text = lt.format_table([row])
+    assert "42.0 % @20 (20 s, CPU - s)" in text and "0.22 (-)" in text and "@20: 0.22 (-)" in text
+    assert "nan" not in text
+
+
 def test_far_apart_warns_only_when_two_known_finish_times_are_over_the_limit():
     assert lt.far_apart({"Tandem": 1000.0, "TRL lr 0.0006": 1000.0 + 3600}) is None
     # a result recorded before the bench kept finish times
