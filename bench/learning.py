@@ -27,7 +27,9 @@ loading and evaluations excluded, for both). The table and the targets are compu
 
 ``--variant LABEL=key=value[,key=value...]`` (repeatable) also runs Tandem's recipe with those dotted
 overrides (e.g. ``--variant frontier=data.curriculum.kind=frontier``), interleaved with the others; each
-variant gets its own table row (``warm start (LABEL)``) against the same TRL sweep. ``--no-tandem`` runs
+variant gets its own table row (``warm start (LABEL)``) against the same TRL sweep. A variant with
+``architecture.mode=decoupled`` runs through ``tandem train``'s driver (learner and rollout worker in two
+processes; its CPU columns read "-"). ``--no-tandem`` runs
 only the TRL sweep (e.g. in another ``--out`` beside the Tandem runs; concatenate the ``results.jsonl``
 files and use ``--table-only`` to compare them).
 
