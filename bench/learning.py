@@ -127,6 +127,8 @@ DIAGNOSTICS = (
     "rollout/sampled_entropy",
     "greedy/reward_mean",
     "greedy/below_group_frac",
+    "reference/added_frac",
+    "reference/not_better_frac",
 )
 
 

@@ -22,7 +22,7 @@ ROLLOUT_TENSORS = (
     "policy_version",
 )  # the tensor fields of RolloutBatch, in declaration order (serialisers iterate over them)
 # tensor fields that may be None (serialisers send them if set)
-OPTIONAL_ROLLOUT_TENSORS = ("turn_rewards", "sample_temperature", "greedy")
+OPTIONAL_ROLLOUT_TENSORS = ("turn_rewards", "sample_temperature", "greedy", "reference")
 
 
 @dataclass
@@ -55,6 +55,9 @@ class RolloutBatch:
     # greedy: True on the rows decoded greedily and added to their group (rollout.greedy_in_group; ReMax's
     # baseline). None: no greedy rows
     greedy: torch.Tensor | None = None  # [B] bool
+    # reference: True on the rows holding the prompt file's reference completion, added to groups no
+    # sample solved (rollout.reference_answers). None: no reference rows
+    reference: torch.Tensor | None = None  # [B] bool
 
     @property
     def batch_size(self) -> int:
@@ -148,17 +151,22 @@ def concat_rollouts(batches: list[RolloutBatch], pad_token_id: int) -> RolloutBa
         extras=[e for b in batches for e in b.extras],
         turn_rewards=_concat_turn_rewards(batches, R),
         sample_temperature=_concat_temperatures(batches),
-        greedy=_concat_greedy(batches),
+        greedy=_concat_flags(batches, "greedy"),
+        reference=_concat_flags(batches, "reference"),
     )
 
 
-def _concat_greedy(batches: list[RolloutBatch]) -> torch.Tensor | None:
-    """The batches' ``greedy`` flags end to end (a batch without them has no greedy rows); None when no
-    batch has them."""
-    if all(b.greedy is None for b in batches):
+def _concat_flags(batches: list[RolloutBatch], name: str) -> torch.Tensor | None:
+    """The batches' row flags ``name`` (``greedy``, ``reference``) end to end (a batch without them has no
+    such rows); None when no batch has them."""
+    flags = [getattr(b, name) for b in batches]
+    if all(f is None for f in flags):
         return None
     return torch.cat(
-        [torch.zeros(b.batch_size, dtype=torch.bool) if b.greedy is None else b.greedy for b in batches]
+        [
+            torch.zeros(b.batch_size, dtype=torch.bool) if f is None else f
+            for b, f in zip(batches, flags, strict=True)
+        ]
     )
 
 

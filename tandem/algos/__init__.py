@@ -37,7 +37,7 @@ from tandem.algos.dapo import (
 )
 from tandem.algos.distill import topk_forward_kl
 from tandem.algos.entropy import AdaptiveEntropy, sampled_entropy
-from tandem.algos.imitation import success_mask, success_nll, success_tokens
+from tandem.algos.imitation import reference_nll, success_mask, success_nll, success_tokens
 from tandem.algos.kl import KL_ESTIMATORS, AdaptiveKL, FixedKL, kl_penalty
 from tandem.algos.mismatch import logprob_mismatch
 from tandem.algos.policy import policy_loss
@@ -104,6 +104,7 @@ __all__ = [
     "sequence_sum",
     "success_mask",
     "success_nll",
+    "reference_nll",
     "success_tokens",
     "topk_forward_kl",
     "value_loss",

@@ -1,4 +1,5 @@
-"""An auxiliary imitation (SFT) term on the batch's own successful samples (``algorithm.sft_coef``).
+"""Auxiliary imitation (SFT) terms: on the batch's own successful samples (``algorithm.sft_coef``), and on
+the prompt file's reference answers (``rollout.reference_answers.mode=imitate``, :func:`reference_nll`).
 
 RAFT / expert iteration (Dong et al. 2023; Anthony et al. 2017) train on the samples that scored well;
 added beside a policy-gradient loss it is ``sft_coef · NLL`` of the tokens of every sample whose sequence
@@ -45,3 +46,13 @@ def success_nll(
     rows = response_mask.to(torch.bool).any(dim=1)  # [B] samples with a response
     frac = (mask.any(dim=1) & rows).float().sum() / rows.float().sum().clamp(min=1.0)
     return loss, {"sft_frac": frac}
+
+
+def reference_nll(
+    logprobs: torch.Tensor, response_mask: torch.Tensor, reference: torch.Tensor, global_tokens: int
+) -> torch.Tensor:
+    """Negative log-likelihood of the reference rows' tokens (``rollout.reference_answers.mode=imitate``):
+    ``-sum(logprobs over the tokens of rows where reference) / global_tokens`` (the mini-batch's reference
+    tokens). ``logprobs`` ``[B, T]`` carries gradient, ``reference`` ``[B]`` bool; 0 without such rows."""
+    mask = response_mask.to(torch.bool) & reference.to(torch.bool).unsqueeze(1)  # [B, T]
+    return -(logprobs * mask.to(logprobs.dtype)).sum() / max(global_tokens, 1)

@@ -373,12 +373,31 @@ def _check_greedy_in_group(cfg: CheckedConfig) -> None:
         )
 
 
+def _check_reference_answers(cfg: CheckedConfig) -> None:
+    """``rollout.reference_answers``: single-turn prompts, groups kept whole (not with dynamic sampling,
+    which drops the all-equal groups the references are for)."""
+    key = "rollout.reference_answers.column"
+    if cfg.rollout.reference_answers.column is None:
+        return
+    if cfg.algorithm.dynamic_sampling:
+        raise CrossFieldError(
+            key,
+            "does not work with algorithm.dynamic_sampling (it drops the groups a reference answer joins)",
+        )
+    if cfg.env is not None:
+        raise CrossFieldError(
+            key,
+            "needs single-turn prompts: a reference answer is one completion, not a multi-turn episode (env)",
+        )
+
+
 def check_config(cfg: CheckedConfig) -> None:
     """Cross-field checks, each naming the key to change."""
     _check_algorithm(cfg)
     _check_entropy_target(cfg)
     _check_adaptive_temperature(cfg)
     _check_greedy_in_group(cfg)
+    _check_reference_answers(cfg)
     _check_adaptive_group(cfg)
     _check_architecture(cfg)
     if cfg.checkpoint.best_metric and cfg.data.eval_size == 0:

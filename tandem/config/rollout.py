@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -26,6 +26,33 @@ class AdaptiveTemperatureConfig(Section):
     max_temperature: float = Field(
         1.5, gt=0, description="Highest adaptive temperature (with target_entropy)."
     )
+
+
+class ReferenceAnswersConfig(Section):
+    column: str | None = Field(
+        None,
+        min_length=1,
+        description="Reference answers in all-fail groups (null = off): the prompt-file column holding a "
+        "correct completion (e.g. answer). After sampling (and adaptive group growth), each group whose "
+        "samples all scored the same and below its reference gets one more row: the reference completion, "
+        "scored by the run's reward and by the policy (its behaviour log-probs), so its group-relative "
+        "advantage pushes the policy towards it (LUFFY-style off-policy guidance). Every training row needs "
+        "the column; hf engine, single-turn prompts, not with dynamic sampling; docs/algorithms.md.",
+    )
+    template: str = Field(
+        "{}",
+        min_length=1,
+        description="The reference completion's text: template.format(value of the column), ended by EOS; "
+        "a template holding a rollout.stop string (e.g. '{}\\n') is cut after it and ends there instead.",
+    )
+    mode: Literal["group", "imitate"] = Field(
+        "group",
+        description="group: the reference joins its group and the group-relative advantage trains on it "
+        "(its failed samples get negative advantages). imitate: the reference row carries its group's "
+        "shared score (every advantage in the group stays 0) and the loss adds coef × the mean NLL of "
+        "the reference tokens.",
+    )
+    coef: float = Field(1.0, gt=0, description="Weight of the reference NLL term (mode=imitate).")
 
 
 class RolloutConfig(Section):
@@ -58,6 +85,12 @@ class RolloutConfig(Section):
     adaptive_temperature: AdaptiveTemperatureConfig = Field(
         default_factory=AdaptiveTemperatureConfig,
         description="Steer the sampling temperature to a target entropy (off by default; docs/algorithms.md).",
+    )
+
+    reference_answers: ReferenceAnswersConfig = Field(
+        default_factory=ReferenceAnswersConfig,
+        description="Add the prompt file's reference completion to groups no sample solved (off by default; "
+        "docs/algorithms.md).",
     )
 
     @property

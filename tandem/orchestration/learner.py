@@ -24,6 +24,7 @@ import torch
 from tandem.algos import AdaptiveEntropy, AdaptiveKL, FixedKL
 from tandem.config.schema import TandemConfig
 from tandem.monitor import PhaseTimer
+from tandem.orchestration.reference_answers import reference_coef
 from tandem.train.critic import CriticSettings, critic_update, shared_value
 from tandem.train.distributed import DataParallel, StepInputs
 from tandem.train.experience import ExperienceSettings, critic_values, make_experience, scoring_logprobs
@@ -84,6 +85,7 @@ class LearnerStep:
             autocast_bf16=cfg.model.autocast_bf16,
             max_new_tokens=cfg.rollout.max_new_tokens,
             share_prefix=cfg.trainer.prefix_sharing,
+            reference_coef=reference_coef(cfg),
         )
         exp = ExperienceSettings.from_config(
             cfg.algorithm,

@@ -39,6 +39,12 @@ from tandem.data import PromptDataset, PromptSampler
 from tandem.data.chat import is_conversational, render_prompts, reward_inputs
 from tandem.monitor import PhaseTimer
 from tandem.orchestration.adaptive_group import MoreSamples, grow_groups, join_groups
+from tandem.orchestration.reference_answers import (
+    ReferenceSettings,
+    add_references,
+    check_reference_column,
+    check_reference_engine,
+)
 from tandem.orchestration.scoring import OverlongShaping, collect_dynamic, score_rollout
 from tandem.rewards import RewardSet
 from tandem.rollout.base import ChunkCallback, RolloutEngine, SamplingParams
@@ -110,6 +116,9 @@ class PromptSource(Protocol):
 
     def draw_metrics(self) -> dict[str, float]: ...
 
+    @property
+    def dataset(self) -> PromptDataset: ...
+
 
 class SequentialPrompts:
     """The colocated source: one seeded sampler drawn in order (refill rounds draw the next batches),
@@ -133,6 +142,11 @@ class SequentialPrompts:
         self.set_curriculum(curriculum, options or CurriculumOptions())
         self._last: list[int] = []  # dataset rows of the latest draw, by position
         self._repeat: list[int] = []  # times each of them had been drawn before
+
+    @property
+    def dataset(self) -> PromptDataset:
+        """The prompt rows drawn from."""
+        return self.sampler.dataset
 
     def set_curriculum(self, kind: str, options: CurriculumOptions) -> None:
         """Choose the curriculum (``data.curriculum``) by its registered name."""
@@ -194,6 +208,11 @@ class TicketPrompts:
         self._next = 0
         self.max_rounds = max_rounds
 
+    @property
+    def dataset(self) -> PromptDataset:
+        """The prompt rows drawn from."""
+        return self._args[0]
+
     def rows(self, step: int, round_: int) -> list[dict[str, Any]]:
         dataset, batch_size, seed = self._args
         if round_ > 0:  # any worker refills a ticket with the same prompts
@@ -245,6 +264,7 @@ class RolloutStep:
         self.episodes = episode_runner(cfg.env, engine)  # every sample is an episode (single-turn: one step)
         self._drawn: tuple[list[dict[str, Any]], int] = ([], 0)  # the latest draw's rows, first group id
         self.temperature = temperature_controller(cfg)
+        self.reference = self._reference_settings(cfg, engine, prompts, pad_token_id)
         cur = cfg.data.curriculum
         if isinstance(prompts, SequentialPrompts):
             options = CurriculumOptions(cur.skip_after, cur.revisit, cur.replay, cur.max_draws)
@@ -295,13 +315,55 @@ class RolloutStep:
         if self.temperature is not None:  # the learner scores the batch at the temperature it was drawn at
             t = torch.full((batch.batch_size,), self.temperature.value, dtype=torch.float32)
             batch = dataclasses.replace(batch, sample_temperature=t)
+        scores, metrics = self._reward(batch, prompts, offset)
+        return (batch, *self._add_episodes(scores, metrics))
+
+    def _reward(
+        self, batch: RolloutBatch, prompts: list[Any], offset: int
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Scores ``[B]`` and reward metrics of ``batch``, whose group ``offset + i`` is ``prompts[i]``'s."""
         inputs = None
         if any(is_conversational(p) for p in prompts):  # rewards see messages, as in TRL
             per_sample = [prompts[int(g) - offset] for g in batch.group_ids]
             inputs = reward_inputs(per_sample, batch.completions)
         with self.timer.phase("reward"):
-            scores, metrics = score_rollout(batch, self.rewards, self.overlong, inputs=inputs)
-        return (batch, *self._add_episodes(scores, metrics))
+            return score_rollout(batch, self.rewards, self.overlong, inputs=inputs)
+
+    @staticmethod
+    def _reference_settings(
+        cfg: TandemConfig, engine: RolloutEngine, prompts: PromptSource, pad_token_id: int
+    ) -> ReferenceSettings | None:
+        """``rollout.reference_answers`` (None when off), after checking the engine and every row."""
+        ref, r = cfg.rollout.reference_answers, cfg.rollout
+        if ref.column is None:
+            return None
+        check_reference_engine(engine)
+        check_reference_column(prompts.dataset, ref.column)
+        return ReferenceSettings(
+            ref.column,
+            ref.template,
+            list(r.stop),
+            r.max_new_tokens,
+            pad_token_id,
+            imitate=ref.mode == "imitate",
+        )
+
+    def _add_references(self, scored: ScoredBatch) -> ScoredBatch:
+        """``rollout.reference_answers``: the prompt file's answer joins each group no sample solved."""
+        if self.reference is None or scored.batch.batch_size == 0:
+            return scored
+        rows, offset = self._drawn
+        prompts = [row["prompt"] for row in rows]
+        t = self.cfg.rollout.temperature if self.temperature is None else self.temperature.value
+        batch, scores, metrics = add_references(
+            (scored.batch, scored.scores),
+            check_reference_engine(self.engine),
+            self.reference,
+            lambda ref: self._reward(ref, prompts, offset)[0],
+            t if t > 0 else 1.0,
+            timer=self.timer,
+        )
+        return ScoredBatch(batch, scores, {**scored.metrics, **metrics})
 
     def _add_greedy(
         self,
@@ -398,9 +460,9 @@ class RolloutStep:
                 pad_token_id=self.pad_token_id,
             )
             self._observe(batch, scores, self._drawn[1])  # the curriculum sees the grown groups
-            return ScoredBatch(batch, scores, {**metrics, **grown})
-        if not algo.dynamic_sampling:
-            return ScoredBatch(batch, scores, metrics)
+            return self._add_references(ScoredBatch(batch, scores, {**metrics, **grown}))
+        if not algo.dynamic_sampling:  # the checks keep reference answers apart from dynamic sampling
+            return self._add_references(ScoredBatch(batch, scores, metrics))
         batch, scores, dapo = collect_dynamic(
             (batch, scores),
             lambda round_: self.generate(step, round_, on_chunk)[:2],

@@ -123,3 +123,24 @@ class RolloutEngine(Protocol):
     def close(self) -> None:
         """Release the engine's resources (idempotent); ``generate`` afterwards is an error."""
         ...
+
+
+@runtime_checkable
+class ScoresCompletions(Protocol):
+    """An engine that can also score completions it did not sample (teacher forced): the behaviour
+    log-probs of ``rollout.reference_answers`` rows. Optional; the ``hf`` engine implements it."""
+
+    tokenizer: Any
+
+    def score(
+        self,
+        prompt_ids: torch.Tensor,  # [B, P] long, left padded
+        prompt_mask: torch.Tensor,  # [B, P] bool
+        response_ids: torch.Tensor,  # [B, R] long, right padded
+        response_mask: torch.Tensor,  # [B, R] bool
+        *,
+        temperature: float = 1.0,
+    ) -> torch.Tensor:
+        """Log-prob of every response token under ``log_softmax(logits / temperature)`` of the engine's
+        current weights: ``[B, R]`` float32, 0 where ``response_mask`` is False."""
+        ...

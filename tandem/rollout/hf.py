@@ -19,7 +19,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tandem.errors import DataError, ModelError
 from tandem.models import load_model, load_tokenizer
-from tandem.models.forward import positions_from_mask
+from tandem.models.forward import positions_from_mask, response_logprobs
 from tandem.rollout.assemble import assemble_batch, completion_texts, repeats
 from tandem.rollout.base import ChunkCallback, EngineSpec, SamplingParams
 from tandem.rollout.llama_decode import LlamaStepper, supports_fast_decode
@@ -189,6 +189,31 @@ class HFEngine:
         return self._generate_encoded(
             prompts, prompt_ids, prompt_mask, params, group_offset, extras, on_chunk, chunk_tokens
         )
+
+    def score(
+        self,
+        prompt_ids: torch.Tensor,  # [B, P] long, left padded
+        prompt_mask: torch.Tensor,  # [B, P] bool
+        response_ids: torch.Tensor,  # [B, R] long, right padded
+        response_mask: torch.Tensor,  # [B, R] bool
+        *,
+        temperature: float = 1.0,
+    ) -> torch.Tensor:
+        """Teacher-forced log-probs of ``response_ids`` under the engine's weights at ``temperature``:
+        ``[B, R]`` float32, 0 on padding (:class:`~tandem.rollout.base.ScoresCompletions`)."""
+        if self._closed:
+            raise ModelError("the rollout engine was closed", hint="build a new one")
+        device = next(self.model.parameters()).device
+        with torch.inference_mode(), _eval_mode(self.model):
+            lp, _ = response_logprobs(
+                self.model,
+                prompt_ids.to(device),
+                prompt_mask.to(device),
+                response_ids.to(device),
+                response_mask.to(device),
+                temperature=temperature,
+            )
+        return lp.to("cpu", dtype=torch.float32)
 
     def generate_ids(
         self,

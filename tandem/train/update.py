@@ -29,6 +29,7 @@ from tandem.algos import (
     aggregate,
     logprob_mismatch,
     policy_loss,
+    reference_nll,
     success_nll,
     success_tokens,
     value_loss,
@@ -39,7 +40,7 @@ from tandem.errors import ModelError
 from tandem.models.forward import prompt_runs, response_logprobs
 from tandem.models.packing import row_lengths, token_budget_chunks
 from tandem.models.value import SharedValueHead, ValueCapture
-from tandem.types import Experience
+from tandem.types import Experience, RolloutBatch
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ class UpdateSettings:
     gradient_checkpointing: bool = False
     sft_coef: float = 0.0  # auxiliary NLL on successful samples (tandem.algos.imitation); 0 = off
     sft_min_score: float = 1.0
+    reference_coef: float = 0.0  # NLL on rollout.reference_answers rows (mode=imitate); 0 = off
     skip_zero_advantage: bool = False  # leave zero-advantage groups out (resolved: only where exact)
 
     @classmethod
@@ -82,6 +84,7 @@ class UpdateSettings:
         autocast_bf16: bool,
         max_new_tokens: int,
         share_prefix: bool = False,
+        reference_coef: float = 0.0,
     ) -> UpdateSettings:
         assert algo.policy_loss is not None and algo.aggregation is not None  # the config checks ensure it
         return cls(
@@ -110,12 +113,14 @@ class UpdateSettings:
             gradient_checkpointing=trainer.gradient_checkpointing,
             sft_coef=algo.sft_coef,
             sft_min_score=algo.sft_min_score,
+            reference_coef=reference_coef,
             skip_zero_advantage=trainer.skip_zero_advantage
             and POLICY_LOSSES.get(algo.policy_loss).inert_at_zero_advantage
             and not (algo.beta > 0 and algo.kl.where == "loss")
             and algo.entropy_coef == 0
             and algo.entropy_target is None
-            and algo.sft_coef == 0,
+            and algo.sft_coef == 0
+            and reference_coef == 0,  # the reference rows sit in zero-advantage groups
         )
 
     @property
@@ -305,6 +310,7 @@ def _optimizer_step(
     mini_seqs = max(1, int(mb.rollout.response_mask.any(dim=1).sum()))
     # the SFT term's normaliser: successful tokens of the whole mini-batch (0 when the term is off)
     mini_success = success_tokens(mb.scores, mb.rollout.response_mask, s.sft_min_score) if s.sft_coef else 0
+    mini_reference = _reference_tokens(mb.rollout) if s.reference_coef else 0
     sums: dict[str, float] = defaultdict(float)
     rows = torch.arange(n) if sync is None else sync.local_rows(mb)
     rows, trained_tokens = _rows_to_train(mb, rows, s, sync is None and value is None)
@@ -313,7 +319,7 @@ def _optimizer_step(
         m = mb.select(micro_idx) if len(micro_idx) < n else mb
         share = len(micro_idx) / trained
         metrics = _micro_backward(
-            model, m, mini_tokens, mini_seqs, share, s, value, mini_success, trained_tokens
+            model, m, mini_tokens, mini_seqs, share, s, value, mini_success, trained_tokens, mini_reference
         )
         for k, v in metrics.items():
             accumulate_metric(sums, k, v, share)
@@ -344,6 +350,13 @@ def _optimizer_step(
     return dict(sums)
 
 
+def _reference_tokens(r: RolloutBatch) -> int:
+    """Tokens of the reference rows (``rollout.reference_answers``) in ``r``: the NLL term's normaliser."""
+    if r.reference is None:
+        return 0
+    return int((r.response_mask & r.reference.unsqueeze(1)).sum())
+
+
 def _rows_to_train(
     mb: Experience, rows: torch.Tensor, s: UpdateSettings, allowed: bool
 ) -> tuple[torch.Tensor, int | None]:
@@ -372,6 +385,7 @@ def _micro_backward(
     value: SharedValue | None = None,
     mini_success: int = 0,
     metric_tokens: int | None = None,
+    mini_reference: int = 0,
 ) -> dict[str, float]:
     """One micro-batch's forward and backward (its loss is its part of the mini-batch loss, normalised by
     ``mini_tokens`` / ``mini_seqs``); ``metric_tokens``: the valid tokens of the rows trained on, which
@@ -433,6 +447,10 @@ def _micro_backward(
             "actor/sft_loss": float(nll.detach()) / share,
             "actor/sft_frac": float(sft_metrics["sft_frac"]),
         }
+    if s.reference_coef and r.reference is not None:
+        ref_nll = reference_nll(logprobs, mask, r.reference, mini_reference)
+        loss = loss + s.reference_coef * ref_nll
+        sft["actor/reference_nll"] = float(ref_nll.detach()) / share
     vf, vf_term = _shared_value_loss(value, cap, m, mini_tokens, share) if value is not None else ({}, 0.0)
     (loss + vf_term).backward()  # actor/loss below stays the policy's part; the value part is critic/vf_loss
     # Metrics are averaged over micro-batches weighted by ``share``; losses are shares of the mini-batch

@@ -188,3 +188,27 @@ def test_eta0_greedy_in_group_equals_colocated(tiny_model_dir, tmp_path):
     wa, wb = _weights(colo.run_dir), _weights(dec.run_dir)
     for k in wa:
         assert torch.equal(wa[k], wb[k]), k
+
+
+def test_eta0_reference_answers_equal_colocated(tiny_model_dir, tmp_path):
+    """A decoupled worker adds the prompt file's answers to all-fail groups as the colocated step does
+    (``rollout.reference_answers``, imitate mode: the learner's NLL term too): at η = 0 with one worker the
+    metrics and the weights are the colocated run's exactly."""
+    torch.set_num_threads(1)
+
+    def cfg(out, mode, **arch):
+        data = _cfg(tiny_model_dir, out, mode, **arch).model_dump(mode="json")
+        data["rollout"]["reference_answers"] = {"column": "answer", "mode": "imitate"}
+        data["reward"] = {"task_reward": True, "functions": []}  # correctness: an untrained model fails
+        return build_config(data)
+
+    colo = train(cfg(tmp_path / "colo", "colocated"), progress=False)
+    dec = train_decoupled(cfg(tmp_path / "dec", "decoupled", staleness=0, num_workers=1), progress=False)
+    a, b = step_rows(colo.run_dir), step_rows(dec.run_dir)
+    assert len(a) == len(b) == 3 and all(r["reference/added_frac"] > 0 for r in a)
+    for ra, rb in zip(a, b, strict=True):
+        for key in ("reward/mean", "actor/pg_loss", "reference/added_frac", "actor/reference_nll"):
+            assert ra[key] == rb[key], key
+    wa, wb = _weights(colo.run_dir), _weights(dec.run_dir)
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k

@@ -15,6 +15,7 @@ from tandem.models import init_tiny_model, load_causal_lm, load_tokenizer, respo
 from tandem.orchestration.build import build_rollout_engine
 from tandem.rollout import ENGINES, EngineSpec, RolloutEngine, SamplingParams, build_engine
 from tandem.rollout import registry as registry_mod
+from tandem.rollout.base import ScoresCompletions
 from tandem.rollout.registry import EngineUnavailableError
 from tandem.types import RolloutBatch
 
@@ -128,6 +129,19 @@ def test_behaviour_logprobs_match_a_recomputed_forward(engine, reference, temper
         assert (batch.behavior_logprobs[mask] >= recomputed[mask] - 1e-4).all()
     else:
         torch.testing.assert_close(batch.behavior_logprobs, recomputed, atol=1e-4, rtol=0)
+
+
+def test_an_engine_that_scores_completions_scores_its_own_samples_as_it_sampled_them(engine):
+    """The optional :class:`ScoresCompletions`: teacher-forced log-probs of given tokens equal the
+    behaviour log-probs of the same tokens when sampled (untruncated), 0 on padding."""
+    if not isinstance(engine, ScoresCompletions):
+        pytest.skip(f"{type(engine).__name__} does not score given completions (optional)")
+    batch = engine.generate(PROMPTS, SamplingParams(max_new_tokens=8, temperature=0.7, n=2, seed=5))
+    lp = engine.score(
+        batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, temperature=0.7
+    )
+    torch.testing.assert_close(lp, batch.behavior_logprobs, atol=1e-4, rtol=0)
+    assert lp.dtype == torch.float32 and (lp[~batch.response_mask] == 0).all()
 
 
 def test_greedy_is_deterministic_and_seeds_reproduce(engine):
