@@ -120,7 +120,8 @@ def _causes(
                 f"{equal:.0%} of groups had all-equal rewards, so no gradient ({low:.0%} all-fail, "
                 f"{high:.0%} all-pass)",
                 "the prompts are too hard for this model: algorithm.adaptive_group.enabled=true, "
-                "data.curriculum.kind=frontier, a larger rollout.n, or more SFT first"
+                "data.curriculum.kind=frontier, a larger rollout.n, rollout.reference_answers.column=<the "
+                "prompt file's answer column> (if it holds answers), or more SFT first"
                 if hard
                 else "the prompts are too easy for this model: harder prompts, or data.curriculum.kind=frontier",
             )

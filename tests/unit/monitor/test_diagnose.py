@@ -50,7 +50,9 @@ def test_flat_with_all_fail_groups_points_at_difficulty():
     )
     got = diagnose(rows, eval_size=300)
     assert codes(got) == ["flat", "no_signal"]
-    assert "too hard" in got[1].hint and "adaptive_group" in got[1].hint
+    assert (
+        "too hard" in got[1].hint and "adaptive_group" in got[1].hint and "reference_answers" in got[1].hint
+    )
 
 
 def test_flat_with_all_pass_groups_points_at_easy_prompts():
