@@ -37,7 +37,8 @@ class ReferenceAnswersConfig(Section):
         "samples all scored the same and below its reference gets one more row: the reference completion, "
         "scored by the run's reward and by the policy (its behaviour log-probs), so its group-relative "
         "advantage pushes the policy towards it (LUFFY-style off-policy guidance). Every training row needs "
-        "the column; hf engine, single-turn prompts, not with dynamic sampling; docs/algorithms.md.",
+        "the column; an engine that scores given completions (hf; vllm at temperature 1), single-turn "
+        "prompts, not with dynamic sampling; docs/algorithms.md.",
     )
     template: str = Field(
         "{}",

@@ -31,6 +31,7 @@ from tandem.orchestration.build import (
     enforce_prompt_lengths,
 )
 from tandem.orchestration.learner import LearnerStep
+from tandem.orchestration.reference_answers import reference_settings
 from tandem.orchestration.remote import mirror_checkpoint
 from tandem.rewards import RewardSet
 from tandem.rollout.base import RolloutEngine, SamplingParams
@@ -78,6 +79,8 @@ def build_parts(cfg: TandemConfig) -> RunParts:
     data = enforce_prompt_lengths(build_data(cfg.data, seed=cfg.run.seed), tokenizer, cfg.data)
     rewards = build_rewards(cfg.reward, data.task)
     env_factory(cfg.env)  # pre-flight: a bad env section fails before the run folder is written
+    engine = build_rollout_engine(cfg, model=policy, tokenizer=tokenizer)
+    reference_settings(cfg, engine, data.train, tokenizer.pad_token_id)  # pre-flight: engine and column
     optimizer = build_optimizer(policy, cfg.trainer)
     critic, critic_optimizer = build_critic(cfg, seed=cfg.run.seed, policy=policy, optimizer=optimizer)
     return RunParts(
@@ -85,7 +88,7 @@ def build_parts(cfg: TandemConfig) -> RunParts:
         policy=policy,
         tokenizer=tokenizer,
         ref_model=build_reference(cfg.model, cfg.algorithm.beta, policy=policy),
-        engine=build_rollout_engine(cfg, model=policy, tokenizer=tokenizer),
+        engine=engine,
         data=data,
         rewards=rewards,
         eval_rewards=build_eval_rewards(cfg, data.task, rewards),

@@ -28,9 +28,10 @@ from typing import Any
 import torch
 
 from tandem.algos import group_outcomes
+from tandem.config.rollout import RolloutConfig
 from tandem.config.schema import TandemConfig
 from tandem.data import PromptDataset
-from tandem.errors import DataError
+from tandem.errors import ConfigError, DataError
 from tandem.monitor import PhaseTimer
 from tandem.orchestration.adaptive_group import join_groups
 from tandem.rollout.base import ScoresCompletions
@@ -72,14 +73,26 @@ def check_reference_column(dataset: PromptDataset, column: str) -> None:
             )
 
 
-def check_reference_engine(engine: object) -> ScoresCompletions:
-    """The engine, if it can score given completions (their behaviour log-probs); DataError otherwise."""
+def check_reference_engine(engine: object, rollout: RolloutConfig | None = None) -> ScoresCompletions:
+    """The engine, if it can score given completions (their behaviour log-probs) at the run's sampling
+    temperature (``rollout``; an engine may serve only one, ``scores_only_at_temperature``); ConfigError
+    naming the key otherwise."""
     if not isinstance(engine, ScoresCompletions):
-        raise DataError(
+        raise ConfigError(
             f"{KEY} needs an engine that scores given completions; {type(engine).__name__} does not",
             where="rollout.backend",
             hint="use rollout.backend=hf, or turn rollout.reference_answers off",
         )
+    only = getattr(engine, "scores_only_at_temperature", None)
+    if rollout is not None and only is not None:
+        adaptive = rollout.adaptive_temperature.target_entropy is not None
+        if rollout.temperature != only or adaptive:
+            raise ConfigError(
+                f"{KEY} with rollout.backend={rollout.backend} needs rollout.temperature={only:g} and no "
+                f"adaptive temperature: the engine scores given completions only there",
+                where="rollout.temperature",
+                hint="set rollout.temperature, or use rollout.backend=hf",
+            )
     return engine
 
 
@@ -91,6 +104,22 @@ class ReferenceSettings:
     max_new_tokens: int
     pad_token_id: int
     imitate: bool = False  # mode=imitate: the row carries its group's shared score (zero advantages)
+
+
+def reference_settings(
+    cfg: TandemConfig, engine: object, dataset: PromptDataset, pad_token_id: int
+) -> ReferenceSettings | None:
+    """``rollout.reference_answers`` (None when off), after checking the engine and every training row:
+    the run's pre-flight (:func:`~tandem.orchestration.parts.build_parts`, before anything is written) and
+    every rollout step's constructor call it."""
+    ref, r = cfg.rollout.reference_answers, cfg.rollout
+    if ref.column is None:
+        return None
+    check_reference_engine(engine, r)
+    check_reference_column(dataset, ref.column)
+    return ReferenceSettings(
+        ref.column, ref.template, list(r.stop), r.max_new_tokens, pad_token_id, imitate=ref.mode == "imitate"
+    )
 
 
 def reference_coef(cfg: TandemConfig) -> float:

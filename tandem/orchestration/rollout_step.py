@@ -39,12 +39,7 @@ from tandem.data import PromptDataset, PromptSampler
 from tandem.data.chat import is_conversational, render_prompts, reward_inputs
 from tandem.monitor import PhaseTimer
 from tandem.orchestration.adaptive_group import MoreSamples, grow_groups, join_groups
-from tandem.orchestration.reference_answers import (
-    ReferenceSettings,
-    add_references,
-    check_reference_column,
-    check_reference_engine,
-)
+from tandem.orchestration.reference_answers import add_references, check_reference_engine, reference_settings
 from tandem.orchestration.scoring import OverlongShaping, collect_dynamic, score_rollout
 from tandem.rewards import RewardSet
 from tandem.rollout.base import ChunkCallback, RolloutEngine, SamplingParams
@@ -264,7 +259,7 @@ class RolloutStep:
         self.episodes = episode_runner(cfg.env, engine)  # every sample is an episode (single-turn: one step)
         self._drawn: tuple[list[dict[str, Any]], int] = ([], 0)  # the latest draw's rows, first group id
         self.temperature = temperature_controller(cfg)
-        self.reference = self._reference_settings(cfg, engine, prompts, pad_token_id)
+        self.reference = reference_settings(cfg, engine, prompts.dataset, pad_token_id)
         cur = cfg.data.curriculum
         if isinstance(prompts, SequentialPrompts):
             options = CurriculumOptions(cur.skip_after, cur.revisit, cur.replay, cur.max_draws)
@@ -328,25 +323,6 @@ class RolloutStep:
             inputs = reward_inputs(per_sample, batch.completions)
         with self.timer.phase("reward"):
             return score_rollout(batch, self.rewards, self.overlong, inputs=inputs)
-
-    @staticmethod
-    def _reference_settings(
-        cfg: TandemConfig, engine: RolloutEngine, prompts: PromptSource, pad_token_id: int
-    ) -> ReferenceSettings | None:
-        """``rollout.reference_answers`` (None when off), after checking the engine and every row."""
-        ref, r = cfg.rollout.reference_answers, cfg.rollout
-        if ref.column is None:
-            return None
-        check_reference_engine(engine)
-        check_reference_column(prompts.dataset, ref.column)
-        return ReferenceSettings(
-            ref.column,
-            ref.template,
-            list(r.stop),
-            r.max_new_tokens,
-            pad_token_id,
-            imitate=ref.mode == "imitate",
-        )
 
     def _add_references(self, scored: ScoredBatch) -> ScoredBatch:
         """``rollout.reference_answers``: the prompt file's answer joins each group no sample solved."""

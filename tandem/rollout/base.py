@@ -128,7 +128,8 @@ class RolloutEngine(Protocol):
 @runtime_checkable
 class ScoresCompletions(Protocol):
     """An engine that can also score completions it did not sample (teacher forced): the behaviour
-    log-probs of ``rollout.reference_answers`` rows. Optional; the ``hf`` engine implements it."""
+    log-probs of ``rollout.reference_answers`` rows. Optional; the ``hf`` engine implements it, the
+    ``vllm`` engine at temperature 1 only (its class attribute ``scores_only_at_temperature``)."""
 
     tokenizer: Any
 

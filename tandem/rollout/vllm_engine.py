@@ -136,6 +136,7 @@ class VLLMEngine:
     or ``None`` (the engine only changes weights through :meth:`update_weights` state dicts)."""
 
     truncated_logprobs = True  # with top_k / top_p, behaviour log-probs are of the truncated distribution
+    scores_only_at_temperature = 1.0  # score(): vLLM's prompt log-probs ignore the temperature
 
     def __init__(
         self,
@@ -368,6 +369,17 @@ class VLLMEngine:
     ) -> list[Any]:
         """Drive vLLM's engine until every request finished; the ``CompletionOutput`` rows of all prompts,
         a prompt's samples consecutive, prompts in order."""
+        done = self._drive(encoded, requests, on_chunk, chunk_tokens)
+        return [c for out in done for c in sorted(out.outputs, key=lambda c: c.index)]
+
+    def _drive(
+        self,
+        encoded: list[list[int]],
+        requests: list[tuple[int, vllm.SamplingParams]],  # (prompt index, parameters)
+        on_chunk: ChunkCallback | None = None,
+        chunk_tokens: int = 4,
+    ) -> list[Any]:
+        """The finished ``RequestOutput`` of every request, in request order."""
         engine = self.llm.llm_engine
         tag = uuid.uuid4().hex[:8]
         inputs = self.llm.renderer.render_cmpl([{"prompt_token_ids": ids} for ids in encoded])
@@ -388,7 +400,42 @@ class VLLMEngine:
         if any(o is None for o in done):
             k = done.index(None)
             raise ModelError(f"vLLM returned no output for prompt {requests[k][0]}", where="prompts")
-        return [c for out in done for c in sorted(out.outputs, key=lambda c: c.index)]
+        return done
+
+    def score(
+        self,
+        prompt_ids: torch.Tensor,  # [B, P] long, left padded
+        prompt_mask: torch.Tensor,  # [B, P] bool
+        response_ids: torch.Tensor,  # [B, R] long, right padded
+        response_mask: torch.Tensor,  # [B, R] bool
+        *,
+        temperature: float = 1.0,
+    ) -> torch.Tensor:
+        """Teacher-forced log-probs of ``response_ids`` (:class:`~tandem.rollout.base.ScoresCompletions`):
+        vLLM's prompt log-probs of prompt + response, ``[B, R]`` float32, 0 on padding. vLLM computes prompt
+        log-probs from the raw logits, so only ``temperature`` 1 is served (ConfigError otherwise)."""
+        if self.llm is None:
+            raise ModelError("the rollout engine was closed", hint="build a new one")
+        if temperature != 1.0:
+            raise ConfigError(
+                f"the vllm engine scores given completions only at temperature 1 (got {temperature}): its "
+                "prompt log-probs ignore the temperature",
+                where="rollout.temperature",
+                hint="use rollout.temperature=1 (no adaptive temperature), or rollout.backend=hf",
+            )
+        B, R = response_ids.shape
+        rows = [
+            (prompt_ids[i][prompt_mask[i]].tolist(), response_ids[i][response_mask[i]].tolist())
+            for i in range(B)
+        ]
+        params = vllm.SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
+        with _vllm_threads(None if self.cuda else self._threads):
+            done = self._drive([p + r for p, r in rows], [(i, params) for i in range(B)])
+        out = torch.zeros((B, R), dtype=torch.float32)
+        for i, (o, (p, r)) in enumerate(zip(done, rows, strict=True)):
+            for t, tok in enumerate(r):  # position len(p) + t holds the log-prob of response token t
+                out[i, t] = o.prompt_logprobs[len(p) + t][tok].logprob
+        return out
 
     def _to_batch(
         self,

@@ -202,6 +202,42 @@ def test_training_with_vllm_keeps_the_engine_on_the_trainers_weights(tmp_path, m
     assert "eval/accuracy" in result.eval_after
 
 
+def test_reference_answers_with_vllm_are_scored_as_the_learner_scores_them(tmp_path):
+    """``rollout.reference_answers`` on the vLLM engine: the reference rows' behaviour log-probs are vLLM's
+    prompt log-probs, which the learner's forward reproduces; a temperature vLLM cannot score at is refused
+    before training starts."""
+    torch.set_num_threads(1)
+    data = {
+        "run": {"output_dir": str(tmp_path / "run"), "seed": 2},
+        "model": {"path": str(ROOT / "checkpoints" / "quickstart-warmstart")},
+        "data": {
+            "task": "arith",
+            "task_options": {"digits": 2, "ops": "+"},
+            "prompts_per_step": 8,
+            "eval_size": 0,
+            "train_size": 64,
+        },
+        "rollout": {
+            "n": 2,
+            "max_new_tokens": 6,
+            "backend": "vllm",
+            "reference_answers": {"column": "answer"},
+        },
+        "algorithm": {"name": "grpo"},
+        "trainer": {"total_steps": 2, "lr": 1e-3},
+        "monitor": {"eval_every": 0, "sample_every": 0, "tensorboard": False, "progress": False},
+        "checkpoint": {"save_final": False},
+    }
+    rows = step_rows(train(build_config(data), progress=False).run_dir)
+    assert len(rows) == 2 and sum(r["reference/added_frac"] for r in rows) > 0, "no all-fail group in 16"
+    assert max(r["rollout/logprob_diff_max"] for r in rows) < 1e-3
+    data["rollout"]["temperature"] = 0.8
+    data["run"]["output_dir"] = str(tmp_path / "refused")
+    with pytest.raises(ConfigError, match=r"rollout\.temperature=1 .*rollout\.temperature"):
+        train(build_config(data), progress=False)
+    assert not (tmp_path / "refused").exists()  # refused in the pre-flight: no run folder written
+
+
 def test_tandem_eval_gives_the_same_greedy_accuracy_with_either_engine(tmp_path):
     """The issue's check: ``tandem eval MODEL --engine vllm`` and ``--engine hf`` agree on the same weights."""
     from typer.testing import CliRunner

@@ -158,9 +158,11 @@ def test_bad_setups_name_the_key_or_the_row(tiny_model_dir, tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     data["data"] = {"train_file": str(path), "prompts_per_step": 2, "eval_size": 0}
     data["reward"] = {"task_reward": False, "functions": [{"path": DIGITS}]}
+    data["run"]["output_dir"] = str(tmp_path / "refused")
     with pytest.raises(DataError, match=r"train\.jsonl:5.*'answer'"):
-        ColocatedTrainer(build_parts(build_config(data)))
-    with pytest.raises(DataError, match=r"rollout\.backend.*scores given completions"):
+        train(build_config(data), progress=False)
+    assert not (tmp_path / "refused").exists()  # refused in the pre-flight: no run folder written
+    with pytest.raises(ConfigError, match=r"rollout\.backend.*scores given completions"):
         check_reference_engine(object())
 
 

@@ -133,15 +133,23 @@ def test_behaviour_logprobs_match_a_recomputed_forward(engine, reference, temper
 
 def test_an_engine_that_scores_completions_scores_its_own_samples_as_it_sampled_them(engine):
     """The optional :class:`ScoresCompletions`: teacher-forced log-probs of given tokens equal the
-    behaviour log-probs of the same tokens when sampled (untruncated), 0 on padding."""
+    behaviour log-probs of the same tokens when sampled, 0 on padding — at every temperature, or, for an
+    engine that serves one (``scores_only_at_temperature``), there, and a ConfigError elsewhere."""
     if not isinstance(engine, ScoresCompletions):
         pytest.skip(f"{type(engine).__name__} does not score given completions (optional)")
-    batch = engine.generate(PROMPTS, SamplingParams(max_new_tokens=8, temperature=0.7, n=2, seed=5))
-    lp = engine.score(
-        batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, temperature=0.7
-    )
-    torch.testing.assert_close(lp, batch.behavior_logprobs, atol=1e-4, rtol=0)
-    assert lp.dtype == torch.float32 and (lp[~batch.response_mask] == 0).all()
+    only = getattr(engine, "scores_only_at_temperature", None)
+    for temperature in (1.0, 0.7):
+        batch = engine.generate(
+            PROMPTS, SamplingParams(max_new_tokens=8, temperature=temperature, n=2, seed=5)
+        )
+        args = (batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
+        if only is not None and temperature != only:
+            with pytest.raises(ConfigError, match=r"rollout\.temperature"):
+                engine.score(*args, temperature=temperature)
+            continue
+        lp = engine.score(*args, temperature=temperature)
+        torch.testing.assert_close(lp, batch.behavior_logprobs, atol=1e-4, rtol=0)
+        assert lp.dtype == torch.float32 and (lp[~batch.response_mask] == 0).all()
 
 
 def test_greedy_is_deterministic_and_seeds_reproduce(engine):
