@@ -411,23 +411,19 @@ class VLLMEngine:
         *,
         temperature: float = 1.0,
     ) -> torch.Tensor:
-        """Teacher-forced log-probs of ``response_ids`` (:class:`~tandem.rollout.base.ScoresCompletions`):
-        vLLM's prompt log-probs of prompt + response, ``[B, R]`` float32, 0 on padding. vLLM computes prompt
-        log-probs from the raw logits, so only ``temperature`` 1 is served (ConfigError otherwise)."""
+        """Teacher-forced log-probs (:class:`~tandem.rollout.base.ScoresCompletions`): vLLM's prompt log-probs
+        of prompt + response, ``[B, R]`` float32, 0 on padding; from the raw logits, so temperature 1 only."""
         if self.llm is None:
             raise ModelError("the rollout engine was closed", hint="build a new one")
         if temperature != 1.0:
             raise ConfigError(
-                f"the vllm engine scores given completions only at temperature 1 (got {temperature}): its "
-                "prompt log-probs ignore the temperature",
+                f"the vllm engine scores given completions at temperature 1 only (got {temperature})",
                 where="rollout.temperature",
                 hint="use rollout.temperature=1 (no adaptive temperature), or rollout.backend=hf",
             )
         B, R = response_ids.shape
-        rows = [
-            (prompt_ids[i][prompt_mask[i]].tolist(), response_ids[i][response_mask[i]].tolist())
-            for i in range(B)
-        ]
+        pairs = zip(prompt_ids, prompt_mask, response_ids, response_mask, strict=True)
+        rows = [(p[m].tolist(), r[k].tolist()) for p, m, r, k in pairs]  # unpadded prompt, response
         params = vllm.SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
         with _vllm_threads(None if self.cuda else self._threads):
             done = self._drive([p + r for p, r in rows], [(i, params) for i in range(B)])
