@@ -29,7 +29,8 @@ loading and evaluations excluded, for both). The table and the targets are compu
 overrides (e.g. ``--variant frontier=data.curriculum.kind=frontier``), interleaved with the others; each
 variant gets its own table row (``warm start (LABEL)``) against the same TRL sweep. A variant with
 ``architecture.mode=decoupled`` runs through ``tandem train``'s driver (learner and rollout worker in two
-processes; its CPU columns read "-"). ``--no-tandem`` runs
+processes; its CPU columns read "-"). ``--bf16`` runs both systems under
+bf16 autocast (Tandem ``model.autocast_bf16=true``, TRL ``bf16=True`` with eager attention). ``--no-tandem`` runs
 only the TRL sweep (e.g. in another ``--out`` beside the Tandem runs; concatenate the ``results.jsonl``
 files and use ``--table-only`` to compare them).
 
@@ -195,7 +196,9 @@ def run_tandem_decoupled(cfg: Any, every: int) -> dict[str, Any]:
     return {"evals": evals, "rewards": rewards, "diagnostics": _diagnostic_means(steps), "start_s": start_s}
 
 
-def run_trl(w: Any, folder: Path, steps: int, seed: int, every: int, lr: float) -> dict[str, Any]:
+def run_trl(
+    w: Any, folder: Path, steps: int, seed: int, every: int, lr: float, bf16: bool = False
+) -> dict[str, Any]:
     import tempfile
 
     from datasets import Dataset
@@ -248,6 +251,8 @@ def run_trl(w: Any, folder: Path, steps: int, seed: int, every: int, lr: float) 
             seed=seed,
             lr_schedule="cosine",
             warmup_steps=TRL_WARMUP,
+            bf16=bf16,
+            attn="eager" if bf16 else None,  # PyTorch's CPU bf16 flash-attention backward is slow
         )
         trainer = GRPOTrainer(
             model=str(folder / "model"),
@@ -268,13 +273,14 @@ def child(args: argparse.Namespace) -> None:
     torch.set_num_interop_threads(1)
     w, folder = warm_starts.WARM_STARTS[args.start], args.warm / args.start
     if args.child == "tandem":
-        cfg = tandem_config(w, folder, args.steps, args.seed, tuple(args.override))
+        bf16 = ("model.autocast_bf16=true",) if args.bf16 else ()
+        cfg = tandem_config(w, folder, args.steps, args.seed, tuple(args.override) + bf16)
         if cfg.architecture.mode == "decoupled":
             out = run_tandem_decoupled(cfg, args.every)
         else:
             out = run_tandem(cfg, args.every)
     else:
-        out = run_trl(w, folder, args.steps, args.seed, args.every, args.lr)
+        out = run_trl(w, folder, args.steps, args.seed, args.every, args.lr, bf16=args.bf16)
     print("@@RESULT " + json.dumps(out), flush=True)
 
 
@@ -306,7 +312,7 @@ def spawn(
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", system, "--start", start]
     cmd += ["--lr", str(lr), "--seed", str(seed), "--steps", str(args.steps), "--every", str(args.every)]
     cmd += ["--warm", str(args.warm), "--out", str(args.out)]
-    cmd += [f"--override={o}" for o in overrides]
+    cmd += [f"--override={o}" for o in overrides] + (["--bf16"] if args.bf16 else [])
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     tag = system if variant == DEFAULT else f"{system}-{variant}"
@@ -318,7 +324,7 @@ def spawn(
         if line.startswith("@@RESULT "):
             res = json.loads(line[len("@@RESULT ") :])
             res.update(start=start, system=system, lr=lr, seed=seed, steps=args.steps, every=args.every)
-            res.update(variant=variant, overrides=list(overrides))
+            res.update(variant=variant, overrides=list(overrides), bf16=args.bf16)
             res.update(load_before=load_before, load_after=os.getloadavg())
             res["process_s"] = time.perf_counter() - t0
             res["finished"] = time.time()  # report() warns when compared runs finished far apart
@@ -372,6 +378,8 @@ def parent(args: argparse.Namespace) -> None:
         return
     for name in args.starts:
         warm_starts.build(warm_starts.WARM_STARTS[name], args.warm, rebuild=False)
+    if any(bool(r.get("bf16", False)) != args.bf16 for r in done):
+        raise SystemExit(f"{path} holds runs {'without' if args.bf16 else 'with'} --bf16: use another --out")
     have = {_key(r) for r in done}
     variants = parse_variants(args.variant)
     block = 0
@@ -419,6 +427,12 @@ def main() -> None:
         help="LABEL=key=value[,key=value...]: also run Tandem with these overrides (one table row each).",
     )
     ap.add_argument("--no-tandem", action="store_true", help="Run only TRL (e.g. its sweep in another OUT).")
+    ap.add_argument(
+        "--bf16",
+        action="store_true",
+        help="Both systems under bf16 autocast (Tandem model.autocast_bf16=true; TRL bf16=True, eager "
+        "attention); an OUT holds runs of one kind only.",
+    )
     ap.add_argument("--table-only", action="store_true", help="Print the table of OUT/results.jsonl.")
     ap.add_argument(
         "--plot", type=Path, help="Only draw OUT/results.jsonl to this PNG (bench/learning_plot.py)."
