@@ -19,13 +19,13 @@ prompts the policy fails, as ReLIFT interleaves it with RL) without pushing the 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from tandem.algos import group_outcomes
 from tandem.config.rollout import RolloutConfig
@@ -156,16 +156,15 @@ def reference_rows(
     if not keep:
         return batch.select([]), too_long
     idx = torch.tensor(keep, dtype=torch.long)
-    R = max(len(r) for r in token_rows)
-    response = torch.full((len(keep), R), s.pad_token_id, dtype=torch.long)  # [b, R]
-    for k, ids in enumerate(token_rows):
-        response[k, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-    mask = torch.arange(R).unsqueeze(0) < torch.tensor([len(r) for r in token_rows]).unsqueeze(1)  # [b, R]
+    rows = [torch.tensor(ids, dtype=torch.long) for ids in token_rows]
+    response = pad_sequence(rows, batch_first=True, padding_value=s.pad_token_id)  # [b, R] right padded
+    lengths = torch.tensor([len(ids) for ids in token_rows])  # [b]
+    mask = torch.arange(response.shape[1]).unsqueeze(0) < lengths.unsqueeze(1)  # [b, R]
     prompt_ids, prompt_mask = batch.prompt_ids[idx], batch.prompt_mask[idx]  # [b, P]
     with timer.phase("generate") if timer is not None else contextlib.nullcontext():
         logprobs = engine.score(prompt_ids, prompt_mask, response, mask, temperature=temperature)  # [b, R]
     b, tag = len(keep), uuid.uuid4().hex[:8]
-    rows = RolloutBatch(
+    out = RolloutBatch(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
         response_ids=response,
@@ -177,11 +176,11 @@ def reference_rows(
         completions=texts,
         finish_reasons=["stop"] * b,
         sample_ids=[f"ref-{tag}-{k}" for k in range(b)],
-        extras=[batch.extras[i] for i in keep] if batch.extras else [],
+        extras=[batch.extras[i] for i in keep],
         sample_temperature=None if batch.sample_temperature is None else batch.sample_temperature[idx],
         reference=torch.ones(b, dtype=torch.bool),
     )
-    return rows, too_long
+    return out, too_long
 
 
 def add_references(
@@ -222,11 +221,6 @@ def add_references(
     keep = better.nonzero().squeeze(1)
     if s.imitate:  # the group's advantages stay 0: the learner's NLL term trains the reference instead
         ref_scores = shared
-    flagged = dataclasses.replace(
-        batch,
-        reference=torch.zeros(batch.batch_size, dtype=torch.bool)
-        if batch.reference is None
-        else batch.reference,
-    )
-    out, out_scores = join_groups([flagged, rows.select(keep)], [scores, ref_scores[keep]], s.pad_token_id)
+    # the sampled rows' flags come out False (concat_rollouts fills a batch without flags)
+    out, out_scores = join_groups([batch, rows.select(keep)], [scores, ref_scores[keep]], s.pad_token_id)
     return out, out_scores, metrics

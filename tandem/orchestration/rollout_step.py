@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 
@@ -39,10 +39,10 @@ from tandem.data import PromptDataset, PromptSampler
 from tandem.data.chat import is_conversational, render_prompts, reward_inputs
 from tandem.monitor import PhaseTimer
 from tandem.orchestration.adaptive_group import MoreSamples, grow_groups, join_groups
-from tandem.orchestration.reference_answers import add_references, check_reference_engine, reference_settings
+from tandem.orchestration.reference_answers import add_references, reference_settings
 from tandem.orchestration.scoring import OverlongShaping, collect_dynamic, score_rollout
 from tandem.rewards import RewardSet
-from tandem.rollout.base import ChunkCallback, RolloutEngine, SamplingParams
+from tandem.rollout.base import ChunkCallback, RolloutEngine, SamplingParams, ScoresCompletions
 from tandem.rollout.environments import episode_runner
 from tandem.types import RolloutBatch
 
@@ -333,7 +333,7 @@ class RolloutStep:
         t = self.cfg.rollout.temperature if self.temperature is None else self.temperature.value
         batch, scores, metrics = add_references(
             (scored.batch, scored.scores),
-            check_reference_engine(self.engine),
+            cast(ScoresCompletions, self.engine),  # checked by reference_settings in __init__
             self.reference,
             lambda ref: self._reward(ref, prompts, offset)[0],
             t if t > 0 else 1.0,
