@@ -152,6 +152,8 @@ def test_bad_setups_name_the_key_or_the_row(tiny_model_dir, tmp_path):
     data = _data(tiny_model_dir, tmp_path)
     with pytest.raises(ConfigError, match=r"rollout\.reference_answers\.column.*dynamic_sampling"):
         build_config({**data, "algorithm": {"name": "dapo"}})
+    with pytest.raises(ConfigError, match=r"rollout\.reference_answers\.column.*single-turn"):
+        build_config({**data, "env": {"name": "calculator"}})
     rows = [{"prompt": f"1+{i}=", "answer": str(1 + i)} for i in range(6)]
     rows[4] = {"prompt": "1+4="}
     path = tmp_path / "train.jsonl"
