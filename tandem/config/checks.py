@@ -334,9 +334,8 @@ def _check_entropy_target(cfg: CheckedConfig) -> None:
 
 
 def _check_adaptive_temperature(cfg: CheckedConfig) -> None:
-    """``rollout.adaptive_temperature``: it starts at ``rollout.temperature``, inside its bounds, in a
-    colocated run (a decoupled worker's controller would be neither shared nor checkpointed)."""
-    at, r, key = cfg.rollout.adaptive_temperature, cfg.rollout, "rollout.adaptive_temperature.target_entropy"
+    """``rollout.adaptive_temperature``: it starts at ``rollout.temperature``, inside its bounds."""
+    at, r = cfg.rollout.adaptive_temperature, cfg.rollout
     if at.target_entropy is None:
         return
     if at.min_temperature > at.max_temperature:
@@ -350,8 +349,6 @@ def _check_adaptive_temperature(cfg: CheckedConfig) -> None:
             f"the adaptive temperature starts at rollout.temperature={r.temperature}, outside "
             f"[min_temperature={at.min_temperature}, max_temperature={at.max_temperature}]",
         )
-    if cfg.architecture.mode == "decoupled":
-        raise CrossFieldError(key, "an adaptive temperature needs the colocated architecture")
 
 
 def _check_greedy_in_group(cfg: CheckedConfig) -> None:

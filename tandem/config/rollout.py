@@ -17,7 +17,7 @@ class AdaptiveTemperatureConfig(Section):
         "step towards keeping the sampled tokens' mean entropy (nats per token, estimated from their "
         "log-probs; rollout/sampled_entropy) at this value, within [min_temperature, max_temperature]; it "
         "starts at rollout.temperature, and the learner scores each batch at the temperature it was "
-        "sampled with. Colocated architecture only; docs/algorithms.md.",
+        "sampled with. Decoupled: the learner steers it and publishes it with the weights; docs/algorithms.md.",
     )
     step: float = Field(0.02, gt=0, description="Change of the temperature per step (with target_entropy).")
     min_temperature: float = Field(

@@ -252,8 +252,10 @@ class RolloutStep:
         *,
         timer: PhaseTimer,
         pad_token_id: int,
+        steer_temperature: bool = True,
     ) -> None:
         self.cfg, self.engine, self.rewards, self.prompts = cfg, engine, rewards, prompts
+        self.steer_temperature = steer_temperature  # False: a decoupled worker (follow_temperature)
         self.timer, self.pad_token_id = timer, pad_token_id
         self.overlong = overlong_shaping(cfg)
         self.episodes = episode_runner(cfg.env, engine)  # every sample is an episode (single-turn: one step)
@@ -406,9 +408,15 @@ class RolloutStep:
             entropy = sampled_entropy(scored.batch.behavior_logprobs, scored.batch.response_mask)
             scored.metrics["rollout/temperature"] = self.temperature.value
             scored.metrics["rollout/sampled_entropy"] = entropy
-            if scored.batch.batch_size:
+            if scored.batch.batch_size and self.steer_temperature:
                 self.temperature.update(entropy)
         return scored
+
+    def follow_temperature(self, value: float | None) -> None:
+        """A decoupled worker samples at the temperature its learner published with the weights
+        (:mod:`tandem.orchestration.decoupled.controls`; None: unchanged)."""
+        if self.temperature is not None and value is not None:
+            self.temperature.value = value
 
     def state_dict(self) -> dict[str, Any]:
         """What a resume needs beyond the prompt source: the adaptive temperature (None when off)."""

@@ -212,3 +212,37 @@ def test_eta0_reference_answers_equal_colocated(tiny_model_dir, tmp_path):
     wa, wb = _weights(colo.run_dir), _weights(dec.run_dir)
     for k in wa:
         assert torch.equal(wa[k], wb[k]), k
+
+
+def test_eta0_adaptive_temperature_equals_colocated(tiny_model_dir, tmp_path):
+    """``rollout.adaptive_temperature`` decoupled: the learner steps the controller on each batch it trains
+    and publishes the value with the weights, so at η = 0 with one worker every ticket is sampled at the
+    colocated step's temperature; metrics and weights are the colocated run's exactly. A resumed decoupled
+    run continues from the checkpoint's temperature."""
+    torch.set_num_threads(1)
+
+    def cfg(out, mode, steps=4, **arch):
+        data = _cfg(tiny_model_dir, out, mode, **arch).model_dump(mode="json")
+        # a target no policy reaches: one step hotter per update (1.0, 1.1, 1.2, 1.3)
+        data["rollout"]["adaptive_temperature"] = {"target_entropy": 100.0, "step": 0.1}
+        data["trainer"]["total_steps"] = steps
+        data["checkpoint"] = {"every": 2}
+        return build_config(data)
+
+    colo = train(cfg(tmp_path / "colo", "colocated"), progress=False)
+    dec = train_decoupled(cfg(tmp_path / "dec", "decoupled", staleness=0, num_workers=1), progress=False)
+    a, b = step_rows(colo.run_dir), step_rows(dec.run_dir)
+    assert [r["rollout/temperature"] for r in b] == pytest.approx([1.0, 1.1, 1.2, 1.3])
+    for ra, rb in zip(a, b, strict=True):
+        for key in ("rollout/temperature", "rollout/sampled_entropy", "reward/mean", "actor/pg_loss"):
+            assert ra[key] == rb[key], key
+        assert rb["rollout/logprob_diff_max"] < 1e-3  # the learner scored at the sampling temperature
+    wa, wb = _weights(colo.run_dir), _weights(dec.run_dir)
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+    arch = {"staleness": 0, "num_workers": 1}
+    train_decoupled(cfg(tmp_path / "half", "decoupled", steps=2, **arch), progress=False)
+    resumed = train_decoupled(cfg(tmp_path / "half", "decoupled", **arch), resume=True, progress=False)
+    assert [r["rollout/temperature"] for r in step_rows(resumed.run_dir)] == pytest.approx(
+        [1.0, 1.1, 1.2, 1.3]
+    )

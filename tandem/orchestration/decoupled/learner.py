@@ -12,6 +12,7 @@ with them (η = 0 is then exactly synchronous).
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -21,6 +22,7 @@ import torch
 from tandem.channels.base import Delivery, TrajectoryChannel, TrajectoryMessage, WeightChannel
 from tandem.errors import TandemError
 from tandem.models.lora import publishable_state_dict
+from tandem.orchestration.decoupled.controls import LearnerTemperature, control_tensors
 from tandem.orchestration.decoupled.ledger import TicketLedger
 from tandem.orchestration.decoupled.seams import Admission
 from tandem.orchestration.learner import LearnerStep
@@ -37,16 +39,23 @@ class ChannelWeights:
     """Weight publisher of a decoupled run: the policy's state dict goes on the weight channel (merged,
     under the base model's names, for a LoRA policy: workers hold plain models). When ``learn`` keeps no
     whole policy (an FSDP2 learner's rank 0) the tensors are gathered from the shards one at a time and
-    each is copied into the channel as it arrives (:meth:`LearnerStep.weights`)."""
+    each is copied into the channel as it arrives (:meth:`LearnerStep.weights`). ``temperature``: the
+    learner's adaptive sampling temperature, published with every version (:mod:`.controls`)."""
 
-    def __init__(self, weights: WeightChannel, learn: LearnerStep | None = None) -> None:
-        self.weights, self.learn = weights, learn
+    def __init__(
+        self,
+        weights: WeightChannel,
+        learn: LearnerStep | None = None,
+        temperature: LearnerTemperature | None = None,
+    ) -> None:
+        self.weights, self.learn, self.temperature = weights, learn, temperature
 
     def publish(self, policy: torch.nn.Module, version: int) -> float:
+        controls = {} if self.temperature is None else control_tensors(self.temperature.controls())
         stream = None if self.learn is None else self.learn.weights()
         if stream is not None:
-            return float(self.weights.publish_stream(stream, version))
-        state = publishable_state_dict(policy)
+            return float(self.weights.publish_stream(itertools.chain(stream, controls.items()), version))
+        state = {**publishable_state_dict(policy), **controls}
         self.weights.publish(state, version)
         return float(sum(t.numel() * t.element_size() for t in state.values()))
 
@@ -66,8 +75,10 @@ class ChannelSource:
         ledger: TicketLedger,
         poll_workers: Callable[[], None],
         timeout_s: float,
+        temperature: LearnerTemperature | None = None,
     ) -> None:
         self.channel, self.coord, self.controller, self.ledger = channel, coord, controller, ledger
+        self.temperature = temperature  # stepped on each batch taken for training, before its publish
         self.poll_workers, self.timeout_s = poll_workers, timeout_s
         self.buffer: dict[int, Delivery] = {}
         self.pending_acks: list[str] = []
@@ -135,6 +146,8 @@ class ChannelSource:
             self.ledger.record_dropped(msg.ticket, msg.num_samples)
             self.coord.consume(1)
         self._taken = (msg, self.controller.lag(sample_version, version), t0)
+        if self.temperature is not None:
+            self.temperature.observe(msg.batch)
         return ScoredBatch(msg.batch, msg.scores, worker_metrics(msg.meta, msg.batch, msg.scores))
 
     def settle(self, scored: ScoredBatch, version: int) -> dict[str, float]:
@@ -161,11 +174,15 @@ class ChannelSource:
 
     # -- state ------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"ledger": self.ledger.state_dict()}
+        temperature = {} if self.temperature is None else {"rollout": self.temperature.state_dict()}
+        return {"ledger": self.ledger.state_dict(), **temperature}
 
     def restore(self, state: dict[str, Any], version: int, *, rollback: bool) -> None:
         """Resume: the ledger of the checkpoint. Rollback: the ledger stays (it counts what really went
-        through the channel) and everything sampled before the restored weights (``version``) is stale."""
+        through the channel) and everything sampled before the restored weights (``version``) is stale.
+        Both: the checkpoint's sampling temperature (published with the restored weights)."""
+        if self.temperature is not None:
+            self.temperature.load_state_dict(state.get("rollout", {}))
         if rollback:
             self.floor = version
         else:

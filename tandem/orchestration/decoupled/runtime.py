@@ -35,6 +35,7 @@ from tandem.orchestration.alerting import check_rollback_support
 from tandem.orchestration.build import build_rollout_engine
 from tandem.orchestration.decoupled.autoscale import Autoscaler
 from tandem.orchestration.decoupled.backends import open_backend
+from tandem.orchestration.decoupled.controls import LearnerTemperature, control_tensors
 from tandem.orchestration.decoupled.learner import ChannelSource, ChannelWeights
 from tandem.orchestration.decoupled.ledger import TicketLedger
 from tandem.orchestration.decoupled.seams import Admission, WorkerSupervisor
@@ -48,6 +49,7 @@ from tandem.orchestration.parts import (
     load_run_checkpoint,
 )
 from tandem.orchestration.remote import local_models
+from tandem.orchestration.rollout_step import temperature_controller
 from tandem.orchestration.runfolder import RunResult, check_run_dir, finish_run, prepare_run_dir
 from tandem.orchestration.staleness import StalenessController
 from tandem.orchestration.trainer import Trainer
@@ -100,7 +102,12 @@ def train_decoupled(
     extra = load_run_checkpoint(latest, parts)["extra_state"] if latest is not None else None
     ctx = mp.get_context("spawn")
     controller = StalenessController(cfg.architecture.staleness, cfg.samples_per_step)
-    backend = open_backend(cfg, controller, publishable_state_dict(parts.policy), ctx)  # by runtime
+    ctl = temperature_controller(cfg)  # rollout.adaptive_temperature: the learner steers it (.controls)
+    temperature = None if ctl is None else LearnerTemperature(ctl)
+    template = publishable_state_dict(parts.policy)
+    if temperature is not None:
+        template.update(control_tensors(temperature.controls()))
+    backend = open_backend(cfg, controller, template, ctx)  # by runtime
     supervisor = backend.supervisor
     dp: DataParallelLearner | None = None
     try:
@@ -111,6 +118,7 @@ def train_decoupled(
             ledger=TicketLedger(),
             poll_workers=supervisor.poll,
             timeout_s=cfg.architecture.learner_timeout_s,
+            temperature=temperature,
         )
         generator = torch.Generator().manual_seed(cfg.run.seed)
 
@@ -129,7 +137,7 @@ def train_decoupled(
         trainer = Trainer(
             learn,
             source,
-            ChannelWeights(backend.weights, learn),
+            ChannelWeights(backend.weights, learn, temperature),
             evaluate=evaluate,
             group_size=cfg.rollout.group_size,
         )

@@ -1,7 +1,7 @@
 """A rollout worker process: owns an engine and a reward set; generates, scores and publishes batches.
 
-Loop: take a ticket (blocks under the staleness bound) -> load the newest published weights
-(``sync`` time) -> generate the ticket's prompts with the ticket's seed (``generate``) -> score
+Loop: take a ticket (blocks under the staleness bound) -> load the newest published weights and the
+sampling controls published with them (``sync`` time; :mod:`.controls`) -> generate the ticket's prompts with the ticket's seed (``generate``) -> score
 (``reward``) -> put a :class:`~tandem.channels.base.TrajectoryMessage` on the channel. Ticket ``k`` always
 maps to the same prompts (the ``k``-th batch of the seeded sampler), sampling seed and group ids as step
 ``k`` of the colocated trainer, so η = 0 with one worker reproduces a colocated run.
@@ -35,6 +35,7 @@ from tandem.orchestration.build import (
     build_rollout_engine,
     enforce_prompt_lengths,
 )
+from tandem.orchestration.decoupled.controls import TEMPERATURE, split_controls
 from tandem.orchestration.decoupled.seams import Admission
 from tandem.orchestration.remote import local_models
 from tandem.orchestration.rollout_step import RolloutStep, TicketPrompts
@@ -57,20 +58,34 @@ class WorkerSpec:
     errors: Queue[str] | None = None  # one-line error strings (embedded runtime only)
 
 
+def load_newest(engine: RolloutEngine, weights: WeightChannel) -> dict[str, float] | None:
+    """Load weights published since the engine's version; returns the sampling controls published with
+    them (:mod:`.controls`; ``{}`` when none), or None when nothing newer was published."""
+    fetched = weights.fetch(engine.version)
+    if fetched is None:
+        return None
+    state, version = fetched
+    state, controls = split_controls(state)
+    engine.update_weights(state, version)
+    return controls
+
+
 class InFlightSync:
     """``on_chunk`` callback of an in-flight generation: loads weights published since the last check.
 
-    Counts the updates and the seconds spent loading them (reported as ``worker/inflight_*``)."""
+    Counts the updates and the seconds spent loading them (reported as ``worker/inflight_*``); keeps the
+    newest sampling controls, which apply from the next batch on (this one's temperature is fixed)."""
 
     def __init__(self, engine: RolloutEngine, weights: WeightChannel) -> None:
         self.engine, self.weights = engine, weights
         self.updates, self.seconds = 0, 0.0
+        self.controls: dict[str, float] = {}
 
     def __call__(self) -> None:
         t0 = time.perf_counter()
-        fetched = self.weights.fetch(self.engine.version)
-        if fetched is not None:
-            self.engine.update_weights(*fetched)
+        controls = load_newest(self.engine, self.weights)
+        if controls is not None:
+            self.controls = controls
             self.updates += 1
         self.seconds += time.perf_counter() - t0
 
@@ -110,7 +125,15 @@ def run_worker(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
     )
     inflight = cfg.architecture.weight_sync == "in_flight"
     timer = PhaseTimer()
-    rollout = RolloutStep(cfg, engine, rewards, prompts, timer=timer, pad_token_id=tokenizer.pad_token_id)
+    rollout = RolloutStep(
+        cfg,
+        engine,
+        rewards,
+        prompts,
+        timer=timer,
+        pad_token_id=tokenizer.pad_token_id,
+        steer_temperature=False,
+    )
     try:
         while True:
             t0 = time.perf_counter()
@@ -120,11 +143,11 @@ def run_worker(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
                 return
             timer.reset()
             with timer.phase("weight_sync"):
-                fetched = spec.weights.fetch(engine.version)
-                if fetched is not None:
-                    engine.update_weights(*fetched)
+                rollout.follow_temperature((load_newest(engine, spec.weights) or {}).get(TEMPERATURE))
             in_flight = InFlightSync(engine, spec.weights) if inflight else None
             scored = rollout(ticket, on_chunk=in_flight)
+            if in_flight is not None:
+                rollout.follow_temperature(in_flight.controls.get(TEMPERATURE))  # for the next batch
             phases = {**timer.metrics(), **timer.cpu_metrics()}
             meta = {**scored.metrics, **{f"worker/{k}": v for k, v in phases.items()}}
             meta["worker/idle_ratio"] = idle / max(1e-9, time.perf_counter() - t0)

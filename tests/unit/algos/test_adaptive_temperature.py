@@ -131,11 +131,3 @@ def test_config_errors_name_the_key(tiny_model_dir, tmp_path):
     for adaptive, match in cases:
         with pytest.raises(ConfigError, match=match):
             _cfg(tiny_model_dir, tmp_path, **adaptive)
-    with pytest.raises(ConfigError, match=r"rollout\.adaptive_temperature\.target_entropy.*colocated"):
-        build_config(
-            {
-                "model": {"path": str(tiny_model_dir)},
-                "rollout": {"adaptive_temperature": {"target_entropy": 0.5}},
-                "architecture": {"mode": "decoupled"},
-            }
-        )

@@ -1,0 +1,85 @@
+"""Sampling controls a decoupled learner publishes with the weights (``rollout.adaptive_temperature``): they
+travel through the weight channel whole, never reach the engine's weights, follow in-flight updates to the
+next batch, and the learner's controller moves only on batches it trains."""
+
+from __future__ import annotations
+
+import torch
+
+from tandem.algos import AdaptiveEntropy
+from tandem.channels.weights import SharedMemoryWeights
+from tandem.models import load_causal_lm, load_tokenizer
+from tandem.orchestration.decoupled.controls import (
+    TEMPERATURE,
+    LearnerTemperature,
+    control_tensors,
+    split_controls,
+)
+from tandem.orchestration.decoupled.learner import ChannelWeights
+from tandem.orchestration.decoupled.worker import InFlightSync, load_newest
+from tandem.rollout import HFEngine, SamplingParams
+
+
+def _temperature(value=1.0):
+    return LearnerTemperature(AdaptiveEntropy(value, target=100.0, step=0.1, max_value=2.0, min_value=0.5))
+
+
+def test_split_controls_round_trip():
+    state = {"w": torch.ones(2), **control_tensors({TEMPERATURE: 1.3})}
+    weights, controls = split_controls(state)
+    assert list(weights) == ["w"] and controls == {TEMPERATURE: 1.3}
+    assert split_controls({"w": torch.ones(2)})[1] == {}
+
+
+class _Streaming:
+    """A learner that keeps no whole policy: its tensors come one at a time (an FSDP2 rank 0)."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def weights(self):
+        return iter(self.state.items())
+
+
+def test_the_temperature_travels_with_the_weights_and_skips_the_engine(tiny_model_dir):
+    engine = HFEngine(load_causal_lm(tiny_model_dir), load_tokenizer(tiny_model_dir), version=0)
+    policy = load_causal_lm(tiny_model_dir)
+    temperature = _temperature()
+    template = {**policy.state_dict(), **control_tensors(temperature.controls())}
+    channel = SharedMemoryWeights(template)
+    try:
+        for publisher in (
+            ChannelWeights(channel, None, temperature),
+            ChannelWeights(channel, _Streaming(policy.state_dict()), temperature),
+        ):
+            temperature.controller.value += 0.2
+            version = engine.version + 1
+            publisher.publish(policy, version)
+            controls = load_newest(engine, channel)
+            assert controls == {TEMPERATURE: temperature.controller.value} and engine.version == version
+            assert not any(k.startswith("__tandem__") for k in engine.model.state_dict())
+        assert load_newest(engine, channel) is None  # nothing newer
+        # in flight: the controls of an update loaded mid-generation are kept for the next batch
+        sync = InFlightSync(engine, channel)
+        temperature.controller.value = 0.7
+        ChannelWeights(channel, None, temperature).publish(policy, engine.version + 1)
+        engine.generate(
+            ["1+2="], SamplingParams(max_new_tokens=6, temperature=1.0, seed=0), on_chunk=sync, chunk_tokens=1
+        )
+        assert sync.updates == 1 and sync.controls == {TEMPERATURE: 0.7}
+    finally:
+        channel.unlink()
+
+
+def test_learner_temperature_steps_on_batches_with_samples(tiny_model_dir):
+    engine = HFEngine(load_causal_lm(tiny_model_dir), load_tokenizer(tiny_model_dir), version=0)
+    batch = engine.generate(["1+2=", "3+4="], SamplingParams(n=2, max_new_tokens=4, temperature=1.0, seed=0))
+    temperature = _temperature()
+    temperature.observe(batch.select([]))  # dynamic sampling kept no group: no step
+    assert temperature.controller.value == 1.0
+    temperature.observe(batch)  # entropy below the unreachable target: one step hotter
+    assert temperature.controls() == {TEMPERATURE: 1.1}
+    state = temperature.state_dict()
+    temperature.controller.value = 1.5
+    temperature.load_state_dict(state)  # a resume or a rollback
+    assert temperature.controls() == {TEMPERATURE: 1.1}
