@@ -13,6 +13,10 @@ shows them. The rules are the causes measured on issue 17's outside-style warm s
   reward rose, the held-out metric did not: the prompts are memorised or the reward is not what is
   evaluated), ``entropy_collapse`` (entropy fell below a quarter of its start) and ``no_update`` (signal
   was there, the train reward did not move: the step is too small);
+* for a run that learned and did not degrade, ``plateau``: the evaluations of the second half of the run
+  added less than noise to the best of the first half. With many all-fail groups at the end the policy's
+  sampling reach is the limit (``countdown-mid``: greedy accuracy caught up with what the policy samples,
+  and more steps, rates or estimators did not move it); otherwise the later steps were not needed;
 * in any run, ``truncated``: a large share of responses hit ``rollout.max_new_tokens``.
 
 Windows are the first and last fifth of the training steps. Thresholds are deliberately coarse: a
@@ -30,6 +34,8 @@ ACCURACY = "eval/accuracy"
 NO_SIGNAL_FRAC = 0.5  # mean share of all-equal groups above which a flat run is short of gradient
 TRUNCATED_FRAC = 0.2  # mean share of responses cut at max_new_tokens
 ENTROPY_DROP = 0.25  # last-window entropy below this share of the first window's
+PLATEAU_MIN_EVALS = 5  # evaluations (with the one before training) needed to call a plateau
+REACH_FRAC = 0.25  # last-window share of all-fail groups from which a plateau is the policy's reach
 MIN_NOISE = 0.02  # the smallest held-out change counted as real
 
 
@@ -54,6 +60,8 @@ def diagnose(rows: Sequence[dict[str, Any]], eval_size: int | None = None) -> li
     out.extend(verdict)
     if verdict and verdict[0].code == "flat":
         out.extend(_causes(train, first, last))
+    if codes_of(verdict) == ["learned"]:
+        out.extend(_plateau(rows, last, eval_size))
     clip = _mean(train, "response/clip_ratio")
     if clip is not None and clip >= TRUNCATED_FRAC:
         out.append(
@@ -80,8 +88,7 @@ def _verdict(rows: Sequence[dict[str, Any]], eval_size: int | None) -> list[Find
         return []
     (s0, a0), (sl, al) = evals[0], evals[-1]
     sb, ab = max(evals, key=lambda e: (e[1], -e[0]))  # the earliest of equal bests
-    counted = [r["eval/num_prompts"] for r in rows if _num(r.get("eval/num_prompts"))]
-    eval_size = int(counted[0]) if counted else eval_size  # what was evaluated, over what was configured
+    eval_size = _evaluated(rows, eval_size)
     thr = noise(a0, eval_size)
     where = f"{eval_size} prompts" if eval_size else "an unknown number of prompts"
     if ab - a0 < thr:
@@ -103,6 +110,43 @@ def _verdict(rows: Sequence[dict[str, Any]], eval_size: int | None) -> list[Find
             )
         )
     return out
+
+
+def _plateau(
+    rows: Sequence[dict[str, Any]], last: Sequence[dict[str, Any]], eval_size: int | None
+) -> list[Finding]:
+    """``plateau`` when the second half's evaluations add less than noise to the first half's best."""
+    evals = [(r["step"], float(r[ACCURACY])) for r in rows if _num(r.get(ACCURACY))]
+    if len(evals) < PLATEAU_MIN_EVALS:
+        return []
+    half = evals[-1][0] / 2
+    early = [e for e in evals if e[0] <= half]
+    late = [e for e in evals if e[0] > half]
+    if len(early) < 2 or len(late) < 2:
+        return []
+    sb, ab = max(early, key=lambda e: (e[1], -e[0]))
+    gain = max(a for _, a in late) - ab
+    thr = noise(ab, _evaluated(rows, eval_size))
+    if gain >= thr:
+        return []
+    message = (
+        f"held-out accuracy stopped rising at {ab:.1%} (step {sb}): the evaluations after step "
+        f"{int(half)} added {100 * gain:+.1f} points, within the ±{thr:.1%} noise"
+    )
+    fail = _mean(last, "groups/all_equal_low_frac")
+    if fail is not None and fail >= REACH_FRAC:
+        hint = (
+            f"{fail:.0%} of the last steps' groups had no success among their samples: the limit is what "
+            "the policy can sample, not the step count; give those prompts more samples "
+            "(algorithm.adaptive_group.enabled=true), the prompt file's answers "
+            "(rollout.reference_answers.column), supervised data on them, or a larger model"
+        )
+    else:
+        hint = (
+            "the later steps bought little: fewer trainer.total_steps would do "
+            "(checkpoint.best_metric=eval/accuracy keeps the best model), or harder prompts"
+        )
+    return [Finding("plateau", message, hint)]
 
 
 def _causes(
@@ -166,6 +210,16 @@ def _causes(
             )
         )
     return out
+
+
+def codes_of(findings: Sequence[Finding]) -> list[str]:
+    return [f.code for f in findings]
+
+
+def _evaluated(rows: Sequence[dict[str, Any]], eval_size: int | None) -> int | None:
+    """The prompts an evaluation counted (``eval/num_prompts``), over the configured ``eval_size``."""
+    counted = [r["eval/num_prompts"] for r in rows if _num(r.get("eval/num_prompts"))]
+    return int(counted[0]) if counted else eval_size
 
 
 def _windows(train: Sequence[dict[str, Any]]) -> tuple[Sequence[dict[str, Any]], Sequence[dict[str, Any]]]:

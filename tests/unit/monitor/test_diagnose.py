@@ -118,3 +118,34 @@ def test_noise_uses_the_prompts_the_run_evaluated():
             r["eval/num_prompts"] = 100.0
     got = diagnose(rows, eval_size=2000)
     assert codes(got)[0] == "flat" and "on 100 prompts" in got[0].message
+
+
+CURVE_UP = {0: 0.35, 50: 0.42, 100: 0.46, 150: 0.52, 200: 0.57, 250: 0.61, 300: 0.66}
+CURVE_PLATEAU = {0: 0.35, 50: 0.42, 100: 0.46, 150: 0.48, 200: 0.47, 250: 0.49, 300: 0.48}
+
+
+def test_plateau_with_all_fail_groups_points_at_the_policys_reach():
+    """``countdown-mid``'s shape: a gain in the first half, nothing beyond noise after it, and a third of
+    the groups still failing every sample at the end."""
+    fail = {"groups/all_equal_low_frac": (0.35, 0.35)}
+    got = diagnose(_run(CURVE_PLATEAU, steps=300, **HEALTHY, **fail), eval_size=300)
+    assert codes(got) == ["learned", "plateau"]
+    assert "stopped rising at 48.0% (step 150)" in got[1].message and "after step 150" in got[1].message
+    assert "35% of the last steps' groups had no success" in got[1].hint and "adaptive_group" in got[1].hint
+    # the same curve with the groups solved: the later steps were not needed
+    solved = {"groups/all_equal_low_frac": (0.2, 0.05)}
+    got = diagnose(_run(CURVE_PLATEAU, steps=300, **HEALTHY, **solved), eval_size=300)
+    assert codes(got) == ["learned", "plateau"] and "fewer trainer.total_steps" in got[1].hint
+
+
+def test_no_plateau_while_still_rising_or_without_enough_evaluations():
+    fail = {"groups/all_equal_low_frac": (0.45, 0.35)}
+    assert codes(diagnose(_run(CURVE_UP, steps=300, **HEALTHY, **fail), eval_size=300)) == ["learned"]
+    few = {k: v for k, v in CURVE_PLATEAU.items() if k in (0, 100, 200, 300)}
+    assert codes(diagnose(_run(few, steps=300, **HEALTHY, **fail), eval_size=300)) == ["learned"]
+    # a gain just above the noise of the first half's best counts as still rising
+    rising = {**CURVE_PLATEAU, 300: 0.48 + noise(0.48, 300) + 0.005}
+    assert codes(diagnose(_run(rising, steps=300, **HEALTHY, **fail), eval_size=300)) == ["learned"]
+    # a degraded run is reported as such, not as a plateau
+    fell = {**CURVE_PLATEAU, 300: 0.38}
+    assert codes(diagnose(_run(fell, steps=300, **HEALTHY, **fail), eval_size=300)) == ["learned", "degraded"]
