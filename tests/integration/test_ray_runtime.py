@@ -125,7 +125,8 @@ def short_tmp(monkeypatch):
 
 def test_local_run_uses_actors_and_leaves_nothing_behind(tiny_model_dir, tmp_path, short_tmp, s3):
     """Also: the policy comes from an s3:// folder (moto); the learner and the worker actor each use the
-    machine's cached copy."""
+    machine's cached copy; the learner's adaptive sampling temperature reaches the worker actor through
+    the object store with the weights."""
     from tandem.data import storage
 
     torch.set_num_threads(1)
@@ -148,6 +149,9 @@ def test_local_run_uses_actors_and_leaves_nothing_behind(tiny_model_dir, tmp_pat
         worker={"cpus": 1, "memory_mb": 200},
         learner={"cpus": 1},
     )
+    data = cfg.model_dump(mode="json")  # a target no policy reaches: 0.1 hotter per trained batch
+    data["rollout"]["adaptive_temperature"] = {"target_entropy": 100.0, "step": 0.1}
+    cfg = build_config(data)
     result = train_decoupled(cfg, hooks=RunHooks(on_step=inspect))
     assert result.steps == 3
     assert len(list(storage.cache_root().iterdir())) == 1  # one cached copy, shared by learner and worker
@@ -156,6 +160,9 @@ def test_local_run_uses_actors_and_leaves_nothing_behind(tiny_model_dir, tmp_pat
     assert all(r["decoupled/workers_alive"] == 1 and r["staleness/step_lag"] <= 1 for r in rows)
     # the learner's publish into the object store is timed
     assert all(r["timing/weight_sync"] > 0 for r in rows)
+    # ticket 2 is admitted only after batch 0 was trained and published (η = 1): it samples hotter
+    temps = [r["rollout/temperature"] for r in rows]
+    assert temps[0] == 1.0 and temps[2] >= 1.1 - 1e-9 and temps == sorted(temps)
     # per-role resources reached the actor; the placement group holds a worker and a learner bundle
     assert seen["resources"] == {0: {"CPU": 1.0, "memory": 200 * 2**20}}
     bundles = seen["pg"]["bundles"]
