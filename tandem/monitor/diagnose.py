@@ -15,8 +15,10 @@ shows them. The rules are the causes measured on issue 17's outside-style warm s
   was there, the train reward did not move: the step is too small);
 * for a run that learned and did not degrade, ``plateau``: the evaluations of the second half of the run
   added less than noise to the best of the first half. With many all-fail groups at the end the policy's
-  sampling reach is the limit (``countdown-mid``: greedy accuracy caught up with what the policy samples,
-  and more steps, rates or estimators did not move it); otherwise the later steps were not needed;
+  sampling reach is the limit (plain GRPO on ``countdown-mid``: greedy accuracy caught up with what the
+  policy samples); with the train reward still rising, the training prompts are being fitted without
+  transfer (the recipe on ``countdown-mid``, where more distinct prompts did not help either: the model is
+  the limit); otherwise the later steps were not needed;
 * in any run, ``truncated``: a large share of responses hit ``rollout.max_new_tokens``.
 
 Windows are the first and last fifth of the training steps. Thresholds are deliberately coarse: a
@@ -36,6 +38,7 @@ TRUNCATED_FRAC = 0.2  # mean share of responses cut at max_new_tokens
 ENTROPY_DROP = 0.25  # last-window entropy below this share of the first window's
 PLATEAU_MIN_EVALS = 5  # evaluations (with the one before training) needed to call a plateau
 REACH_FRAC = 0.25  # last-window share of all-fail groups from which a plateau is the policy's reach
+TRAIN_RISE = 0.05  # train-reward rise over a plateau's second half that reads as fitting the train prompts
 MIN_NOISE = 0.02  # the smallest held-out change counted as real
 
 
@@ -134,12 +137,24 @@ def _plateau(
         f"{int(half)} added {100 * gain:+.1f} points, within the ±{thr:.1%} noise"
     )
     fail = _mean(last, "groups/all_equal_low_frac")
+    train = [r for r in rows if r["step"] >= 1]
+    mid = [r for r in train if r["step"] <= half][-len(last) :]  # the window ending at the half
+    r_mid, r_last = _mean(mid, "reward/mean"), _mean(last, "reward/mean")
     if fail is not None and fail >= REACH_FRAC:
         hint = (
             f"{fail:.0%} of the last steps' groups had no success among their samples: the limit is what "
             "the policy can sample, not the step count; give those prompts more samples "
             "(algorithm.adaptive_group.enabled=true), the prompt file's answers "
             "(rollout.reference_answers.column), supervised data on them, or a larger model"
+        )
+    elif r_mid is not None and r_last is not None and r_last - r_mid >= TRAIN_RISE:
+        seen = _mean(last[-1:], "prompts/seen_before_mean")
+        times = f", each drawn {seen:.1f} times before" if seen else ""
+        hint = (
+            f"the train reward kept rising meanwhile ({r_mid:.3f} -> {r_last:.3f}): what is still learned "
+            f"is the training prompts themselves{times}; more distinct prompts (a larger "
+            "data.train_file) show whether it transfers; if held-out accuracy stays, the model or its "
+            "supervised start is the limit and more RL steps will not move it"
         )
     else:
         hint = (

@@ -136,6 +136,12 @@ def test_plateau_with_all_fail_groups_points_at_the_policys_reach():
     solved = {"groups/all_equal_low_frac": (0.2, 0.05)}
     got = diagnose(_run(CURVE_PLATEAU, steps=300, **HEALTHY, **solved), eval_size=300)
     assert codes(got) == ["learned", "plateau"] and "fewer trainer.total_steps" in got[1].hint
+    # ... while the train reward keeps rising (the recipe on countdown-mid: 0.40 -> 0.50 over the second
+    # half, held-out +3.3 points): the training prompts are being fitted
+    rising = {**HEALTHY, "reward/mean": (0.3, 0.5), "prompts/seen_before_mean": (0.0, 9.0)}
+    got = diagnose(_run(CURVE_PLATEAU, steps=300, **rising, **solved), eval_size=300)
+    assert codes(got) == ["learned", "plateau"]
+    assert "train reward kept rising" in got[1].hint and "drawn 9.0 times" in got[1].hint
 
 
 def test_no_plateau_while_still_rising_or_without_enough_evaluations():
