@@ -63,8 +63,8 @@ def diagnose(rows: Sequence[dict[str, Any]], eval_size: int | None = None) -> li
     out.extend(verdict)
     if verdict and verdict[0].code == "flat":
         out.extend(_causes(train, first, last))
-    if codes_of(verdict) == ["learned"]:
-        out.extend(_plateau(rows, last, eval_size))
+    if [f.code for f in verdict] == ["learned"]:
+        out.extend(_plateau(rows, train, last, eval_size))
     clip = _mean(train, "response/clip_ratio")
     if clip is not None and clip >= TRUNCATED_FRAC:
         out.append(
@@ -86,7 +86,7 @@ def noise(accuracy: float, n: int | None) -> float:
 
 
 def _verdict(rows: Sequence[dict[str, Any]], eval_size: int | None) -> list[Finding]:
-    evals = [(r["step"], float(r[ACCURACY])) for r in rows if _num(r.get(ACCURACY))]
+    evals = _evals(rows)
     if len(evals) < 2:
         return []
     (s0, a0), (sl, al) = evals[0], evals[-1]
@@ -116,10 +116,13 @@ def _verdict(rows: Sequence[dict[str, Any]], eval_size: int | None) -> list[Find
 
 
 def _plateau(
-    rows: Sequence[dict[str, Any]], last: Sequence[dict[str, Any]], eval_size: int | None
+    rows: Sequence[dict[str, Any]],
+    train: Sequence[dict[str, Any]],
+    last: Sequence[dict[str, Any]],
+    eval_size: int | None,
 ) -> list[Finding]:
     """``plateau`` when the second half's evaluations add less than noise to the first half's best."""
-    evals = [(r["step"], float(r[ACCURACY])) for r in rows if _num(r.get(ACCURACY))]
+    evals = _evals(rows)
     if len(evals) < PLATEAU_MIN_EVALS:
         return []
     half = evals[-1][0] / 2
@@ -137,7 +140,6 @@ def _plateau(
         f"{int(half)} added {100 * gain:+.1f} points, within the ±{thr:.1%} noise"
     )
     fail = _mean(last, "groups/all_equal_low_frac")
-    train = [r for r in rows if r["step"] >= 1]
     mid = [r for r in train if r["step"] <= half][-len(last) :]  # the window ending at the half
     r_mid, r_last = _mean(mid, "reward/mean"), _mean(last, "reward/mean")
     if fail is not None and fail >= REACH_FRAC:
@@ -227,8 +229,9 @@ def _causes(
     return out
 
 
-def codes_of(findings: Sequence[Finding]) -> list[str]:
-    return [f.code for f in findings]
+def _evals(rows: Sequence[dict[str, Any]]) -> list[tuple[int, float]]:
+    """``(step, held-out accuracy)`` of every evaluation, in step order (step 0: before training)."""
+    return [(r["step"], float(r[ACCURACY])) for r in rows if _num(r.get(ACCURACY))]
 
 
 def _evaluated(rows: Sequence[dict[str, Any]], eval_size: int | None) -> int | None:
