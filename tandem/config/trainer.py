@@ -110,6 +110,14 @@ class TrainerConfig(Section):
         "less compute. Off: every row runs its own prompt. Strategy fsdp2 turns it off (every rank must "
         "run as many forwards).",
     )
+    dedupe_rows: bool = Field(
+        True,
+        description="Run the model once per distinct row (same prompt and same response tokens: a group's "
+        "samples that gave the same answer, common with short answers) and copy its log-probs to the "
+        "copies; same loss and gradients (a copy's gradient is summed into the one forward), less "
+        "compute; actor/distinct_frac is the share of rows that ran. Off with strategy fsdp2 and a shared "
+        "value head.",
+    )
 
     @property
     def prefix_sharing(self) -> bool:
@@ -117,3 +125,9 @@ class TrainerConfig(Section):
         fsdp2 (each forward all-gathers parameters, so every rank must run as many of them; prompt passes
         per rank depend on which groups its rows come from)."""
         return self.shared_prefix and self.strategy != "fsdp2"
+
+    @property
+    def row_dedupe(self) -> bool:
+        """Whether the learner runs identical rows once: ``dedupe_rows`` unless the strategy is fsdp2 (each
+        rank must run forwards of the same shapes in lockstep; its distinct rows differ per rank)."""
+        return self.dedupe_rows and self.strategy != "fsdp2"

@@ -62,6 +62,7 @@ def response_logprobs(
     share_prefix: bool = False,
     packed: bool = False,
     micro_batch_tokens: int | None = None,
+    dedupe: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of every response token under ``softmax(logits / temperature)``: ``[B, R]`` float32, zero
     where ``response_mask`` is False; plus the entropy of that distribution per token if ``with_entropy``.
@@ -82,9 +83,23 @@ def response_logprobs(
     ``packed``: rows run packed without padding (:func:`_packed_logprobs`), same values to float error.
     ``micro_batch_tokens`` (implies ``packed``, replaces ``micro_batch_size``): chunks of rows whose real
     tokens fit the budget (:func:`tandem.models.packing.token_budget_chunks`).
+
+    ``dedupe``: rows identical in all four tensors (a group's samples that gave the same answer — common
+    for short answers and a confident policy) run through the model once (:func:`distinct_rows`); their
+    results are copied back to every copy. Same values; the gradient of the copies is summed into the one
+    forward (autograd of the gather), which equals back-propagating each copy (float summation order only).
     """
     if temperature <= 0:
         raise ModelError(f"temperature must be > 0 to score tokens, got {temperature}", where="temperature")
+    found = distinct_rows(prompt_ids, prompt_mask, response_ids, response_mask) if dedupe else None
+    if found is not None:
+        keep, back = found  # [u], [B]
+        lp, ent = response_logprobs(
+            model, prompt_ids[keep], prompt_mask[keep], response_ids[keep], response_mask[keep],
+            temperature=temperature, micro_batch_size=micro_batch_size, with_entropy=with_entropy,
+            share_prefix=share_prefix, packed=packed, micro_batch_tokens=micro_batch_tokens,
+        )  # fmt: skip
+        return lp[back], (ent[back] if ent is not None else None)
     if micro_batch_tokens is not None:
         return _token_budget_logprobs(
             model, prompt_ids, prompt_mask, response_ids, response_mask, temperature, with_entropy,
@@ -109,6 +124,37 @@ def response_logprobs(
     out_lp = torch.cat(logprobs) if logprobs else torch.zeros(response_ids.shape, dtype=torch.float32)
     out_ent = torch.cat(entropies) if with_entropy and entropies else None
     return out_lp, out_ent
+
+
+def unique_rows(key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distinct rows of ``key`` ``[B, K]``: ``first`` ``[u]`` (each distinct row's first occurrence, in
+    row order) and ``back`` ``[B]`` (each row's position in ``first``: ``key == key[first][back]``)."""
+    uniq, inverse = torch.unique(key, dim=0, return_inverse=True)  # sorted distinct rows, [B] into them
+    B, u = key.shape[0], uniq.shape[0]
+    rows = torch.arange(B, device=key.device)
+    first = torch.full((u,), B, dtype=torch.long, device=key.device).scatter_reduce(
+        0, inverse, rows, reduce="amin"
+    )  # [u] first row of each distinct row
+    order = torch.argsort(first)  # distinct rows by first occurrence
+    position = torch.empty_like(order)
+    position[order] = torch.arange(u, device=key.device)
+    return first[order], position[inverse]
+
+
+def distinct_rows(
+    prompt_ids: torch.Tensor,  # [B, P]
+    prompt_mask: torch.Tensor,  # [B, P]
+    response_ids: torch.Tensor,  # [B, R]
+    response_mask: torch.Tensor,  # [B, R]
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The distinct rows of a batch (:func:`unique_rows` of all four tensors): ``keep`` ``[u]`` in row
+    order, so runs of one prompt stay consecutive for ``share_prefix``, and ``back`` ``[B]``
+    (``rows == rows[keep][back]``); None when every row is distinct."""
+    if prompt_ids.shape[0] < 2:
+        return None
+    key = torch.cat([prompt_ids, prompt_mask.long(), response_ids, response_mask.long()], dim=1)  # [B, K]
+    keep, back = unique_rows(key)
+    return None if keep.numel() == key.shape[0] else (keep, back)
 
 
 def _chunk_logprobs(

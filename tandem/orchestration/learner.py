@@ -86,6 +86,7 @@ class LearnerStep:
             max_new_tokens=cfg.rollout.max_new_tokens,
             share_prefix=cfg.trainer.prefix_sharing,
             reference_coef=reference_coef(cfg),
+            dedupe=cfg.trainer.row_dedupe,
         )
         exp = ExperienceSettings.from_config(
             cfg.algorithm,
@@ -94,6 +95,7 @@ class LearnerStep:
             micro_batch_size=cfg.trainer.micro_batch_size,
             share_prefix=cfg.trainer.prefix_sharing,
             micro_batch_tokens=cfg.trainer.micro_batch_tokens,
+            dedupe=cfg.trainer.row_dedupe,
         )
         kl = cfg.algorithm.kl
         kl_ctl = (

@@ -38,6 +38,7 @@ class ExperienceSettings:
     micro_batch_size: int | None
     needs_values: bool = False  # the estimator needs critic values (registry metadata, not a name)
     share_prefix: bool = False  # rows of a group share a prompt: score each run of one prompt once
+    dedupe: bool = False  # identical rows are scored once (response_logprobs ``dedupe``)
     micro_batch_tokens: int | None = None  # score packed chunks of this many real tokens (not rows)
     needs_teacher: bool = False  # the estimator needs a teacher's log-probs (registry metadata)
     reward_weight: float = 0.0  # opd: weight of the task reward beside the teacher term
@@ -54,6 +55,7 @@ class ExperienceSettings:
         micro_batch_size: int | None,
         share_prefix: bool = False,
         micro_batch_tokens: int | None = None,
+        dedupe: bool = False,
     ) -> ExperienceSettings:
         return cls(
             advantage=algo.advantage,
@@ -68,6 +70,7 @@ class ExperienceSettings:
             micro_batch_size=micro_batch_size,
             needs_values=ADVANTAGE_ESTIMATORS.get(algo.advantage).needs_critic,
             share_prefix=share_prefix,
+            dedupe=dedupe,
             micro_batch_tokens=micro_batch_tokens,
             needs_teacher="teacher_logprobs" in ADVANTAGE_ESTIMATORS.get(algo.advantage).requires,
             reward_weight=algo.opd.reward_weight,
@@ -93,6 +96,7 @@ def scoring_logprobs(model: torch.nn.Module, r: RolloutBatch, s: ExperienceSetti
                 micro_batch_size=s.micro_batch_size,
                 share_prefix=s.share_prefix,
                 micro_batch_tokens=s.micro_batch_tokens,
+                dedupe=s.dedupe,
             )
     finally:
         model.train(was_training)

@@ -37,7 +37,7 @@ from tandem.algos import (
 )
 from tandem.config.schema import AlgorithmConfig, TrainerConfig
 from tandem.errors import ModelError
-from tandem.models.forward import prompt_runs, response_logprobs
+from tandem.models.forward import distinct_rows, prompt_runs, response_logprobs
 from tandem.models.packing import row_lengths, token_budget_chunks
 from tandem.models.value import SharedValueHead, ValueCapture
 from tandem.types import Experience, RolloutBatch
@@ -64,6 +64,7 @@ class UpdateSettings:
     correction_low: float | None
     correction_high: float
     share_prefix: bool = False  # rows of a group share a prompt: score each run of one prompt once
+    dedupe: bool = False  # identical rows run through the model once (response_logprobs ``dedupe``)
     micro_batch_tokens: int | None = (
         None  # token-budget micro-batches, run packed (replaces micro_batch_size)
     )
@@ -85,6 +86,7 @@ class UpdateSettings:
         max_new_tokens: int,
         share_prefix: bool = False,
         reference_coef: float = 0.0,
+        dedupe: bool = False,
     ) -> UpdateSettings:
         assert algo.policy_loss is not None and algo.aggregation is not None  # the config checks ensure it
         return cls(
@@ -108,6 +110,7 @@ class UpdateSettings:
             share_prefix=share_prefix
             and not trainer.gradient_checkpointing
             and not trainer.micro_batch_tokens,
+            dedupe=dedupe,
             micro_batch_tokens=trainer.micro_batch_tokens,
             whole_groups=POLICY_LOSSES.get(algo.policy_loss).needs_whole_groups,
             gradient_checkpointing=trainer.gradient_checkpointing,
@@ -403,8 +406,9 @@ def _micro_backward(
             temperature=s.temperature,
             with_entropy=True,
             share_prefix=s.share_prefix,
-            # a shared value head reads the padded hidden states, so its forward stays padded
+            # a shared value head reads the padded hidden states of every row, so its forward keeps them all
             packed=s.micro_batch_tokens is not None and value is None,
+            dedupe=s.dedupe and value is None,
         )
     logprobs = logprobs.float()
     old = m.old_logprobs if m.old_logprobs is not None else logprobs.detach()
@@ -459,6 +463,9 @@ def _micro_backward(
     out["actor/pg_loss"] = float(metrics["pg_loss"]) / share
     out["actor/loss"] = float(loss.detach()) / share
     out["actor/entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
+    if s.dedupe and value is None:  # the share of rows the forward ran (the others were copies)
+        found = distinct_rows(r.prompt_ids, r.prompt_mask, r.response_ids, mask)
+        out["actor/distinct_frac"] = (len(found[0]) if found is not None else r.batch_size) / r.batch_size
     out.update(sft)
     if m.old_logprobs is None:  # this forward is the policy before the update: the engine's yardstick
         tokens = metric_tokens or mini_tokens
