@@ -66,7 +66,7 @@ class RolloutConfig(Section):
     engine_options: dict[str, Any] = Field(
         default_factory=dict,
         description="Settings of the chosen engine, validated by it. hf: fast_decode (null = auto, true or "
-        "false). vllm: max_model_len, kv_cache_gb, gpu_memory_utilization, enforce_eager, "
+        "false), shared_decode (default true: one forward per distinct unfinished row). vllm: max_model_len, kv_cache_gb, gpu_memory_utilization, enforce_eager, "
         "enable_prefix_caching, sleep_during_update, tensor_parallel_size, seed (docs/engines.md).",
     )
     n: int = Field(8, ge=1, description="Samples per prompt (the group size, plus one with greedy_in_group).")

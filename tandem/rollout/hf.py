@@ -19,7 +19,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tandem.errors import DataError, ModelError
 from tandem.models import load_model, load_tokenizer
-from tandem.models.forward import positions_from_mask, response_logprobs
+from tandem.models.forward import positions_from_mask, response_logprobs, unique_rows
 from tandem.rollout.assemble import assemble_batch, completion_texts, repeats
 from tandem.rollout.base import ChunkCallback, EngineSpec, SamplingParams
 from tandem.rollout.llama_decode import LlamaStepper, supports_fast_decode
@@ -41,6 +41,12 @@ class HFOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     fast_decode: bool | None = Field(
         None, description="None: the fast Llama path where exact, else generic; False: generic; True: fast."
+    )
+    shared_decode: bool = Field(
+        True,
+        description="Each decode step runs one forward per distinct unfinished row (same prompt, same "
+        "tokens so far: a prompt's samples until they diverge); same logits, less compute. False: every "
+        "row runs every step.",
     )
 
 
@@ -89,6 +95,13 @@ class HFEngine:
     :func:`~tandem.rollout.llama_decode.supports_fast_decode` allows it and the generic
     :class:`~tandem.rollout.stepper.HFStepper` otherwise; ``False`` forces the generic path; ``True``
     requires the fast path (ModelError if the model does not qualify).
+
+    ``shared_decode``: rows whose prompt and sampled tokens so far are identical have identical next-token
+    logits, so each decode step runs the model once per such *state* and hands its logits to each of its
+    rows, which sample independently (:func:`advance_states`); finished rows drop out of the forward.
+    A prompt's ``n`` samples cost one row until they diverge — for short answers from a confident policy,
+    most of a group. Same logits, hence the same samples for the same seed (to float rounding of the
+    smaller matmuls); False runs every row every step.
     """
 
     truncated_logprobs = False  # behaviour log-probs are untruncated (what the trainer recomputes)
@@ -102,6 +115,7 @@ class HFEngine:
         add_special_tokens: bool = True,
         version: int = 0,
         fast_decode: bool | None = None,
+        shared_decode: bool = True,
     ) -> None:
         if tokenizer.pad_token_id is None:
             raise ModelError("tokenizer has no pad token", hint="load it with tandem.models.load_tokenizer")
@@ -112,6 +126,7 @@ class HFEngine:
         self._version = version
         self._eos_ids = _eos_ids(model, tokenizer)
         self.fast_decode = fast_decode
+        self.shared_decode = shared_decode
         self._stops: dict[tuple[str, ...], StopStrings] = {}
         self._closed = False
 
@@ -131,6 +146,7 @@ class HFEngine:
             add_special_tokens=spec.add_special_tokens,
             version=spec.version,
             fast_decode=opts.fast_decode,
+            shared_decode=opts.shared_decode,
         )
 
     @property
@@ -342,6 +358,11 @@ class HFEngine:
         next_pos = prompt_mask.long().sum(dim=1, keepdim=True)  # [B, 1] position of the first new token
         stepper = self._stepper(B, P + T)
         logits = stepper.prefill(prompt_ids, attn[:, :P], positions_from_mask(prompt_mask))  # [B, V]
+        # each row's state: its row in the stepper's cache (after the prefill: its prompt's first row)
+        state, reps, cache_rows = None, None, B  # reps: a row of each state
+        if self.shared_decode:
+            first, back = unique_rows(torch.cat([prompt_ids, prompt_mask.long()], dim=1))
+            state = first[back]  # [B]
         steps = T
         for t in range(T):
             new, new_lp = plan.sample(logits)  # [B], [B]
@@ -362,7 +383,15 @@ class HFEngine:
             if chunk is not None and (t + 1) % chunk[1] == 0:
                 chunk[0]()  # may load newer weights in place; the stepper reads the model's own tensors
             attn[:, P + t] = 1
-            logits = stepper.step(tokens[:, t : t + 1], attn[:, : P + t + 1], next_pos + t)
+            if state is not None:
+                moved = advance_states(stepper, state, tokens[:, t], ~finished, cache_rows)
+                state, reps = moved if moved is not None else (None, None)  # None: the cache cannot select
+            if reps is None:
+                logits = stepper.step(tokens[:, t : t + 1], attn[:, : P + t + 1], next_pos + t)
+            else:  # one forward per state, its logits to each of its rows
+                cache_rows = reps.numel()
+                out = stepper.step(tokens[reps, t : t + 1], attn[reps, : P + t + 1], next_pos[reps] + t)
+                logits = out[state]  # [B, V]
         return _Decoded(
             tokens[:, :steps], logprobs[:, :steps], lengths, finished if plan.limits is None else stopped
         )
@@ -396,6 +425,33 @@ class HFEngine:
             extras=extras,
             version=version,
         )
+
+
+def advance_states(
+    stepper: DecodeStepper,
+    state: torch.Tensor,  # [B] long, each row's row in the stepper's cache
+    token: torch.Tensor,  # [B] long, the token each row just sampled
+    alive: torch.Tensor,  # [B] bool, rows still decoding
+    cache_rows: int,  # rows in the stepper's cache now
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The decode states after one sampled token: rows of one state that sampled the same token stay one
+    state; the stepper's cache keeps one row per new state (its parent's, ``stepper.select``), finished
+    rows none. Returns each row's new state ``[B]`` (finished rows: 0, their logits are never used) and a
+    row of each state ``[S]`` (whose token, mask and position the step feeds), or None when the stepper
+    cannot select rows. The cache is left as is when it already holds exactly the new states in order."""
+    B = state.shape[0]
+    live = alive.nonzero().squeeze(1)  # [b]
+    first, back = unique_rows(torch.stack([state[live], token[live]], dim=1))  # [S], [b]
+    rows = live[first]  # [S]
+    parents = state[rows]  # [S] each new state's row in the cache
+    same = parents.numel() == cache_rows and bool(
+        (parents == torch.arange(cache_rows, device=parents.device)).all()
+    )
+    if not same and not stepper.select(parents):
+        return None
+    new_state = torch.zeros(B, dtype=torch.long, device=state.device)
+    new_state[live] = back
+    return new_state, rows
 
 
 def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:

@@ -149,6 +149,12 @@ class LlamaStepper:
         mask = attention_mask.bool()[:, None, None, :]  # [B, 1, 1, L]
         return self._forward(ids, position_ids, mask)
 
+    def select(self, index: torch.Tensor) -> bool:
+        """Keep (and repeat) the cache rows ``index`` ``[S]``: the next step runs ``S`` rows."""
+        self.keys = [k.index_select(0, index) for k in self.keys]
+        self.values = [v.index_select(0, index) for v in self.values]
+        return True
+
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """``S`` new tokens per row (ids, positions ``[B, S]``), mask ``[B, 1, S, length + S]``."""
         x = F.embedding(ids, self.base.embed_tokens.weight)  # [B, S, H]

@@ -37,6 +37,11 @@ class DecodeStepper(Protocol):
         """Append one token per row and return the logits after it."""
         ...
 
+    def select(self, index: torch.Tensor) -> bool:  # index [S] long, rows of the current cache
+        """Keep (and repeat) only the cache rows ``index``, in that order; the next ``step`` gets ``S`` rows.
+        False when this stepper's cache cannot (nothing changed)."""
+        ...
+
 
 def prompt_runs(
     ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
@@ -109,3 +114,13 @@ class HFStepper:
     ) -> torch.Tensor:
         """One cached single-token forward; logits ``[B, V]``."""
         return self._forward(ids, attention_mask, position_ids)
+
+    def select(self, index: torch.Tensor) -> bool:
+        """The cache's rows ``index`` (its ``batch_select_indices``), for a Hugging Face ``DynamicCache``
+        only; other caches say False (some hybrid or state-space caches cannot select rows)."""
+        from transformers import DynamicCache
+
+        if type(self.model) in HFStepper._no_row_select or not isinstance(self._cache, DynamicCache):
+            return False
+        self._cache.batch_select_indices(index)
+        return True
