@@ -180,6 +180,8 @@ class EpisodeRunner:
     ) -> RolloutBatch:
         """The episodes of ``params.n`` samples per prompt (see the class docstring)."""
         each = per_prompt(params, len(prompts))
+        if self.make_env is SingleTurn:  # nothing to step: the engine's batch and one-turn episodes' stats
+            return self._single_turn(prompts, params, group_offset, extras, on_chunk, chunk_tokens)
         rows = [{**(extras[i] if extras else {}), "prompt": p} for i, p in enumerate(prompts)]
         # One thread per episode at most: plain (blocking) steps and tools of every episode overlap.
         envs = EnvLoop(min(MAX_THREADS, max(1, sum(p.n for p in each))), self.settings.schedule == "async")
@@ -187,6 +189,28 @@ class EpisodeRunner:
             return self._run(envs, rows, params, each, group_offset, extras, on_chunk, chunk_tokens)
         finally:
             envs.close()
+
+    def _single_turn(
+        self,
+        prompts: list[str],
+        params: SamplingParams | Sequence[SamplingParams],
+        group_offset: int,
+        extras: list[dict] | None,
+        on_chunk: ChunkCallback | None,
+        chunk_tokens: int,
+    ) -> RolloutBatch:
+        """:meth:`_run` for :class:`SingleTurn` episodes without the event loop: its reset is the prompt
+        and its one step ends the episode with reward 0, so the batch is the engine's and every episode
+        took one turn (the same batch and stats, without a task per episode: ≈ 4 ms per 128 rows)."""
+        batch = self.engine.generate(
+            list(prompts), params, group_offset=group_offset, extras=extras, on_chunk=on_chunk,
+            chunk_tokens=chunk_tokens,
+        )  # fmt: skip
+        episodes = [Episode(None, float("inf"), turns=1, done=True)] * batch.batch_size
+        self.last = _stats(episodes, 0.0)
+        if self.log is not None:
+            self.log.append(self.last)
+        return batch
 
     def _run(
         self,

@@ -137,6 +137,36 @@ def test_single_turn_is_the_engines_own_batch(tiny_model_dir):
     assert runner.last.returns.tolist() == [0.0] * 6
 
 
+def test_single_turn_skips_the_event_loop_with_the_same_batch_and_stats(tiny_model_dir, monkeypatch):
+    """SingleTurn episodes take the engine's batch directly; a subclass of it (same behaviour, not the
+    built-in) goes through the event loop, one task per episode: same batch, same stats."""
+    from tandem.agents.env import SingleTurn
+    from tandem.rollout import episodes as mod
+
+    class Stepped(SingleTurn):
+        pass
+
+    engine, _, _ = _hf(tiny_model_dir)
+    params = [SamplingParams(max_new_tokens=5, n=3, seed=11), SamplingParams(max_new_tokens=3, n=2, seed=2)]
+    fast, slow = EpisodeRunner(engine), EpisodeRunner(engine, Stepped)
+    loops: list[int] = []
+    real = mod.EnvLoop.__init__
+    monkeypatch.setattr(mod.EnvLoop, "__init__", lambda self, *a: loops.append(1) or real(self, *a))
+    fast.log, slow.log = [], []
+    a = fast.generate(["1+2=", "3+4="], params, group_offset=2)
+    assert loops == []  # no event loop, no tasks
+    b = slow.generate(["1+2=", "3+4="], params, group_offset=2)
+    assert loops == [1]
+    for name in ("prompt_ids", "response_ids", "response_mask", "behavior_logprobs", "group_ids"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert a.completions == b.completions and a.finish_reasons == b.finish_reasons
+    assert fast.log == [fast.last] and torch.equal(fast.last.returns, slow.last.returns)
+    timing = "timing/env"
+    assert {k: v for k, v in fast.last.metrics.items() if k != timing} == {
+        k: v for k, v in slow.last.metrics.items() if k != timing
+    }
+
+
 class Scripted:
     """A fake engine for loop mechanics: every row answers ``reply(context_text)``; log-prob -0.5."""
 
