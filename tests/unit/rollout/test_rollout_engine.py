@@ -205,7 +205,9 @@ def test_update_weights(tiny_model_dir):
     before = engine.generate(PROMPTS, greedy)
     engine.update_weights(None, 3)
     assert engine.version == 3 and engine.generate(["a"], greedy).policy_version.tolist() == [3]
-    new_state = {k: v + 0.05 * torch.randn_like(v) for k, v in model.state_dict().items()}
+    # a seeded perturbation: with the global RNG, about 1 draw in 10 left all four greedy answers unchanged
+    gen = torch.Generator().manual_seed(1)
+    new_state = {k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in model.state_dict().items()}
     engine.update_weights(new_state, 4)
     assert engine.version == 4
     assert torch.equal(model.model.norm.weight, new_state["model.norm.weight"])
