@@ -198,6 +198,20 @@ def test_train_mode_restored(engine):
     assert not engine.model.training
 
 
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "generic"])
+def test_only_the_generic_path_switches_to_eval_mode(model_and_tok, monkeypatch, fast):
+    """The HF forward reads each module's mode (dropout), so the generic path decodes in eval mode; the fast
+    Llama stepper reads none, and skips the two walks over every module."""
+    model, tok = model_and_tok
+    modes: list[bool] = []
+    real = type(model).train
+    monkeypatch.setattr(type(model), "train", lambda self, mode=True: modes.append(mode) or real(self, mode))
+    model.train()
+    modes.clear()
+    HFEngine(model, tok, fast_decode=fast).generate(["a"], SamplingParams(max_new_tokens=3))
+    assert modes == ([] if fast else [False, True]) and model.training
+
+
 def test_update_weights(tiny_model_dir):
     model, tok = load_causal_lm(tiny_model_dir), load_tokenizer(tiny_model_dir)
     engine = HFEngine(model, tok)
