@@ -9,14 +9,31 @@ import torch
 from tandem.config.schema import TrainerConfig
 
 
+def fusable(params: list[torch.Tensor]) -> bool:
+    """Whether torch's fused AdamW kernel takes these parameters: plain (not sharded DTensor) floating
+    tensors, all on one CPU or CUDA device."""
+    devices = {p.device for p in params}
+    return (
+        len(devices) == 1
+        and next(iter(devices)).type in ("cpu", "cuda")
+        and all(type(p.data) is torch.Tensor and p.dtype.is_floating_point for p in params)
+    )
+
+
 def build_optimizer(model: torch.nn.Module, cfg: TrainerConfig) -> torch.optim.AdamW:
-    """AdamW over trainable parameters; no weight decay on biases and norm weights (1-D tensors)."""
+    """AdamW over trainable parameters; no weight decay on biases and norm weights (1-D tensors).
+
+    The fused kernel (one pass over every parameter's moments) where it applies: the same update as the
+    per-tensor loop to float rounding, and on a 1M-parameter model 1.0 ms a step against 3.1 ms
+    (docs/benchmarks.md); else the multi-tensor (foreach) implementation, e.g. for FSDP2's sharded
+    parameters."""
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
             (decay if p.ndim >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), foreach=True)
+    kernel = {"fused": True} if fusable(decay + no_decay) else {"foreach": True}
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), **kernel)
 
 
 def lr_factor(step: int, *, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
