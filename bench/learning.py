@@ -5,7 +5,7 @@ Per warm start and seed, four runs, one at a time, interleaved (the order revers
 
 - **Tandem**, its default recipe exactly as ``bench/warm_starts.py --train`` runs it
   (:func:`warm_starts.train_config`: ``grpo``, 16 prompts × 8 samples, all-fail groups grown up to 32
-  samples, lr 3e-4, cosine after 5 warm-up steps; the rollout stops at ``"\\n"`` or ``max_new_tokens``);
+  samples, lr 4e-4, cosine after 5 warm-up steps; the rollout stops at ``"\\n"`` or ``max_new_tokens``);
 - **TRL** ``GRPOTrainer`` at each ``--lrs`` learning rate, with the same work per step as Tandem's recipe
   (:func:`grpo_vs_trl.grpo_config`: 16 prompts × 8 generations, the warm start's ``max_new_tokens``,
   temperature 1, group-std advantages, PPO clip 0.2, ``loss_type="grpo"``, β = 0, one optimiser step per
