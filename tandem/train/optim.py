@@ -24,7 +24,7 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainerConfig) -> torch.optim.A
     """AdamW over trainable parameters; no weight decay on biases and norm weights (1-D tensors).
 
     The fused kernel (one pass over every parameter's moments) where it applies: the same update as the
-    per-tensor loop to float rounding, and on a 1M-parameter model 1.0 ms a step against 3.1 ms
+    per-tensor loop to float rounding, and on a 1M-parameter model 1.0 ms a step against 3.2 ms
     (docs/benchmarks.md); else the multi-tensor (foreach) implementation, e.g. for FSDP2's sharded
     parameters."""
     decay, no_decay = [], []
