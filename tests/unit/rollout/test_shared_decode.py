@@ -3,6 +3,8 @@ far) and gives its logits to every such row — the same samples and log-probs a
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -103,3 +105,28 @@ def test_engine_falls_back_when_the_cache_cannot_select(ab_model, monkeypatch):
     plain = HFEngine(model, tok, fast_decode=False, shared_decode=False).generate(["a", "b"], params)
     shared = HFEngine(model, tok, fast_decode=False).generate(["a", "b"], params)
     assert torch.equal(shared.response_ids, plain.response_ids)
+
+
+def test_shared_decode_on_a_lora_wrapped_policy(ab_model, monkeypatch):
+    """A PEFT-wrapped policy (the LoRA recipe's engine model) decodes through Hugging Face's cache: its
+    rows are selected there, with the same samples as running every row."""
+    pytest.importorskip("peft")
+    from tandem.models.lora import apply_lora
+
+    model, tok = ab_model
+    torch.manual_seed(0)
+    base = copy.deepcopy(model)  # PEFT injects its layers into the model it wraps: keep the fixture's plain
+    policy = apply_lora(base, r=2, alpha=4, dropout=0.0, target_modules=["q_proj", "v_proj"])
+    with torch.no_grad():  # a trained adapter: B != 0, so the samples depend on it
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.5)
+    seen = _rows_per_step(monkeypatch, HFStepper)
+    params = PARAMS["one"]
+    plain = HFEngine(policy, tok, shared_decode=False).generate(["a", "ba "], params)
+    plain_rows, seen[:] = sum(seen), []
+    shared = HFEngine(policy, tok, shared_decode=True).generate(["a", "ba "], params)
+    assert plain_rows > 0  # the generic path ran, not the fast Llama one
+    assert torch.equal(shared.response_ids, plain.response_ids)
+    torch.testing.assert_close(shared.behavior_logprobs, plain.behavior_logprobs, atol=1e-5, rtol=0)
+    assert sum(seen) < plain_rows
