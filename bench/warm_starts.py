@@ -390,14 +390,9 @@ def train_config(w: WarmStart, folder: Path) -> dict[str, Any]:
         # (+1 to +9 points, at 0.9-1.7x the training time; docs/learning.md, "Adaptive group size in the
         # outside-model recipe")
         "algorithm": {"name": "grpo", "adaptive_group": {"enabled": True}},
-        # lr 4e-4, not the quickstart's 6e-4: 3e-4 had the best mean of 2e-4 / 3e-4 / 6e-4 / 1e-3 on the first
-        # machine's add2-mid and sub2-mid (2026-12-03); re-swept over 3e-4 / 4e-4 / 6e-4 with the current
-        # recipe on the four -mid builds of the second machine, four seeds each (2026-12-06), 4e-4 raised the
-        # mean best on add2-mid, sub2-mid and add3-mid (+3.4 / +0.8 / +1.0 points over 3e-4), was level on
-        # countdown-mid (-0.3) and met the time target on 9 of 12 runs (3e-4: 8); 6e-4 was higher on two
-        # (+4.5 / +2.4) but lower on add3-mid and countdown-mid (-0.3 / -1.4), met time on 7, and lost 4
-        # points on the first machine's sub2-mid. docs/learning.md, "A learning rate for outside models"
-        # and "The outside-model learning rate re-swept".
+        # lr 4e-4, not the quickstart's 6e-4: the best trade of a 3e-4 / 4e-4 / 6e-4 sweep over the four -mid
+        # warm starts, four seeds each (figures in docs/learning.md, "The outside-model learning rate
+        # re-swept"; the earlier 3e-4 choice in "A learning rate for outside models").
         "trainer": {"total_steps": 100, "lr": 4e-4, "warmup_steps": 5},
         "monitor": {"eval_every": 25, "sample_every": 1000},
         # the model of the best held-out evaluation in <run>/best/: the curves peak before step 300
