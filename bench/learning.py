@@ -108,9 +108,10 @@ class Clock:
 
 
 def _evaluate(parts: Any, step: int, clock: Clock, evals: list[dict[str, float]]) -> None:
-    from tandem.orchestration.parts import evaluate_heldout
+    from tandem.orchestration.parts import evaluate_heldout, evaluated_weights
 
-    acc = evaluate_heldout(parts)["eval/accuracy"]
+    with evaluated_weights(parts):  # Tandem with trainer.ema_decay: its weight average, as `tandem train`
+        acc = evaluate_heldout(parts)["eval/accuracy"]
     evals.append({"step": step, "acc": acc, "wall": clock.wall, "cpu": clock.cpu})
     print(f"@@EVAL step {step} acc {acc:.3f} wall {clock.wall:.1f} load {os.getloadavg()}", flush=True)
 
@@ -227,7 +228,7 @@ def run_trl(
         def _eval(self, model: Any, step: int) -> None:
             was_training = model.training
             engine = build_rollout_engine(cfg, model=model, tokenizer=parts.tokenizer)
-            _evaluate(dataclasses.replace(parts, engine=engine), step, clock, evals)
+            _evaluate(dataclasses.replace(parts, engine=engine, average=None), step, clock, evals)
             model.train(was_training)
 
         def on_train_begin(self, args, state, control, model=None, **kw):  # noqa: ANN001

@@ -275,6 +275,7 @@ def _check_fsdp2(cfg: CheckedConfig, ws: int, units: int, what: str) -> None:
         (t.micro_batch_tokens is not None, "trainer.micro_batch_tokens (ranks would run unequal passes)"),
         (cfg.critic is not None, "a critic (ppo's value model is not sharded yet)"),
         (cfg.model.lora.r > 0, "model.lora (adapters are not sharded yet)"),
+        (cfg.trainer.ema_decay > 0, "trainer.ema_decay (the weight average is not sharded yet)"),
     ):
         if bad:
             raise CrossFieldError(key, f"fsdp2 does not support {why}")

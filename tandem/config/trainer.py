@@ -94,6 +94,18 @@ class TrainerConfig(Section):
         "forward of compute. Same gradients. Turns off shared_prefix (its KV cache is not checkpointed).",
     )
     max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping norm (null = off).")
+    ema_decay: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Keep a moving average of the policy's trainable weights (0 = off): after update n it "
+        "moves toward the live weights by 1 - min(ema_decay, n/(n+1)), so it starts as the plain mean "
+        "of the weights so far and becomes an exponential average over about 1/(1 - ema_decay) updates. Held-out evaluation, "
+        "checkpoint.best_metric's best model and each checkpoint's model/ use the average (the live weights "
+        "are kept beside it to resume from); rollouts sample the live weights. The average evaluates higher "
+        "mid-run than the noisy live policy and matches it once the learning rate has decayed. Not with "
+        "strategy fsdp2 yet.",
+    )
     skip_zero_advantage: bool = Field(
         True,
         description="Leave groups whose advantages are all exactly 0 (GRPO/RLOO: all-equal rewards) out of "

@@ -27,6 +27,7 @@ from tandem.orchestration.parts import (
     RunParts,
     build_parts,
     evaluate_heldout,
+    evaluated_weights,
     learner_step,
     load_run_checkpoint,
 )
@@ -111,10 +112,22 @@ class ColocatedTrainer(Trainer):
             learner_step(cfg, parts, timer=timer, generator=generator),
             LocalRollouts(rollout, prompts),
             EngineWeights(parts.engine),
-            evaluate=lambda: evaluate_heldout(parts),
+            evaluate=self._evaluate_heldout,
             group_size=cfg.rollout.group_size,
         )
         self.parts, self.rollout = parts, rollout
+
+    def _evaluate_heldout(self) -> dict[str, float]:
+        """Held-out accuracy of the weights the run evaluates (``trainer.ema_decay``: the average). An
+        engine with its own copy of the weights (vLLM) loads the average first and the live weights
+        after, which the next rollouts sample; one sharing the policy module copies nothing."""
+        with evaluated_weights(self.parts) as averaged:
+            if averaged:
+                self.publish()
+            metrics = evaluate_heldout(self.parts)
+        if averaged:
+            self.publish()
+        return metrics
 
     def collect(self) -> tuple[RolloutBatch, torch.Tensor, dict[str, float]]:
         """Generate and score this step's batch, without learning from it."""

@@ -25,6 +25,7 @@ from tandem.algos import AdaptiveEntropy, AdaptiveKL, FixedKL
 from tandem.config.schema import TandemConfig
 from tandem.monitor import PhaseTimer
 from tandem.orchestration.reference_answers import reference_coef
+from tandem.train.averaging import WeightAverage
 from tandem.train.critic import CriticSettings, critic_update, shared_value
 from tandem.train.distributed import DataParallel, StepInputs
 from tandem.train.experience import ExperienceSettings, critic_values, make_experience, scoring_logprobs
@@ -62,6 +63,7 @@ class LearnerStep:
     dp: DataParallel | None = None  # this process's rank in a data-parallel learner
     shared_value: SharedValue | None = None  # critic.shared_backbone: the head trains in the policy update
     teacher: torch.nn.Module | None = None  # on-policy distillation: scores the sampled tokens (frozen)
+    average: WeightAverage | None = None  # trainer.ema_decay: moved after each policy update
 
     @classmethod
     def from_config(
@@ -77,6 +79,7 @@ class LearnerStep:
         critic: torch.nn.Module | None = None,
         critic_optimizer: torch.optim.Optimizer | None = None,
         teacher: torch.nn.Module | None = None,
+        average: WeightAverage | None = None,
     ) -> LearnerStep:
         update = UpdateSettings.from_config(
             cfg.algorithm,
@@ -131,6 +134,7 @@ class LearnerStep:
                 else None
             ),
             teacher=teacher,
+            average=average,
             entropy_ctl=(
                 AdaptiveEntropy(a.entropy_coef, a.entropy_target, a.entropy_coef_step, a.entropy_coef_max)
                 if (a := cfg.algorithm).entropy_target is not None
@@ -148,6 +152,7 @@ class LearnerStep:
             "kl_coef": None if self.kl_ctl is None else self.kl_ctl.value,
             "entropy_coef": None if self.entropy_ctl is None else self.entropy_ctl.value,
             "steps_done": self.steps_done,
+            "average_updates": None if self.average is None else self.average.updates,
         }
 
     def shard_writer(self) -> Callable[[Path], None] | None:
@@ -176,6 +181,8 @@ class LearnerStep:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.steps_done = int(state.get("steps_done", 0))
+        if self.average is not None:  # from a checkpoint without an average: a fresh one, as at step 0
+            self.average.updates = int(state.get("average_updates") or 0)
         if self.kl_ctl is not None and state.get("kl_coef") is not None:
             self.kl_ctl.value = float(state["kl_coef"])
         if self.entropy_ctl is not None and state.get("entropy_coef") is not None:
@@ -237,6 +244,8 @@ class LearnerStep:
                         value=self.shared_value,
                     )
                 )
+                if self.average is not None:
+                    metrics["actor/ema_decay"] = self.average.update()
             if self.critic is not None and (self.shared_value is None or self.in_critic_warmup):
                 assert self.critic_optimizer is not None and self.critic_settings is not None
                 metrics.update(

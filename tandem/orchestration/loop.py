@@ -34,7 +34,7 @@ from tandem.monitor import MetricsLogger
 from tandem.monitor.metrics import MetricsListener
 from tandem.orchestration.alerting import AlertController, AlertStopError
 from tandem.orchestration.best import BestModel
-from tandem.orchestration.parts import RunParts, save_run_checkpoint
+from tandem.orchestration.parts import RunParts, evaluated_weights, save_run_checkpoint
 from tandem.orchestration.runfolder import RunResult, finish_run
 from tandem.orchestration.trainer import Trainer
 from tandem.train.checkpoint import latest_checkpoint
@@ -129,7 +129,8 @@ def keep_best(setup: LoopSetup, best: BestModel | None, step: int, metrics: dict
         return
     value = best.candidate(metrics)
     if value is not None:
-        with setup.trainer.learn.plain_policy() as policy:  # FSDP2 rank 0: gathered, transient
+        # the weights evaluated (trainer.ema_decay: the average); FSDP2 rank 0: gathered, transient
+        with evaluated_weights(setup.parts), setup.trainer.learn.plain_policy() as policy:
             best.save(step, value, policy, setup.parts.tokenizer)
     setup.result.best = best.summary()
 

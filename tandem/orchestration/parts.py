@@ -8,7 +8,8 @@ swap any of them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 
 from tandem.config.schema import TandemConfig
+from tandem.errors import ModelError
 from tandem.evaluate import evaluate_prompts
 from tandem.monitor import PhaseTimer
 from tandem.orchestration.build import (
@@ -37,7 +39,8 @@ from tandem.rewards import RewardSet
 from tandem.rollout.base import RolloutEngine, SamplingParams
 from tandem.rollout.environments import env_factory, episode_runner
 from tandem.rollout.episodes import mean_stats
-from tandem.train.checkpoint import load_checkpoint, save_checkpoint
+from tandem.train.averaging import WeightAverage, load_live_weights
+from tandem.train.checkpoint import LIVE_WEIGHTS, load_checkpoint, load_live_state, save_checkpoint
 from tandem.train.optim import build_optimizer, build_scheduler
 from tandem.utils.seed import seed_everything
 
@@ -59,6 +62,7 @@ class RunParts:
     critic: torch.nn.Module | None = None  # value model, for estimators that need values
     critic_optimizer: torch.optim.Optimizer | None = None
     teacher: torch.nn.Module | None = None  # on-policy distillation's frozen teacher
+    average: WeightAverage | None = None  # trainer.ema_decay: what is evaluated and saved as model/
 
 
 def optimizer_steps(cfg: TandemConfig) -> int:
@@ -83,6 +87,7 @@ def build_parts(cfg: TandemConfig) -> RunParts:
     reference_settings(cfg, engine, data.train, tokenizer.pad_token_id)  # pre-flight: engine and column
     optimizer = build_optimizer(policy, cfg.trainer)
     critic, critic_optimizer = build_critic(cfg, seed=cfg.run.seed, policy=policy, optimizer=optimizer)
+    decay = cfg.trainer.ema_decay
     return RunParts(
         cfg=cfg,
         policy=policy,
@@ -97,7 +102,19 @@ def build_parts(cfg: TandemConfig) -> RunParts:
         critic=critic,
         critic_optimizer=critic_optimizer,
         teacher=teacher,
+        average=WeightAverage.of(policy, decay) if decay > 0 else None,
     )
+
+
+@contextmanager
+def evaluated_weights(parts: RunParts) -> Iterator[bool]:
+    """Inside, ``parts.policy`` holds the weights a run evaluates and saves: the average with
+    ``trainer.ema_decay`` (yields True; the live weights are back on exit), else the live ones (False)."""
+    if parts.average is None:
+        yield False
+        return
+    with parts.average.applied():
+        yield True
 
 
 def learner_step(
@@ -115,12 +132,15 @@ def learner_step(
         critic=parts.critic,
         critic_optimizer=parts.critic_optimizer,
         teacher=parts.teacher,
+        average=parts.average,
     )
 
 
 def load_run_checkpoint(path: Path, parts: RunParts) -> dict[str, Any]:
-    """Restore policy, critic, their optimisers, the scheduler and RNG from checkpoint ``path``."""
-    return load_checkpoint(
+    """Restore policy, critic, their optimisers, the scheduler and RNG from checkpoint ``path``. A
+    checkpoint with live weights beside its ``model/`` (``trainer.ema_decay``) restores them into the
+    policy, and its ``model/`` as the weight average (a fresh one, when the run has none now)."""
+    state = load_checkpoint(
         path,
         model=parts.policy,
         optimizer=parts.optimizer,
@@ -128,6 +148,15 @@ def load_run_checkpoint(path: Path, parts: RunParts) -> dict[str, Any]:
         critic=parts.critic,
         critic_optimizer=parts.critic_optimizer,
     )
+    if parts.average is not None:
+        parts.average.restart()  # model/ holds the average (or, from a run without one, the weights)
+    live = load_live_state(path)
+    if live is not None:
+        try:
+            load_live_weights(parts.policy, live)
+        except ValueError as err:
+            raise ModelError(str(err), where=str(Path(path) / LIVE_WEIGHTS)) from err
+    return state
 
 
 def save_run_checkpoint(
@@ -142,20 +171,22 @@ def save_run_checkpoint(
     scheduler, ``extra_state`` (the loop's own state) and the config, atomically; then copied to
     ``checkpoint.remote_dir`` when set. ``sharded``: the learner ranks write the optimiser state as
     shards (FSDP2, :meth:`~tandem.orchestration.learner.LearnerStep.shard_writer`)."""
-    folder = save_checkpoint(
-        ckpt_root,
-        step,
-        model=parts.policy,
-        tokenizer=parts.tokenizer,
-        optimizer=parts.optimizer,
-        scheduler=parts.scheduler,
-        extra_state=extra_state,
-        config=cfg.model_dump(mode="json"),
-        keep_last=cfg.checkpoint.keep_last,
-        critic=parts.critic,
-        critic_optimizer=parts.critic_optimizer,
-        sharded=sharded,
-    )
+    with evaluated_weights(parts) as averaged:  # model/: the weights the run evaluates
+        folder = save_checkpoint(
+            ckpt_root,
+            step,
+            model=parts.policy,
+            tokenizer=parts.tokenizer,
+            optimizer=parts.optimizer,
+            scheduler=parts.scheduler,
+            extra_state=extra_state,
+            config=cfg.model_dump(mode="json"),
+            keep_last=cfg.checkpoint.keep_last,
+            critic=parts.critic,
+            critic_optimizer=parts.critic_optimizer,
+            sharded=sharded,
+            live_weights=parts.average.live_weights() if averaged and parts.average else None,
+        )
     mirror_checkpoint(cfg, folder)  # checkpoint.remote_dir: a copy in object storage
     return folder
 

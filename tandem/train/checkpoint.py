@@ -3,7 +3,10 @@
 Layout of ``<ckpt_root>/step-<step:08d>/``::
 
     model/          Hugging Face folder (save_pretrained, safetensors) plus the tokenizer; for a LoRA policy
-                    the adapter only (PEFT's adapter_model.safetensors + adapter_config.json naming the base)
+                    the adapter only (PEFT's adapter_model.safetensors + adapter_config.json naming the base);
+                    with trainer.ema_decay, the weight average (the model the run evaluates)
+    live.safetensors  with trainer.ema_decay only: the live trainable weights by parameter name (the
+                    optimiser's; a resume puts them back over model/'s average)
     optimizer.pt    optimizer.state_dict()            (torch.save of tensors/numbers only)
     sharded/        instead of optimizer.pt when the optimiser state is sharded over ranks (FSDP2): a
                     torch.distributed.checkpoint folder of the policy and optimiser state, each rank's
@@ -49,6 +52,7 @@ FORMAT_VERSION = 1
 COMPLETE_MARKER = "COMPLETE"
 CRITIC_WEIGHTS = "critic/model.safetensors"
 CRITIC_OPTIMIZER = "critic/optimizer.pt"
+LIVE_WEIGHTS = "live.safetensors"  # trainer.ema_decay: the live weights beside model/'s average
 SHARDED_STATE = "sharded"  # a DCP folder of the policy and optimiser state (FSDP2 learners)
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 # Hidden folders a save or prune leaves when its process dies mid-way (see atomic_dir, prune_checkpoints).
@@ -80,6 +84,7 @@ def save_checkpoint(
     critic: Any | None = None,
     critic_optimizer: torch.optim.Optimizer | None = None,
     sharded: Callable[[Path], None] | None = None,
+    live_weights: Mapping[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write a complete checkpoint for ``step`` atomically and prune old ones; return its folder.
 
@@ -90,7 +95,8 @@ def save_checkpoint(
     replaces that checkpoint. A ``critic`` (with ``save(path)``, e.g. a ValueModel) and its optimiser are
     written to ``critic/`` beside the policy. ``sharded``: writes the optimiser state (and the policy)
     into the folder it is given, ``sharded/``, in place of ``optimizer.pt`` (an FSDP2 learner's ranks
-    each write their shards; ``optimizer`` is then not read).
+    each write their shards; ``optimizer`` is then not read). ``live_weights``: when ``model`` holds a
+    weight average, the live weights it stands in for (``live.safetensors``; :func:`load_live_state`).
     """
     if step < 0:
         raise ValueError(f"step must be ≥ 0, got {step}")
@@ -101,6 +107,8 @@ def save_checkpoint(
     started = time.perf_counter()
     with atomic_dir(final) as tmp:
         _save_model(tmp / "model", model, tokenizer)
+        if live_weights is not None:
+            safetensors.torch.save_file(dict(live_weights), str(tmp / LIVE_WEIGHTS))
         if sharded is None:
             torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         else:
@@ -236,6 +244,18 @@ def load_checkpoint(
     if restore_rng:
         set_rng_state(_load_pt(folder / "rng.pt"))
     return json.loads((folder / "state.json").read_text(encoding="utf-8"))
+
+
+def load_live_state(path: str | Path) -> dict[str, torch.Tensor] | None:
+    """A checkpoint's live weights (``live.safetensors``, written with a weight average as ``model/``), or
+    None when it has none."""
+    file = Path(path) / LIVE_WEIGHTS
+    if not file.is_file():
+        return None
+    try:
+        return safetensors.torch.load_file(str(file), device="cpu")
+    except Exception as err:  # a truncated or foreign file: say which
+        raise ModelError(f"cannot read the live weights: {err}", where=str(file)) from err
 
 
 def load_model_weights(model_dir: str | Path, model: torch.nn.Module) -> None:

@@ -6,12 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
+import safetensors.torch
 import torch
 
 from tandem.config import build_config
 from tandem.models import load_causal_lm
 from tandem.orchestration.runner import train
-from tandem.train.checkpoint import latest_checkpoint
+from tandem.train.checkpoint import LIVE_WEIGHTS, latest_checkpoint
 
 HERE = Path(__file__).parent
 
@@ -68,8 +69,14 @@ def test_every_algorithm_trains(tiny_model_dir, tmp_path, algo, extra):
     assert (result.run_dir / "config.yaml").exists()
 
 
-def test_resume_is_exact(tiny_model_dir, tmp_path, crash_at_step):
-    common = {"trainer": {"total_steps": 4, "lr": 1e-3}, "checkpoint": {"every": 2, "keep_last": 5}}
+@pytest.mark.parametrize("ema_decay", [0.0, 0.6], ids=["live", "weight-average"])
+def test_resume_is_exact(tiny_model_dir, tmp_path, crash_at_step, ema_decay):
+    common = {
+        "trainer": {"total_steps": 4, "lr": 1e-3, "ema_decay": ema_decay},
+        "checkpoint": {"every": 2, "keep_last": 5},
+        # every group has some spread, so the weights move (and the average lags them)
+        "reward": {"task_reward": False, "functions": [{"path": f"{HERE / 'digits_reward.py'}:digit_share"}]},
+    }
     full = train(_cfg(tiny_model_dir, tmp_path / "full", **common), progress=False)
 
     # Same run, killed after the step-2 checkpoint, then resumed from it.
@@ -82,6 +89,18 @@ def test_resume_is_exact(tiny_model_dir, tmp_path, crash_at_step):
     w_res = _weights(latest_checkpoint(resumed.run_dir / "checkpoints") / "model")
     for k in w_full:
         torch.testing.assert_close(w_res[k], w_full[k], rtol=0, atol=0)
+    live_file = latest_checkpoint(full.run_dir / "checkpoints") / LIVE_WEIGHTS
+    if ema_decay:  # model/ is the average; the live weights beside it, also resumed exactly
+        live_full = safetensors.torch.load_file(live_file)
+        live_res = safetensors.torch.load_file(
+            latest_checkpoint(resumed.run_dir / "checkpoints") / LIVE_WEIGHTS
+        )
+        assert live_full.keys() == live_res.keys() and live_full
+        for k in live_full:
+            torch.testing.assert_close(live_res[k], live_full[k], rtol=0, atol=0)
+        assert any(not torch.equal(live_full[k], w_full[k]) for k in live_full)  # it lags the live weights
+    else:
+        assert not live_file.exists()
 
     def rewards(run):
         rows = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -246,3 +246,56 @@ def test_eta0_adaptive_temperature_equals_colocated(tiny_model_dir, tmp_path):
     assert [r["rollout/temperature"] for r in step_rows(resumed.run_dir)] == pytest.approx(
         [1.0, 1.1, 1.2, 1.3]
     )
+
+
+def test_eta0_weight_average_equals_colocated(tiny_model_dir, tmp_path, monkeypatch):
+    """``trainer.ema_decay`` decoupled: the learner evaluates and saves the average while the worker
+    samples the live weights; at η = 0 with one worker every step, evaluated and saved weight is the
+    colocated run's (a worker sampling the average would change the rewards from step 2)."""
+    import safetensors.torch
+
+    from tandem.orchestration import colocated
+    from tandem.orchestration.decoupled import runtime
+    from tandem.train.checkpoint import LIVE_WEIGHTS
+
+    torch.set_num_threads(1)
+    evaluated: dict[str, list[dict[str, torch.Tensor]]] = {"colo": [], "dec": []}
+
+    def spy(label, real):
+        def evaluate(parts):  # the weights each held-out evaluation generates with
+            evaluated[label].append({k: v.clone() for k, v in parts.engine.model.state_dict().items()})
+            return real(parts)
+
+        return evaluate
+
+    def cfg(out, mode, **arch):
+        data = _cfg(tiny_model_dir, out, mode, **arch).model_dump(mode="json")
+        data["trainer"]["ema_decay"] = 0.5
+        data["monitor"]["eval_every"] = 1
+        return build_config(data)
+
+    monkeypatch.setattr(colocated, "evaluate_heldout", spy("colo", colocated.evaluate_heldout))
+    monkeypatch.setattr(runtime, "evaluate_heldout", spy("dec", runtime.evaluate_heldout))
+    colo = train(cfg(tmp_path / "colo", "colocated"), progress=False)
+    dec = train_decoupled(cfg(tmp_path / "dec", "decoupled", staleness=0, num_workers=1), progress=False)
+    a, b = step_rows(colo.run_dir), step_rows(dec.run_dir)
+    assert len(a) == len(b) == 3
+    for ra, rb in zip(a, b, strict=True):
+        for key in ("reward/mean", "actor/pg_loss", "actor/ema_decay"):
+            assert ra[key] == rb[key], key
+    wa, wb = _weights(colo.run_dir), _weights(dec.run_dir)
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+    assert len(evaluated["colo"]) == len(evaluated["dec"]) == 4  # before step 1 and after each step
+    for ea, eb in zip(evaluated["colo"], evaluated["dec"], strict=True):
+        for k in ea:
+            assert torch.equal(ea[k], eb[k]), k
+    for k in wa:  # the last evaluation saw the saved model/: the average
+        assert torch.equal(evaluated["dec"][-1][k], wb[k]), k
+    live_a, live_b = (
+        safetensors.torch.load_file(str(latest_checkpoint(r.run_dir / "checkpoints") / LIVE_WEIGHTS))
+        for r in (colo, dec)
+    )
+    for k in live_a:
+        assert torch.equal(live_a[k], live_b[k]), k
+    assert any(not torch.equal(live_a[k], wa[k]) for k in live_a), "the average should lag the live weights"

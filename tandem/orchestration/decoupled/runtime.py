@@ -45,6 +45,7 @@ from tandem.orchestration.parts import (
     RunParts,
     build_parts,
     evaluate_heldout,
+    evaluated_weights,
     learner_step,
     load_run_checkpoint,
 )
@@ -126,7 +127,8 @@ def train_decoupled(
             # The learner's engine only evaluates: one that shares the policy module (hf) copies nothing,
             # one with its own copy (vllm) loads the current weights first. An FSDP2 learner's rank 0
             # evaluates a transient copy gathered from the shards (a shared-module engine: over it).
-            with trainer.learn.plain_policy() as policy:
+            # With trainer.ema_decay the weight average is evaluated (the rollout workers keep the live ones).
+            with evaluated_weights(parts), trainer.learn.plain_policy() as policy:
                 engine = parts.engine
                 if policy is not parts.policy and getattr(engine, "model", None) is parts.policy:
                     engine = build_rollout_engine(cfg, model=policy, tokenizer=parts.tokenizer)
