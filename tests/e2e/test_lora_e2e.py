@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import safetensors.torch
 import torch
 
 pytest.importorskip("peft")
@@ -19,7 +20,7 @@ from tandem.export.api import export_model  # noqa: E402
 from tandem.models import load_causal_lm  # noqa: E402
 from tandem.orchestration.build import build_policy  # noqa: E402
 from tandem.orchestration.runner import train  # noqa: E402
-from tandem.train.checkpoint import latest_checkpoint, load_checkpoint  # noqa: E402
+from tandem.train.checkpoint import LIVE_WEIGHTS, latest_checkpoint, load_checkpoint  # noqa: E402
 
 LORA = {"r": 8, "alpha": 16.0}
 HERE = Path(__file__).parent
@@ -79,8 +80,12 @@ def test_grpo_with_lora_trains_the_adapter_only_and_export_merges(tiny_model_dir
     assert report.size_before < report.size_after  # an adapter in, a whole model out
 
 
-def test_lora_resume_is_exact(tiny_model_dir, tmp_path, crash_at_step):
-    common = {"trainer": {"total_steps": 4, "lr": 1e-2}, "checkpoint": {"every": 2, "keep_last": 5}}
+@pytest.mark.parametrize("ema_decay", [0.0, 0.6], ids=["live", "weight-average"])
+def test_lora_resume_is_exact(tiny_model_dir, tmp_path, crash_at_step, ema_decay):
+    common = {
+        "trainer": {"total_steps": 4, "lr": 1e-2, "ema_decay": ema_decay},
+        "checkpoint": {"every": 2, "keep_last": 5},
+    }
     full = train(_cfg(tiny_model_dir, tmp_path / "full", **common), progress=False)
     crash_at_step(_cfg(tiny_model_dir, tmp_path / "part", **common), 2)
     resumed = train(_cfg(tiny_model_dir, tmp_path / "part", **common), resume=True, progress=False)
@@ -93,6 +98,12 @@ def test_lora_resume_is_exact(tiny_model_dir, tmp_path, crash_at_step):
         return [(r["step"], r.get("reward/mean"), r.get("actor/pg_loss")) for r in step_rows(run.run_dir)]
 
     assert losses(resumed) == losses(full)
+    live = latest_checkpoint(full.run_dir / "checkpoints") / LIVE_WEIGHTS
+    if ema_decay:  # the adapter's average is model/; only the adapter's live weights sit beside it
+        names = set(safetensors.torch.load_file(str(live)))
+        assert names and all("lora_" in n for n in names), sorted(names)[:3]
+    else:
+        assert not live.exists()
 
 
 def test_decoupled_lora_workers_sample_the_merged_weights(tiny_model_dir, tmp_path):
