@@ -79,6 +79,26 @@ def test_best_folder_holds_the_weights_of_the_best_evaluation(tiny_model_dir, tm
     assert not list(res.run_dir.glob(".best*")), "no temp folder left behind"
 
 
+def test_with_a_weight_average_best_holds_the_average_of_that_step(tiny_model_dir, tmp_path, monkeypatch):
+    """``trainer.ema_decay``: ``best/`` and each checkpoint's ``model/`` hold the weights that were
+    evaluated, the average; the live weights only sit in the checkpoint's ``live.safetensors``."""
+    import safetensors.torch
+
+    from tandem.train.checkpoint import LIVE_WEIGHTS
+
+    torch.set_num_threads(1)
+    _script(monkeypatch, [0.10, 0.20, 0.50, 0.30, 0.40])  # steps 0..4: step 2 wins
+    cfg = _cfg(tiny_model_dir, tmp_path / "run", steps=4).model_dump(mode="json")
+    cfg["trainer"]["ema_decay"] = 0.5
+    res = train(build_config(cfg), progress=False)
+    step2 = checkpoint_dir(res.run_dir / "checkpoints", 2)
+    best, average = _weights(res.run_dir / "best"), _weights(step2 / "model")
+    assert _same(best, average)
+    live = safetensors.torch.load_file(str(step2 / LIVE_WEIGHTS))
+    assert live.keys() <= average.keys()
+    assert any(not torch.equal(live[k], average[k]) for k in live), "the average should lag the live weights"
+
+
 def test_resumed_run_competes_against_the_best_it_kept(tiny_model_dir, tmp_path, monkeypatch):
     torch.set_num_threads(1)
     out = tmp_path / "run"
