@@ -168,8 +168,14 @@ def test_missing_vllm_names_the_extra(monkeypatch):
     assert "tandem-rl[vllm]" in line and "rollout.backend" in line, line
 
 
-@pytest.mark.parametrize("mode", ["colocated", "decoupled"])
-def test_training_with_vllm_keeps_the_engine_on_the_trainers_weights(tmp_path, mode):
+@pytest.mark.parametrize(
+    ("mode", "ema_decay"),
+    [("colocated", 0.0), ("decoupled", 0.0), ("colocated", 0.5)],
+    ids=["colocated", "decoupled", "colocated-weight-average"],
+)
+def test_training_with_vllm_keeps_the_engine_on_the_trainers_weights(tmp_path, mode, ema_decay):
+    """With ``trainer.ema_decay`` the engine loads the average for every evaluation (here after every
+    step) and must get the live weights back before the next rollouts, or the mismatch metric shows it."""
     torch.set_num_threads(1)
     cfg = build_config(
         {
@@ -184,12 +190,17 @@ def test_training_with_vllm_keeps_the_engine_on_the_trainers_weights(tmp_path, m
             },
             "rollout": {"n": 4, "max_new_tokens": 6, "temperature": 1.0, "backend": "vllm"},
             "algorithm": {"name": "grpo"},
-            "trainer": {"total_steps": 3, "lr": 1e-3},
+            "trainer": {"total_steps": 3, "lr": 1e-3, "ema_decay": ema_decay},
             "architecture": {
                 "mode": mode,
                 **({"staleness": 0, "num_workers": 1} if mode == "decoupled" else {}),
             },
-            "monitor": {"eval_every": 3, "sample_every": 0, "tensorboard": False, "progress": False},
+            "monitor": {
+                "eval_every": 1 if ema_decay else 3,
+                "sample_every": 0,
+                "tensorboard": False,
+                "progress": False,
+            },
             "checkpoint": {"save_final": False},
         }
     )
