@@ -87,7 +87,6 @@ def build_parts(cfg: TandemConfig) -> RunParts:
     reference_settings(cfg, engine, data.train, tokenizer.pad_token_id)  # pre-flight: engine and column
     optimizer = build_optimizer(policy, cfg.trainer)
     critic, critic_optimizer = build_critic(cfg, seed=cfg.run.seed, policy=policy, optimizer=optimizer)
-    decay = cfg.trainer.ema_decay
     return RunParts(
         cfg=cfg,
         policy=policy,
@@ -102,7 +101,7 @@ def build_parts(cfg: TandemConfig) -> RunParts:
         critic=critic,
         critic_optimizer=critic_optimizer,
         teacher=teacher,
-        average=WeightAverage.of(policy, decay) if decay > 0 else None,
+        average=WeightAverage.of(policy, d) if (d := cfg.trainer.ema_decay) > 0 else None,
     )
 
 
@@ -171,7 +170,7 @@ def save_run_checkpoint(
     scheduler, ``extra_state`` (the loop's own state) and the config, atomically; then copied to
     ``checkpoint.remote_dir`` when set. ``sharded``: the learner ranks write the optimiser state as
     shards (FSDP2, :meth:`~tandem.orchestration.learner.LearnerStep.shard_writer`)."""
-    with evaluated_weights(parts) as averaged:  # model/: the weights the run evaluates
+    with evaluated_weights(parts):  # model/: the weights the run evaluates
         folder = save_checkpoint(
             ckpt_root,
             step,
@@ -185,7 +184,7 @@ def save_run_checkpoint(
             critic=parts.critic,
             critic_optimizer=parts.critic_optimizer,
             sharded=sharded,
-            live_weights=parts.average.live_weights() if averaged and parts.average else None,
+            live_weights=None if parts.average is None else parts.average.live_weights(),
         )
     mirror_checkpoint(cfg, folder)  # checkpoint.remote_dir: a copy in object storage
     return folder

@@ -87,3 +87,23 @@ def test_ema_decay_is_refused_with_fsdp2(tiny_model_dir, tmp_path):
         _cfg(tiny_model_dir, tmp_path, ema_decay=0.9, strategy="fsdp2", world_size=2)
     with pytest.raises(ConfigError, match="ema_decay"):
         _cfg(tiny_model_dir, tmp_path, ema_decay=1.0)
+
+
+def test_a_checkpoint_whose_live_weights_do_not_fit_is_one_clear_error(tiny_model_dir, tmp_path):
+    import safetensors.torch
+
+    from tandem.errors import ModelError
+    from tandem.orchestration.parts import load_run_checkpoint, save_run_checkpoint
+    from tandem.train.checkpoint import LIVE_WEIGHTS
+
+    parts = build_parts(_cfg(tiny_model_dir, tmp_path / "run", ema_decay=0.5))
+    folder = save_run_checkpoint(tmp_path / "ckpt", 1, parts, parts.cfg, {})
+    live = safetensors.torch.load_file(str(folder / LIVE_WEIGHTS))
+    name = next(iter(live))
+    safetensors.torch.save_file({**live, name: torch.zeros(3)}, str(folder / LIVE_WEIGHTS))
+    with pytest.raises(ModelError, match=rf"{name}.*shape") as err:
+        load_run_checkpoint(folder, parts)
+    assert LIVE_WEIGHTS in str(err.value) and "\n" not in str(err.value)
+    (folder / LIVE_WEIGHTS).write_bytes(b"not safetensors")
+    with pytest.raises(ModelError, match="cannot read the live weights"):
+        load_run_checkpoint(folder, parts)
