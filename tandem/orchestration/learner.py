@@ -244,8 +244,6 @@ class LearnerStep:
                         value=self.shared_value,
                     )
                 )
-                if self.average is not None:
-                    metrics["actor/ema_decay"] = self.average.update()
             if self.critic is not None and (self.shared_value is None or self.in_critic_warmup):
                 assert self.critic_optimizer is not None and self.critic_settings is not None
                 metrics.update(
@@ -260,6 +258,8 @@ class LearnerStep:
                 )
         if dp is not None:
             dp.end_step(self.policy, *([] if self.critic is None else [self.critic]))
+        if self.average is not None and not self.in_critic_warmup:  # after end_step: FSDP2 rank 0's
+            metrics["actor/ema_decay"] = self.average.update()  # whole copy holds this step's weights
         self.steps_done += 1
         if self.kl_ctl is not None:
             metrics["actor/kl_coef"] = self.kl_ctl.value  # the β this step used

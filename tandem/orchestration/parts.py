@@ -40,7 +40,14 @@ from tandem.rollout.base import RolloutEngine, SamplingParams
 from tandem.rollout.environments import env_factory, episode_runner
 from tandem.rollout.episodes import mean_stats
 from tandem.train.averaging import WeightAverage, load_live_weights
-from tandem.train.checkpoint import LIVE_WEIGHTS, load_checkpoint, load_live_state, save_checkpoint
+from tandem.train.checkpoint import (
+    LIVE_WEIGHTS,
+    SHARDED_STATE,
+    load_checkpoint,
+    load_live_state,
+    load_model_weights,
+    save_checkpoint,
+)
 from tandem.train.optim import build_optimizer, build_scheduler
 from tandem.utils.seed import seed_everything
 
@@ -147,8 +154,10 @@ def load_run_checkpoint(path: Path, parts: RunParts) -> dict[str, Any]:
         critic=parts.critic,
         critic_optimizer=parts.critic_optimizer,
     )
-    if parts.average is not None:
-        parts.average.restart()  # model/ holds the average (or, from a run without one, the weights)
+    if parts.average is not None:  # model/ holds the average (or, from a run without one, the weights)
+        if (Path(path) / SHARDED_STATE).is_dir():  # FSDP2: the shards' live weights were loaded after it
+            load_model_weights(Path(path) / "model", parts.policy)
+        parts.average.restart()
     live = load_live_state(path)
     if live is not None:
         try:

@@ -8,6 +8,9 @@ scores, logs and checkpoints as a one-process run does; rank 1 joins each step's
   as the ranks' DCP shards);
 * one process resumes that step-2 checkpoint (another world size, the DCP shards read whole):
   close to the 2-rank run, not bitwise (gradient sums in another order);
+* with a weight average (``trainer.ema_decay``; rank 0 averages its whole copy) the 2-rank run saves the
+  one-process run's average as ``model/`` and its live weights beside it, and a resume from a checkpoint
+  whose live weights are also in the DCP shards restarts the average from ``model/``, bitwise;
 * impossible combinations are one-line ConfigErrors before anything is written.
 """
 
@@ -24,7 +27,7 @@ from run_checks import step_rows
 from tandem.config import build_config
 from tandem.errors import ConfigError
 from tandem.orchestration.colocated import train_colocated
-from tandem.train.checkpoint import checkpoint_dir
+from tandem.train.checkpoint import LIVE_WEIGHTS, checkpoint_dir
 
 DIGITS = f"{Path(__file__).parents[1] / 'e2e' / 'digits_reward.py'}:digit_share"
 # Wall clock and host metrics differ between any two runs; a leg's last step also evaluates.
@@ -82,6 +85,24 @@ def runs(tiny_model_dir, tmp_path_factory):
     return {"one": one, "straight": straight, "halves": halves, "to_one": to_one}
 
 
+@pytest.fixture(scope="module")
+def ema_runs(tiny_model_dir, tmp_path_factory):
+    """One process and two FSDP2 ranks with a weight average, 4 steps; the 2-rank run resumed from step 2."""
+    torch.set_num_threads(1)
+    root, ema = tmp_path_factory.mktemp("colocated_ema"), {"ema_decay": 0.5}
+    one = train_colocated(_cfg(tiny_model_dir, root / "one", 1, 4, trainer=ema))
+    straight = train_colocated(_cfg(tiny_model_dir, root / "straight", 2, 4, trainer=ema))
+    shutil.copytree(root / "straight", root / "halves")
+    shutil.rmtree(checkpoint_dir(root / "halves" / "checkpoints", 4))
+    (root / "halves" / "summary.json").unlink()
+    halves = train_colocated(_cfg(tiny_model_dir, root / "halves", 2, 4, trainer=ema), resume=True)
+    return {"one": one.run_dir, "straight": straight.run_dir, "halves": halves.run_dir}
+
+
+def _live(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
+    return safetensors.torch.load_file(checkpoint_dir(run_dir / "checkpoints", step) / LIVE_WEIGHTS)
+
+
 @pytest.mark.slow  # the module fixture trains four runs, two of them with a spawned rank
 def test_two_fsdp2_ranks_update_as_one_process(runs):
     one, two = step_rows(runs["one"].run_dir), step_rows(runs["straight"].run_dir)
@@ -118,6 +139,30 @@ def test_one_process_resumes_a_two_rank_run(runs):
     ws, w1 = _weights(runs["straight"].run_dir, 4), _weights(runs["to_one"].run_dir, 4)
     for name in ws:
         torch.testing.assert_close(w1[name], ws[name], rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_two_fsdp2_ranks_keep_the_one_process_weight_average(ema_runs):
+    one, two = ema_runs["one"], ema_runs["straight"]
+    rows = step_rows(two)
+    assert [r["actor/ema_decay"] for r in rows] == [0.5] * 4  # min(0.5, n / (n + 1)) from update 1 on
+    for step in (2, 4):
+        w1, w2 = _weights(one, step), _weights(two, step)
+        l1, l2 = _live(one, step), _live(two, step)
+        assert l2.keys() == l1.keys() and set(l2) <= set(w2) and w2.keys() == w1.keys()
+        for name in l2:  # model/ is the average, not the live weights, and equal to one process's
+            assert (w2[name] - l2[name]).abs().max() > 1e-4, name
+            torch.testing.assert_close(w2[name], w1[name], rtol=0, atol=1e-6)
+            torch.testing.assert_close(l2[name], l1[name], rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_resumed_fsdp2_run_restarts_its_average_from_model(ema_runs):
+    straight, halves = ema_runs["straight"], ema_runs["halves"]
+    assert [_stable(r) for r in step_rows(halves)] == [_stable(r) for r in step_rows(straight)]
+    for load in (_weights, _live):
+        a, b = load(straight, 4), load(halves, 4)
+        assert all(torch.equal(a[name], b[name]) for name in a)
 
 
 @pytest.mark.parametrize(

@@ -19,9 +19,10 @@ from tandem.orchestration.parts import build_parts
 DIGITS = Path(__file__).parents[2] / "e2e" / "digits_reward.py"
 
 
-def _cfg(tiny_model_dir, tmp_path, **trainer):
+def _cfg(tiny_model_dir, tmp_path, mode="colocated", **trainer):
     return build_config(
         {
+            "architecture": {"mode": mode},
             "run": {"output_dir": str(tmp_path), "seed": 5},
             "model": {"path": str(tiny_model_dir)},
             "data": {"task": "arith", "prompts_per_step": 2, "eval_size": 4, "train_size": 32},
@@ -82,9 +83,13 @@ def test_without_ema_decay_there_is_no_average(tiny_model_dir, tmp_path):
     assert "actor/ema_decay" not in metrics
 
 
-def test_ema_decay_is_refused_with_fsdp2(tiny_model_dir, tmp_path):
-    with pytest.raises(ConfigError, match=r"trainer.strategy.*trainer.ema_decay"):
-        _cfg(tiny_model_dir, tmp_path, ema_decay=0.9, strategy="fsdp2", world_size=2)
+def test_ema_decay_with_fsdp2_is_colocated_only(tiny_model_dir, tmp_path):
+    """Rank 0 averages its whole copy of the policy (tests/integration/test_colocated_world_size.py);
+    a decoupled FSDP2 rank 0 keeps none."""
+    fsdp2 = {"ema_decay": 0.9, "strategy": "fsdp2", "world_size": 2}
+    assert _cfg(tiny_model_dir, tmp_path, **fsdp2).trainer.ema_decay == 0.9
+    with pytest.raises(ConfigError, match=r"trainer.strategy.*trainer.ema_decay in the decoupled"):
+        _cfg(tiny_model_dir, tmp_path, mode="decoupled", **fsdp2)
     with pytest.raises(ConfigError, match="ema_decay"):
         _cfg(tiny_model_dir, tmp_path, ema_decay=1.0)
 
