@@ -9,6 +9,7 @@ learning is measured by ``bench/vllm_learning.py``.
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 import threading
@@ -21,6 +22,8 @@ from run_checks import step_rows
 from tandem.config import build_config
 from tandem.errors import ConfigError, ModelError
 from tandem.models import init_tiny_model, load_causal_lm
+from tandem.orchestration.colocated import ColocatedTrainer
+from tandem.orchestration.parts import build_parts
 from tandem.orchestration.runner import train
 from tandem.rollout import EngineSpec, SamplingParams, build_engine
 from tandem.rollout.registry import EngineUnavailableError, engine_class
@@ -211,6 +214,57 @@ def test_training_with_vllm_keeps_the_engine_on_the_trainers_weights(tmp_path, m
         assert r["rollout/logprob_diff_max"] < 1e-3 and r["rollout/ratio_outside_frac"] == 0.0, r
         assert r["perf/weight_sync_bytes"] > 0 and r["timing/weight_sync"] >= 0
     assert "eval/accuracy" in result.eval_after
+
+
+def test_an_evaluation_with_vllm_generates_with_the_weight_average(tmp_path, monkeypatch):
+    """``trainer.ema_decay`` on vLLM, told apart by what it generates: the average is set to a noisy copy
+    of the policy, so the held-out evaluation must answer as that copy does (the HF engine over it), and
+    the rollouts after it as the live policy does."""
+    torch.set_num_threads(1)
+    cfg = build_config(
+        {
+            "run": {"output_dir": str(tmp_path / "run"), "seed": 1},
+            "model": {"path": str(ROOT / "checkpoints" / "quickstart-warmstart")},
+            "data": {
+                "task": "arith",
+                "task_options": {"digits": 2, "ops": "+"},
+                "prompts_per_step": 2,
+                "eval_size": 16,
+                "train_size": 16,
+            },
+            "rollout": {"n": 2, "max_new_tokens": 6, "backend": "vllm"},
+            "algorithm": {"name": "grpo"},
+            "trainer": {"ema_decay": 0.5},
+        }
+    )
+    parts = build_parts(cfg)
+    assert parts.average is not None
+    noisy, g = copy.deepcopy(parts.policy), torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in noisy.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    weights = dict(noisy.named_parameters())
+    parts.average.average = [weights[name].detach().clone() for name in parts.average.names]
+    trainer = ColocatedTrainer(parts)
+    trainer.publish()
+    calls = []
+    real = parts.engine.generate
+    monkeypatch.setattr(
+        parts.engine, "generate", lambda p, s, **kw: calls.append((p, s, r := real(p, s, **kw))) or r
+    )
+    assert "eval/accuracy" in trainer.evaluate()
+    prompts, params, evaluated = calls[0]
+    as_live, as_average = (
+        build_engine("hf", EngineSpec(model=m, tokenizer=parts.tokenizer)).generate(prompts, params)
+        for m in (parts.policy, noisy)
+    )
+
+    def agree(a, b):  # greedy near-ties may break apart between two engines on a row or so
+        return sum(x == y for x, y in zip(a.completions, b.completions, strict=True))
+
+    assert len(prompts) == 16 and agree(as_live, as_average) <= 8  # the fixture: two weight sets apart
+    assert agree(evaluated, as_average) >= 15
+    assert agree(real(prompts, params), as_live) >= 15  # the live weights are back
 
 
 def test_reference_answers_with_vllm_are_scored_as_the_learner_scores_them(tmp_path):
