@@ -103,8 +103,8 @@ class TrainerConfig(Section):
         "of the weights so far and becomes an exponential average over about 1/(1 - ema_decay) updates. Held-out evaluation, "
         "checkpoint.best_metric's best model and each checkpoint's model/ use the average (the live weights "
         "are kept beside it to resume from); rollouts sample the live weights. The average evaluates higher "
-        "mid-run than the noisy live policy and matches it once the learning rate has decayed. With "
-        "strategy fsdp2, colocated only (rank 0 averages its whole copy of the policy).",
+        "mid-run than the noisy live policy and matches it once the learning rate has decayed. Under "
+        "strategy fsdp2 it is sharded like the policy where rank 0 keeps no whole copy (decoupled).",
     )
     skip_zero_advantage: bool = Field(
         True,

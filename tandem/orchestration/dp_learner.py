@@ -44,6 +44,7 @@ from tandem.orchestration.build import build_critic, build_policy, build_referen
 from tandem.orchestration.learner import LearnerStep
 from tandem.orchestration.parts import optimizer_steps
 from tandem.orchestration.remote import local_models
+from tandem.train.averaging import WeightAverage
 from tandem.train.distributed import DataParallel, host_store, init_group, join_store, resolve_backend
 from tandem.train.fsdp import FullyShardedDataParallel, shard_module, shard_optimizer_state
 from tandem.train.optim import build_optimizer, build_scheduler
@@ -169,10 +170,14 @@ class DataParallelLearner:
             extra = {"optimizer": learn.optimizer.state_dict(), "learner": learn.state_dict()}
             if learn.scheduler is not None:
                 extra["scheduler"] = learn.scheduler.state_dict()
+            if learn.average is not None and shards_average(cfg):
+                extra["average"] = dict(zip(learn.average.names, learn.average.average, strict=True))
             dp.broadcast_replica(learn.policy, extra)
             if cfg.trainer.strategy == "fsdp2":  # colocated: a sharded copy; decoupled: sharded in place
                 dp = sharded_rank(cfg, dp, learn.policy, extra)
                 release_plain_optimizer(learn.optimizer)
+                if "average" in extra:  # learn.average is parts.average: the run evaluates the shards'
+                    dp.average = sharded_average(learn.average, dp)
             if learn.critic is not None:  # after the policy, in the order the ranks receive (_serve)
                 separate = learn.critic_optimizer is not learn.optimizer  # a shared head's is the policy's
                 critic_extra = {"optimizer": learn.critic_optimizer.state_dict()} if separate else {}
@@ -243,6 +248,18 @@ def keeps_plain_policy(cfg: TandemConfig) -> bool:
     generates with it (the rollout engine's weights); not decoupled, where rank 0 only publishes,
     evaluates and checkpoints (each gathers from the shards when it runs)."""
     return cfg.architecture.mode != "decoupled"
+
+
+def shards_average(cfg: TandemConfig) -> bool:
+    """Whether every rank keeps its shards of the weight average (``trainer.ema_decay``): FSDP2 without a
+    plain copy on rank 0 (:func:`keeps_plain_policy`). With one, rank 0 averages that copy alone."""
+    return cfg.trainer.ema_decay > 0 and cfg.trainer.strategy == "fsdp2" and not keeps_plain_policy(cfg)
+
+
+def sharded_average(average: WeightAverage, dp: FullyShardedDataParallel) -> WeightAverage:
+    """``average`` (the same whole one on every rank) resharded like ``dp.module``'s parameters."""
+    average.reshard(dp.module)
+    return average
 
 
 def sharded_rank(
@@ -337,10 +354,16 @@ def _serve(spec: RankSpec) -> None:
         spec.rank, world, whole_groups=whole_groups(cfg), device=next(policy.parameters()).device
     )
     extra = dp.broadcast_replica(policy)
+    average = None
+    if "average" in extra:  # rank 0's whole weight average, over this rank's plain policy until sharded
+        average = WeightAverage.of(policy, cfg.trainer.ema_decay)
+        average.average = [extra["average"][name] for name in average.names]
     if cfg.trainer.strategy == "fsdp2":  # this rank's policy becomes its shard (no plain copy kept)
         dp = sharded_rank(cfg, dp, policy, extra)
         assert isinstance(dp, FullyShardedDataParallel)
         policy, optimizer, scheduler = dp.module, dp.optimizer, dp.scheduler
+        if average is not None:
+            dp.average = average = sharded_average(average, dp)
     else:
         optimizer.load_state_dict(extra["optimizer"])
         if "scheduler" in extra:
@@ -360,6 +383,7 @@ def _serve(spec: RankSpec) -> None:
         critic=critic,
         critic_optimizer=critic_optimizer,
         teacher=teacher,
+        average=average,
     )
     learn.load_state_dict(extra["learner"])  # critic warm-up steps taken (a resumed run)
     learn.dp = dp

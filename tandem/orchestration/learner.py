@@ -13,7 +13,7 @@ gradients over them (every rank holds a critic replica).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -167,17 +167,21 @@ class LearnerStep:
         return None if self.dp is None else self.dp.stream_weights()
 
     @contextmanager
-    def plain_policy(self) -> Iterator[torch.nn.Module]:
+    def plain_policy(self, *, averaged: bool = False) -> Iterator[torch.nn.Module]:
         """The policy as a plain module for what reads it whole (held-out evaluation, the run checkpoint's
         ``model/`` folder): ``policy`` itself, or, where rank 0 keeps no whole policy, a transient copy
-        gathered from the shards (:func:`~tandem.train.fsdp.unsharded_copy`), dropped on exit."""
-        stream = self.weights()
+        gathered from the shards (:func:`~tandem.train.fsdp.unsharded_copy`), dropped on exit. ``averaged``:
+        the copy is gathered from the weight average's shards (``trainer.ema_decay``) while the shards
+        themselves keep the live weights (``policy`` itself is yielded as it is)."""
+        stream = self.weights()  # a generator: it gathers (and reads whether averaged) when iterated
         if stream is None:
             yield self.policy
             return
         from tandem.train.fsdp import unsharded_copy  # torch.distributed's FSDP: only for sharded learners
 
-        yield unsharded_copy(self.policy, stream)
+        with self.average.applied() if averaged and self.average is not None else nullcontext():
+            copy = unsharded_copy(self.policy, stream)
+        yield copy
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.steps_done = int(state.get("steps_done", 0))

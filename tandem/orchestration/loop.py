@@ -140,8 +140,11 @@ def checkpoint(setup: LoopSetup) -> None:
     trainer = setup.trainer
     extra = {trainer.source.state_key: trainer.state_dict(), "eval_before": setup.result.eval_before}
     root, shards = setup.result.run_dir / "checkpoints", trainer.learn.shard_writer()
-    with trainer.learn.plain_policy() as policy:  # FSDP2 decoupled rank 0: gathered for model/, transient
-        parts = setup.parts if policy is setup.parts.policy else replace(setup.parts, policy=policy)
+    # FSDP2 decoupled rank 0: model/ is a transient copy gathered from the shards, of the weights the run
+    # evaluates (trainer.ema_decay: the average); the DCP shards written beside it hold the live weights
+    with trainer.learn.plain_policy(averaged=True) as policy:
+        gathered = policy is not setup.parts.policy
+        parts = replace(setup.parts, policy=policy, average=None) if gathered else setup.parts
         save_run_checkpoint(root, trainer.step, parts, setup.cfg, extra, sharded=shards)
     trainer.source.checkpointed()  # only now is every update so far durable
 

@@ -144,8 +144,9 @@ def learner_step(
 
 def load_run_checkpoint(path: Path, parts: RunParts) -> dict[str, Any]:
     """Restore policy, critic, their optimisers, the scheduler and RNG from checkpoint ``path``. A
-    checkpoint with live weights beside its ``model/`` (``trainer.ema_decay``) restores them into the
-    policy, and its ``model/`` as the weight average (a fresh one, when the run has none now)."""
+    checkpoint with live weights beside its ``model/`` (``trainer.ema_decay``; FSDP2: or in its DCP shards)
+    restores them into the policy, and its ``model/`` as the weight average (a fresh one, when the run has
+    none now)."""
     state = load_checkpoint(
         path,
         model=parts.policy,
@@ -154,11 +155,12 @@ def load_run_checkpoint(path: Path, parts: RunParts) -> dict[str, Any]:
         critic=parts.critic,
         critic_optimizer=parts.critic_optimizer,
     )
+    live = load_live_state(path)
     if parts.average is not None:  # model/ holds the average (or, from a run without one, the weights)
-        if (Path(path) / SHARDED_STATE).is_dir():  # FSDP2: the shards' live weights were loaded after it
+        if (Path(path) / SHARDED_STATE).is_dir():  # FSDP2: the policy holds the shards' live weights
+            live = live or parts.average.live_weights()
             load_model_weights(Path(path) / "model", parts.policy)
         parts.average.restart()
-    live = load_live_state(path)
     if live is not None:
         try:
             load_live_weights(parts.policy, live)
@@ -179,6 +181,7 @@ def save_run_checkpoint(
     scheduler, ``extra_state`` (the loop's own state) and the config, atomically; then copied to
     ``checkpoint.remote_dir`` when set. ``sharded``: the learner ranks write the optimiser state as
     shards (FSDP2, :meth:`~tandem.orchestration.learner.LearnerStep.shard_writer`)."""
+    average = parts.average
     with evaluated_weights(parts):  # model/: the weights the run evaluates
         folder = save_checkpoint(
             ckpt_root,
@@ -193,7 +196,8 @@ def save_run_checkpoint(
             critic=parts.critic,
             critic_optimizer=parts.critic_optimizer,
             sharded=sharded,
-            live_weights=None if parts.average is None else parts.average.live_weights(),
+            # sharded: the DCP shards hold the live weights
+            live_weights=None if average is None or average.sharded else average.live_weights(),
         )
     mirror_checkpoint(cfg, folder)  # checkpoint.remote_dir: a copy in object storage
     return folder

@@ -43,6 +43,7 @@ class WeightAverage:
         self.updates = 0
         self.average = [self._copy(p) for p in self.params]
         self._saved: list[torch.Tensor] | None = None  # the live weights while applied()
+        self.sharded = False  # reshard(): params and average are this rank's DTensor shards
 
     @classmethod
     def of(cls, module: torch.nn.Module, decay: float) -> WeightAverage:
@@ -65,6 +66,26 @@ class WeightAverage:
         torch._foreach_lerp_(self.average, live, 1.0 - d)
         return d
 
+    @property
+    def is_applied(self) -> bool:
+        """Whether the parameters hold the average now (inside :meth:`applied`)."""
+        return self._saved is not None
+
+    @torch.no_grad()
+    def reshard(self, module: torch.nn.Module) -> None:
+        """Follow the parameters of the same names in ``module``, now sharded by FSDP2 (``fully_shard``
+        replaces them with DTensors): the average becomes this rank's shards of it, placed as they are.
+        Collective: every rank calls it with the same whole average."""
+        from torch.distributed.tensor import distribute_tensor
+
+        own = dict(module.named_parameters())
+        params = [own[name] for name in self.names]
+        self.average = [
+            distribute_tensor(a.to(p.device), p.device_mesh, p.placements)
+            for a, p in zip(self.average, params, strict=True)
+        ]
+        self.params, self.sharded = params, True
+
     @contextmanager
     def applied(self) -> Iterator[None]:
         """Inside: the parameters hold the average; on exit the live weights are back, bit for bit."""
@@ -85,7 +106,7 @@ class WeightAverage:
 
     def live_weights(self) -> dict[str, torch.Tensor]:
         """The live weights by parameter name, also while :meth:`applied` (a checkpoint holds the average
-        as its ``model/`` and these beside it, to resume from)."""
+        as its ``model/`` and these beside it, to resume from); DTensor shards after :meth:`reshard`."""
         live = self.params if self._saved is None else self._saved
         return {n: t.detach().clone().contiguous() for n, t in zip(self.names, live, strict=True)}
 

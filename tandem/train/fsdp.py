@@ -20,7 +20,8 @@ Where rank 0's policy lives depends on who generates with it:
   plain, unsharded copy of the policy (``full``): that copy is the rollout engine's weights (as vLLM's own
   copy is in other frameworks), which the engine, evaluation and the run checkpoint's ``model/`` folder
   read as in a single-process run. After each step every rank takes part in gathering the parameters into
-  it (one ``full_tensor`` per parameter).
+  it (one ``full_tensor`` per parameter). A weight average (``trainer.ema_decay``) is rank 0's alone,
+  over this copy, moved after the gather.
 - **Decoupled** (the rollout workers generate; rank 0 only publishes, evaluates and checkpoints): rank 0
   shards the policy in place like every other rank and keeps no plain copy, so its resident learner state
   is its parameter shards and its AdamW shard. Whatever needs whole tensors gathers them on demand through
@@ -28,7 +29,10 @@ Where rank 0's policy lives depends on who generates with it:
   the same order, a collective the other ranks join from :meth:`~FullyShardedDataParallel.receive`):
   publishing copies each gathered tensor into the weight channel and drops it (one tensor transient); the
   held-out evaluation and the run checkpoint's ``model/`` folder build a transient plain copy
-  (:func:`unsharded_copy`), dropped when they are done.
+  (:func:`unsharded_copy`), dropped when they are done. With a weight average (``trainer.ema_decay``)
+  every rank keeps its shards of the average beside its parameter shards
+  (:meth:`~tandem.train.averaging.WeightAverage.reshard`); a gather while rank 0's average is applied
+  tells the ranks to apply theirs, so the evaluation and ``model/`` get the whole average.
 
 The optimiser state is never gathered: a run checkpoint holds it as a ``torch.distributed.checkpoint`` (DCP)
 folder that every rank writes its shards into (:meth:`FullyShardedDataParallel.save_shards`,
@@ -39,6 +43,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +55,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from tandem.errors import TandemError
+from tandem.train.averaging import WeightAverage
 from tandem.train.distributed import DataParallel, StepInputs
 from tandem.train.experience import ExperienceSettings
 from tandem.types import Experience, RolloutBatch
@@ -131,6 +137,9 @@ class FullyShardedDataParallel(DataParallel):
         super().__init__(rank, world_size, whole_groups=whole_groups, device=device)
         self.module, self.optimizer, self.scheduler, self.full = module, optimizer, scheduler, full
         self.keeps_full = keeps_full
+        # trainer.ema_decay without a plain copy: every rank's shards of the weight average; a gather
+        # while rank 0's is applied gathers the average (every rank applies its own)
+        self.average: WeightAverage | None = None
 
     def update_target(
         self,
@@ -199,7 +208,8 @@ class FullyShardedDataParallel(DataParallel):
 
     def _stream(self) -> Iterator[tuple[str, torch.Tensor]]:
         self.in_step = True  # inside a collective: stopping now means terminating the ranks
-        dist.broadcast_object_list([{"cmd": "gather"}], src=0)
+        average = self.average is not None and self.average.is_applied
+        dist.broadcast_object_list([{"cmd": "gather", "average": average}], src=0)
         yield from stream_full(self.module)
         self.in_step = False
 
@@ -229,8 +239,11 @@ class FullyShardedDataParallel(DataParallel):
         while True:
             header = self._receive_header()
             if header["cmd"] == "gather":  # rank 0 reads the whole weights (publish, eval, checkpoint)
-                for _ in stream_full(self.module):
-                    pass
+                if header["average"] and self.average is None:
+                    raise RuntimeError("rank 0 gathers the weight average, which this rank does not keep")
+                with self.average.applied() if header["average"] and self.average else nullcontext():
+                    for _ in stream_full(self.module):
+                        pass
             elif header["cmd"] == "save_shards":
                 save_sharded(header["folder"], self.module, self.optimizer)
             else:

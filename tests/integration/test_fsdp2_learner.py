@@ -1,6 +1,8 @@
 """A decoupled run with a two-rank FSDP2 learner (``trainer.strategy: fsdp2``): it trains 3 steps with the
 policy sharded over the ranks, publishes the gathered weights, writes run checkpoints whose optimiser state
-is a DCP folder of the ranks' shards, and a one-process learner resumes from them.
+is a DCP folder of the ranks' shards, and a one-process learner resumes from them. With a weight average
+(``trainer.ema_decay``) every rank keeps its shards of it: ``model/`` is the whole average, gathered, equal
+to a one-process run's, and a two-rank resume restarts it exactly.
 Mechanism only: what a step computes is checked against one process in tests/unit/train/test_fsdp.py."""
 
 from __future__ import annotations
@@ -8,11 +10,13 @@ from __future__ import annotations
 import gc
 import multiprocessing as mp
 import os
+import shutil
 import warnings
 import weakref
 from pathlib import Path
 
 import pytest
+import safetensors.torch
 import torch
 from run_checks import step_rows
 from torch.distributed.tensor import DTensor
@@ -21,14 +25,14 @@ from tandem.config import build_config
 from tandem.models import load_causal_lm
 from tandem.orchestration.build import build_policy
 from tandem.orchestration.decoupled.runtime import RunHooks, train_decoupled
-from tandem.train.checkpoint import latest_checkpoint
+from tandem.train.checkpoint import LIVE_WEIGHTS, checkpoint_dir, latest_checkpoint
 from tandem.train.fsdp import FullyShardedDataParallel, load_sharded
 from tandem.train.optim import build_optimizer
 
 DIGITS = f"{Path(__file__).parents[1] / 'e2e' / 'digits_reward.py'}:digit_share"
 
 
-def _cfg(model_dir, out, world_size, strategy, total_steps):
+def _cfg(model_dir, out, world_size, strategy, total_steps, **trainer):
     return build_config(
         {
             "run": {"output_dir": str(out), "seed": 5},
@@ -43,6 +47,7 @@ def _cfg(model_dir, out, world_size, strategy, total_steps):
                 "strategy": strategy,
                 "shared_prefix": False,
                 "micro_batch_size": 2,
+                **trainer,
             },
             "architecture": {"mode": "decoupled", "staleness": 0, "learner": {"world_size": world_size}},
             "checkpoint": {"every": 2},
@@ -138,3 +143,79 @@ def test_one_process_resumes_an_fsdp2_run(fsdp2_run, tiny_model_dir):
     resumed = train_decoupled(_cfg(tiny_model_dir, out, 1, "auto", 4), resume=True, progress=False)
     assert resumed.steps == 4
     assert [r["step"] for r in step_rows(resumed.run_dir)][-1] == 4
+
+
+@pytest.fixture(scope="module")
+def ema_runs(tiny_model_dir, tmp_path_factory):
+    """A weight average, 4 steps (checkpoints at 2 and 4): one process, two FSDP2 ranks, and the two-rank
+    run resumed on two ranks from its step-2 checkpoint."""
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("fsdp2_ema")
+    ema = {"ema_decay": 0.5, "lr_schedule": "constant"}  # the same schedule for a leg of a resumed run
+
+    def run(name, world_size, strategy, **kw):
+        cfg = _cfg(tiny_model_dir, root / name, world_size, strategy, 4, **ema)
+        return train_decoupled(cfg, progress=False, **kw).run_dir
+
+    one, straight = run("one", 1, "auto"), run("straight", 2, "fsdp2")
+    shutil.copytree(straight, root / "halves")
+    shutil.rmtree(checkpoint_dir(root / "halves" / "checkpoints", 4))
+    (root / "halves" / "summary.json").unlink()
+    halves = run("halves", 2, "fsdp2", resume=True)
+    return {
+        "one": one,
+        "straight": straight,
+        "halves": halves,
+        "cfg": _cfg(tiny_model_dir, root, 1, "auto", 4),
+    }
+
+
+def _model(run_dir, step):
+    folder = checkpoint_dir(run_dir / "checkpoints", step) / "model"
+    return {n: p.detach() for n, p in load_causal_lm(folder).named_parameters()}
+
+
+def _live(run_dir, step, cfg):
+    """The live weights: ``live.safetensors`` (one process) or the DCP shards read whole (FSDP2)."""
+    ckpt = checkpoint_dir(run_dir / "checkpoints", step)
+    if (ckpt / LIVE_WEIGHTS).exists():
+        return safetensors.torch.load_file(ckpt / LIVE_WEIGHTS)
+    model, _ = build_policy(cfg.model, seed=0)
+    load_sharded(ckpt / "sharded", model, build_optimizer(model, cfg.trainer), whole=True)
+    return {n: p.detach() for n, p in model.named_parameters()}
+
+
+def test_two_fsdp2_ranks_gather_the_one_process_weight_average(ema_runs):
+    one, two, cfg = ema_runs["one"], ema_runs["straight"], ema_runs["cfg"]
+    assert [r["actor/ema_decay"] for r in step_rows(two)] == [0.5] * 4
+    for step in (2, 4):
+        assert not (checkpoint_dir(two / "checkpoints", step) / LIVE_WEIGHTS).exists()  # in the shards
+        m1, m2, l1, l2 = _model(one, step), _model(two, step), _live(one, step, cfg), _live(two, step, cfg)
+        for name in l1:  # model/ is the average (every rank's shards of it), as one process's
+            assert (m2[name] - l2[name]).abs().max() > 1e-4, name
+            torch.testing.assert_close(m2[name], m1[name], rtol=0, atol=1e-6)
+            torch.testing.assert_close(l2[name], l1[name], rtol=0, atol=1e-6)
+
+
+def test_a_resumed_fsdp2_run_gathers_the_same_average(ema_runs):
+    straight, halves, cfg = ema_runs["straight"], ema_runs["halves"], ema_runs["cfg"]
+    volatile = (
+        "time",
+        "timing/",
+        "cpu/",
+        "perf/",
+        "system/",
+        "eval/",
+        "channel/",
+        "staleness/",
+        "worker/",
+        "idle/",
+    )
+    rows = [
+        [{k: v for k, v in r.items() if not k.startswith(volatile)} for r in step_rows(d)]
+        for d in (straight, halves)
+    ]
+    assert rows[0] == rows[1]
+    for load in (_model, lambda d, s: _live(d, s, cfg)):
+        a, b = load(straight, 4), load(halves, 4)
+        assert all(torch.equal(a[name], b[name]) for name in a)

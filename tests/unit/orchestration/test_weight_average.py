@@ -83,13 +83,12 @@ def test_without_ema_decay_there_is_no_average(tiny_model_dir, tmp_path):
     assert "actor/ema_decay" not in metrics
 
 
-def test_ema_decay_with_fsdp2_is_colocated_only(tiny_model_dir, tmp_path):
-    """Rank 0 averages its whole copy of the policy (tests/integration/test_colocated_world_size.py);
-    a decoupled FSDP2 rank 0 keeps none."""
+def test_ema_decay_is_a_decay_and_works_with_fsdp2_in_both_architectures(tiny_model_dir, tmp_path):
+    """FSDP2: colocated, rank 0 averages its whole copy (tests/integration/test_colocated_world_size.py);
+    decoupled, every rank its shards (tests/integration/test_fsdp2_learner.py)."""
     fsdp2 = {"ema_decay": 0.9, "strategy": "fsdp2", "world_size": 2}
-    assert _cfg(tiny_model_dir, tmp_path, **fsdp2).trainer.ema_decay == 0.9
-    with pytest.raises(ConfigError, match=r"trainer.strategy.*trainer.ema_decay in the decoupled"):
-        _cfg(tiny_model_dir, tmp_path, mode="decoupled", **fsdp2)
+    for mode in ("colocated", "decoupled"):
+        assert _cfg(tiny_model_dir, tmp_path, mode=mode, **fsdp2).trainer.ema_decay == 0.9
     with pytest.raises(ConfigError, match="ema_decay"):
         _cfg(tiny_model_dir, tmp_path, ema_decay=1.0)
 
