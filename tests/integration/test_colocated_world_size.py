@@ -8,7 +8,7 @@ scores, logs and checkpoints as a one-process run does; rank 1 joins each step's
   as the ranks' DCP shards);
 * one process resumes that step-2 checkpoint (another world size, the DCP shards read whole):
   close to the 2-rank run, not bitwise (gradient sums in another order);
-* with a weight average (``trainer.ema_decay``; rank 0 averages its whole copy) the 2-rank run saves the
+* with a weight average (``trainer.ema_decay``; rank 0 averages its whole copy) a 2-rank run (FSDP2 or DDP) saves the
   one-process run's average as ``model/`` and its live weights beside it, and a resume from a checkpoint
   whose live weights are also in the DCP shards restarts the average from ``model/``, bitwise;
 * impossible combinations are one-line ConfigErrors before anything is written.
@@ -87,16 +87,18 @@ def runs(tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ema_runs(tiny_model_dir, tmp_path_factory):
-    """One process and two FSDP2 ranks with a weight average, 4 steps; the 2-rank run resumed from step 2."""
+    """One process, two FSDP2 ranks and two DDP ranks with a weight average, 4 steps; the FSDP2 run resumed
+    from step 2."""
     torch.set_num_threads(1)
     root, ema = tmp_path_factory.mktemp("colocated_ema"), {"ema_decay": 0.5}
     one = train_colocated(_cfg(tiny_model_dir, root / "one", 1, 4, trainer=ema))
     straight = train_colocated(_cfg(tiny_model_dir, root / "straight", 2, 4, trainer=ema))
+    ddp = train_colocated(_cfg(tiny_model_dir, root / "ddp", 2, 4, trainer={**ema, "strategy": "ddp"}))
     shutil.copytree(root / "straight", root / "halves")
     shutil.rmtree(checkpoint_dir(root / "halves" / "checkpoints", 4))
     (root / "halves" / "summary.json").unlink()
     halves = train_colocated(_cfg(tiny_model_dir, root / "halves", 2, 4, trainer=ema), resume=True)
-    return {"one": one.run_dir, "straight": straight.run_dir, "halves": halves.run_dir}
+    return {"one": one.run_dir, "straight": straight.run_dir, "halves": halves.run_dir, "ddp": ddp.run_dir}
 
 
 def _live(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
@@ -142,8 +144,10 @@ def test_one_process_resumes_a_two_rank_run(runs):
 
 
 @pytest.mark.slow
-def test_two_fsdp2_ranks_keep_the_one_process_weight_average(ema_runs):
-    one, two = ema_runs["one"], ema_runs["straight"]
+@pytest.mark.parametrize("strategy", ["straight", "ddp"], ids=["fsdp2", "ddp"])
+def test_two_ranks_keep_the_one_process_weight_average(ema_runs, strategy):
+    """Rank 0 averages its whole policy (FSDP2: its plain copy; DDP: its replica) after each step."""
+    one, two = ema_runs["one"], ema_runs[strategy]
     rows = step_rows(two)
     assert [r["actor/ema_decay"] for r in rows] == [0.5] * 4  # min(0.5, n / (n + 1)) from update 1 on
     for step in (2, 4):
