@@ -177,7 +177,8 @@ class DataParallelLearner:
                 dp = sharded_rank(cfg, dp, learn.policy, extra)
                 release_plain_optimizer(learn.optimizer)
                 if "average" in extra:  # learn.average is parts.average: the run evaluates the shards'
-                    dp.average = sharded_average(learn.average, dp)
+                    learn.average.reshard(dp.module)
+                    dp.average = learn.average
             if learn.critic is not None:  # after the policy, in the order the ranks receive (_serve)
                 separate = learn.critic_optimizer is not learn.optimizer  # a shared head's is the policy's
                 critic_extra = {"optimizer": learn.critic_optimizer.state_dict()} if separate else {}
@@ -254,12 +255,6 @@ def shards_average(cfg: TandemConfig) -> bool:
     """Whether every rank keeps its shards of the weight average (``trainer.ema_decay``): FSDP2 without a
     plain copy on rank 0 (:func:`keeps_plain_policy`). With one, rank 0 averages that copy alone."""
     return cfg.trainer.ema_decay > 0 and cfg.trainer.strategy == "fsdp2" and not keeps_plain_policy(cfg)
-
-
-def sharded_average(average: WeightAverage, dp: FullyShardedDataParallel) -> WeightAverage:
-    """``average`` (the same whole one on every rank) resharded like ``dp.module``'s parameters."""
-    average.reshard(dp.module)
-    return average
 
 
 def sharded_rank(
@@ -363,7 +358,8 @@ def _serve(spec: RankSpec) -> None:
         assert isinstance(dp, FullyShardedDataParallel)
         policy, optimizer, scheduler = dp.module, dp.optimizer, dp.scheduler
         if average is not None:
-            dp.average = average = sharded_average(average, dp)
+            average.reshard(dp.module)
+            dp.average = average
     else:
         optimizer.load_state_dict(extra["optimizer"])
         if "scheduler" in extra:
