@@ -261,8 +261,8 @@ def _check_data_parallel(cfg: CheckedConfig) -> None:
 def _check_fsdp2(cfg: CheckedConfig, ws: int, units: int, what: str) -> None:
     """Every FSDP2 forward is a collective, so every rank must run as many forwards: equal shares of
     every mini-batch, row-count micro-batches; prefix sharing (data-dependent passes) is turned off by
-    the learner (:meth:`~tandem.config.trainer.TrainerConfig.prefix_sharing`); the critic, LoRA adapters
-    and the shared head are not sharded yet."""
+    the learner (:meth:`~tandem.config.trainer.TrainerConfig.prefix_sharing`); the critic and the shared
+    head are not sharded yet."""
     t, key = cfg.trainer, "trainer.strategy"
     mini = t.mini_batch_size or cfg.samples_per_step
     if units % ws or cfg.samples_per_step % mini:
@@ -274,7 +274,6 @@ def _check_fsdp2(cfg: CheckedConfig, ws: int, units: int, what: str) -> None:
     for bad, why in (
         (t.micro_batch_tokens is not None, "trainer.micro_batch_tokens (ranks would run unequal passes)"),
         (cfg.critic is not None, "a critic (ppo's value model is not sharded yet)"),
-        (cfg.model.lora.r > 0, "model.lora (adapters are not sharded yet)"),
     ):
         if bad:
             raise CrossFieldError(key, f"fsdp2 does not support {why}")

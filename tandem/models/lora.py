@@ -17,9 +17,10 @@ the optimiser sees only the adapters (``build_optimizer`` takes trainable parame
 
 from __future__ import annotations
 
+import copy
 import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +124,14 @@ def apply_lora(
     return wrapped
 
 
+def adapted_like(policy: torch.nn.Module, base: torch.nn.Module) -> torch.nn.Module:
+    """``base`` wrapped with an adapter configured as ``policy``'s (its own adapter weights, to be filled;
+    built under ``torch.device("meta")`` it allocates nothing): a plain twin of a LoRA ``policy`` whose
+    state-dict names are ``policy``'s."""
+    config = copy.deepcopy(policy.peft_config[policy.active_adapter])
+    return _policy_class()(base, config)
+
+
 class AdapterDisabled(torch.nn.Module):
     """The reference policy of a LoRA run: ``policy`` with its adapter switched off — the frozen base.
 
@@ -199,6 +208,80 @@ def publishable_state_dict(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
                 merged += module.get_delta_weight(adapter).to(weight.dtype)
         out[f"{name}.weight"] = merged
     return out
+
+
+def publishable_entries(
+    policy: torch.nn.Module, entries: Iterable[tuple[str, torch.Tensor]]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """:func:`publishable_state_dict`'s entries from ``policy``'s own state-dict entries as they come, one
+    whole tensor at a time (e.g. gathered from FSDP2 shards, which ``policy`` holds): without LoRA, ``entries``
+    themselves; with LoRA, every entry under the base model's name, an adapted layer's weight merged
+    (``W + B @ A * alpha / r``) once its base weight and every active adapter's ``A`` and ``B`` have come
+    (at most one layer's tensors are held back). Entries of inactive adapters are dropped."""
+    if not is_lora(policy):
+        yield from entries
+        return
+    from peft.tuners.lora import Linear as LoraLinear
+    from peft.tuners.lora import LoraLayer
+
+    base = policy.get_base_model()
+    root = next(name for name, module in policy.named_modules() if module is base) + "."
+    layers: dict[str, Any] = {}  # an adapted layer's name in the base -> the layer
+    for name, module in base.named_modules():
+        if not isinstance(module, LoraLayer) or module.merged:
+            continue
+        if not isinstance(module, LoraLinear) or any(module.use_dora.get(a) for a in module.active_adapters):
+            raise ModelError(
+                f"cannot stream merged weights of the {type(module).__name__} adapter at {name}",
+                where="model.lora.target_modules",
+                hint="stream only plain linear adapters (no DoRA)",
+            )
+        layers[name] = module
+    held: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in entries:
+        if not key.startswith(root):
+            raise ModelError(f"state-dict entry {key!r} is outside the base model", where="model.lora")
+        key = key[len(root) :]
+        owner, part = _lora_part(key, layers)
+        if owner is None:
+            yield _base_name(key), tensor
+            continue
+        module = layers[owner]
+        if part.startswith(("lora_A.", "lora_B.")) and part.split(".")[1] not in module.active_adapters:
+            continue  # an inactive adapter: not part of the published weights
+        parts = held.setdefault(owner, {})
+        parts[part] = tensor
+        if part == "base_layer.bias":
+            yield f"{owner}.bias", tensor
+            del parts[part]
+        needed = ["base_layer.weight"] + [
+            f"lora_{ab}.{a}.weight" for a in module.active_adapters if a in module.lora_A for ab in "AB"
+        ]
+        if all(n in parts for n in needed):
+            merged = parts["base_layer.weight"].detach().clone()
+            for a in module.active_adapters:
+                if a in module.lora_A:
+                    delta = parts[f"lora_B.{a}.weight"] @ parts[f"lora_A.{a}.weight"]
+                    merged += (
+                        (delta.T if module.fan_in_fan_out else delta).mul(module.scaling[a]).to(merged.dtype)
+                    )
+            del held[owner]
+            yield f"{owner}.weight", merged
+    if held:
+        raise ModelError(
+            f"the streamed weights lack parts of the adapted layer {next(iter(held))}", where="model.lora"
+        )
+
+
+def _lora_part(key: str, layers: dict[str, Any]) -> tuple[str | None, str]:
+    """``key`` (a base-model state-dict name) split into the adapted layer it belongs to and the rest
+    (``base_layer.weight``, ``lora_A.default.weight``); ``(None, key)`` outside adapted layers."""
+    owner = key
+    while "." in owner:
+        owner = owner.rpartition(".")[0]
+        if owner in layers:
+            return owner, key[len(owner) + 1 :]
+    return None, key
 
 
 def engine_state_dict(engine: Any, policy: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -34,6 +34,13 @@ Where rank 0's policy lives depends on who generates with it:
   (:meth:`~tandem.train.averaging.WeightAverage.reshard`); a gather while rank 0's average is applied
   tells the ranks to apply theirs, so the evaluation and ``model/`` get the whole average.
 
+A LoRA policy (``model.lora``) shards as it is: the frozen base weights are sharded with their layer and
+only the adapters get gradients and AdamW state. Gathers into rank 0's plain copy skip the frozen weights
+(:func:`gather_full`); a decoupled rank 0 publishes the streamed entries merged under the base model's names
+(:func:`~tandem.models.lora.publishable_entries`) and builds its transient copies as plain LoRA models; the
+reference (the policy with its adapter off) scores on the shards (:meth:`FullyShardedDataParallel.scoring_logprobs`);
+DCP folders hold the trained parameters only.
+
 The optimiser state is never gathered: a run checkpoint holds it as a ``torch.distributed.checkpoint`` (DCP)
 folder that every rank writes its shards into (:meth:`FullyShardedDataParallel.save_shards`,
 :func:`save_sharded`); :func:`load_sharded` reads it back on any world size (one process reads it whole).
@@ -42,7 +49,7 @@ folder that every rank writes its shards into (:meth:`FullyShardedDataParallel.s
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -50,11 +57,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from tandem.errors import TandemError
+from tandem.models.lora import AdapterDisabled, adapted_like, is_lora
 from tandem.train.averaging import WeightAverage
 from tandem.train.distributed import DataParallel, StepInputs
 from tandem.train.experience import ExperienceSettings
@@ -178,13 +186,18 @@ class FullyShardedDataParallel(DataParallel):
         s: ExperienceSettings,
     ) -> torch.Tensor:
         """The policy's passes run on the sharded module with every rank's chunk padded to the same rows
-        (row 0 repeated, its output dropped); other models (the reference) score as in plain DP."""
-        if model is not self.full and model is not self.module:
+        (row 0 repeated, its output dropped), and so do a LoRA policy's reference passes (the sharded module
+        with its adapter off); other models (a separate reference) score as in plain DP."""
+        if isinstance(model, AdapterDisabled) and any(model.policy is m for m in (self.full, self.module)):
+            target: torch.nn.Module = AdapterDisabled(self.module)
+        elif model is self.full or model is self.module:
+            target = self.module
+        else:
             return super().scoring_logprobs(scorer, model, r, s)
         parts = torch.arange(r.batch_size).tensor_split(self.world_size)
         mine, width = parts[self.rank], len(parts[0])
         padded_rows = torch.cat([mine, torch.zeros(width - len(mine), dtype=torch.long)])
-        scored = scorer(self.module, r.select(padded_rows), s)  # [width, R]
+        scored = scorer(target, r.select(padded_rows), s)  # [width, R]
         local = scored.to(self.device).contiguous()
         gathered = [torch.empty_like(local) for _ in range(self.world_size)]
         dist.all_gather(gathered, local)
@@ -251,22 +264,27 @@ class FullyShardedDataParallel(DataParallel):
 
 
 def gather_full(sharded: torch.nn.Module, full: torch.nn.Module | None) -> None:
-    """Copy ``sharded``'s parameters and buffers into ``full`` (on the rank that has it; None elsewhere).
-    Collective: every rank calls it. Parameter names are the same (fully_shard keeps them)."""
+    """Copy ``sharded``'s trainable parameters and its buffers into ``full`` (on the rank that has it; None
+    elsewhere). Collective: every rank calls it. Parameter names are the same (fully_shard keeps them).
+    Frozen parameters (a LoRA policy's base) are not gathered: they never change, and ``full`` starts
+    equal to ``sharded``."""
     target = None if full is None else full.state_dict()
+    frozen = {name for name, p in sharded.named_parameters() if not p.requires_grad}
     with torch.no_grad():
-        for name, value in stream_full(sharded):
+        for name, value in stream_full(sharded, skip=frozen):
             if target is not None:
                 target[name].copy_(value)
 
 
-def stream_full(sharded: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def stream_full(sharded: torch.nn.Module, skip: Collection[str] = ()) -> Iterator[tuple[str, torch.Tensor]]:
     """``sharded``'s state-dict entries, in order, as whole tensors: each DTensor gathered by
-    ``full_tensor`` when its turn comes (collective: every rank iterates to the end), plain tensors
-    (buffers) as they are. Naive equivalent: a gathered copy of the whole state dict at once."""
+    ``full_tensor`` when its turn comes (collective: every rank iterates to the end, with the same
+    ``skip``), plain tensors (buffers) as they are. Entries named in ``skip`` are left out. Naive
+    equivalent: a gathered copy of the whole state dict at once."""
     with torch.no_grad():
         for name, t in sharded.state_dict().items():
-            yield name, t.full_tensor() if isinstance(t, DTensor) else t
+            if name not in skip:
+                yield name, t.full_tensor() if isinstance(t, DTensor) else t
 
 
 def plain_class(module: torch.nn.Module) -> type[torch.nn.Module]:
@@ -281,11 +299,15 @@ def unsharded_copy(sharded: torch.nn.Module, weights: Iterable[tuple[str, torch.
     initialisation) then allocated; buffers (rotary tables) are copied from ``sharded``, which holds them
     whole. In eval mode."""
     with torch.device("meta"):
-        plain = plain_class(sharded)(sharded.config)
+        if is_lora(sharded):  # a LoRA policy: its base class wrapped with the same adapter config
+            plain = adapted_like(sharded, plain_class(sharded.get_base_model())(sharded.config))
+        else:
+            plain = plain_class(sharded)(sharded.config)
     src, src_buffers = sharded.state_dict(), dict(sharded.named_buffers())
     plain.to_empty(device=_local(next(iter(sharded.parameters()))).device)
-    if hasattr(plain, "tie_weights"):  # tied embeddings share one tensor (to_empty made two)
-        plain.tie_weights()
+    tied = plain.get_base_model() if is_lora(plain) else plain
+    if hasattr(tied, "tie_weights"):  # tied embeddings share one tensor (to_empty made two)
+        tied.tie_weights()
     with torch.no_grad():
         for name, p in plain.named_parameters():  # the sharded module's dtypes (meta init: the default)
             if p.dtype != src[name].dtype:
@@ -340,10 +362,26 @@ def shard_optimizer_state(state: dict[str, Any], optimizer: torch.optim.Optimize
 
 
 # -- sharded checkpoints (DCP) ------------------------------------------------------------------------------
+# What a DCP folder holds: the trained parameters and their optimiser state. Frozen parameters (a LoRA
+# policy's base) are model.path's and stay out.
+TRAINED = StateDictOptions(ignore_frozen_params=True)
+# Loading them back: the frozen parameters are absent on purpose (dcp.load has already failed on any
+# trained entry the folder lacks).
+TRAINED_LOAD = StateDictOptions(ignore_frozen_params=True, strict=False)
+
+
+def _trained_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """``get_state_dict`` without frozen parameters, a tied one's other names included (``lm_head.weight``
+    tied to frozen embeddings, which ``ignore_frozen_params`` alone keeps)."""
+    msd, osd = get_state_dict(model, optimizer, options=TRAINED)
+    frozen = {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    return {k: v for k, v in msd.items() if k not in frozen}, osd
+
+
 def save_sharded(folder: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Write ``model`` and ``optimizer`` to a DCP folder: each rank writes its own shards (collective when
     a process group is up; a plain model writes everything from one process)."""
-    msd, osd = get_state_dict(model, optimizer)
+    msd, osd = _trained_state(model, optimizer)
     no_dist = not dist.is_initialized()
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(folder), no_dist=no_dist)
 
@@ -354,9 +392,15 @@ def load_sharded(
     """Read a :func:`save_sharded` folder into ``model`` and ``optimizer``, resharding to this run's world
     size (a plain model without a process group loads the whole tensors). ``whole``: this process alone
     reads every tensor whole into its plain model, even with a process group up (no collective)."""
-    msd, osd = get_state_dict(model, optimizer)
+    msd, osd = _trained_state(model, optimizer)
     state = {"model": msd, "optim": osd}
     with warnings.catch_warnings():  # reading whole in one process is what was asked for
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
         dcp.load(state, checkpoint_id=str(folder), no_dist=whole or not dist.is_initialized())
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
+        options=TRAINED_LOAD,
+    )

@@ -101,6 +101,28 @@ def ema_runs(tiny_model_dir, tmp_path_factory):
     return {"one": one.run_dir, "straight": straight.run_dir, "halves": halves.run_dir, "ddp": ddp.run_dir}
 
 
+@pytest.fixture(scope="module")
+def lora_runs(tiny_model_dir, tmp_path_factory):
+    """LoRA adapters with a KL reference (the policy with its adapter off), 4 steps: one process, two
+    FSDP2 ranks, and the two-rank run resumed on two ranks from its step-2 checkpoint."""
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("colocated_lora")
+    lora = {"model": {"lora": {"r": 4, "alpha": 8.0}}, "algorithm": {"beta": 0.05}}
+    one = train_colocated(_cfg(tiny_model_dir, root / "one", 1, 4, **lora))
+    straight = train_colocated(_cfg(tiny_model_dir, root / "straight", 2, 4, **lora))
+    shutil.copytree(root / "straight", root / "halves")
+    shutil.rmtree(checkpoint_dir(root / "halves" / "checkpoints", 4))
+    (root / "halves" / "summary.json").unlink()
+    halves = train_colocated(_cfg(tiny_model_dir, root / "halves", 2, 4, **lora), resume=True)
+    return {"one": one.run_dir, "straight": straight.run_dir, "halves": halves.run_dir}
+
+
+def _adapter(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
+    return safetensors.torch.load_file(
+        checkpoint_dir(run_dir / "checkpoints", step) / "model" / "adapter_model.safetensors"
+    )
+
+
 def _live(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
     return safetensors.torch.load_file(checkpoint_dir(run_dir / "checkpoints", step) / LIVE_WEIGHTS)
 
@@ -167,6 +189,36 @@ def test_a_resumed_fsdp2_run_restarts_its_average_from_model(ema_runs):
     for load in (_weights, _live):
         a, b = load(straight, 4), load(halves, 4)
         assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+@pytest.mark.slow
+def test_two_fsdp2_ranks_train_a_lora_adapter_as_one_process(lora_runs):
+    """The adapter (its base frozen and sharded too) and the KL against the base (the sharded policy with
+    its adapter off) as in one process; the checkpoint's shards hold the adapter and its AdamW state only
+    (the base is model.path's)."""
+    one, two = step_rows(lora_runs["one"]), step_rows(lora_runs["straight"])
+    assert one[0]["reward/mean"] == two[0]["reward/mean"]
+    assert one[-1]["actor/kl"] > 0  # the adapter moved the policy away from the reference
+    for a, b in zip(one, two, strict=True):
+        for key in ("actor/pg_loss", "actor/grad_norm", "actor/kl"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7), key
+    for step in (2, 4):
+        w1, w2 = _adapter(lora_runs["one"], step), _adapter(lora_runs["straight"], step)
+        assert w1.keys() == w2.keys() and all("lora_" in name for name in w1)
+        for name in w1:
+            torch.testing.assert_close(w2[name], w1[name], rtol=0, atol=1e-6)
+    shards = checkpoint_dir(lora_runs["straight"] / "checkpoints", 2) / "sharded"
+    stored = torch.distributed.checkpoint.FileSystemReader(str(shards)).read_metadata().state_dict_metadata
+    kept = [k for k in stored if k.startswith("model.")]  # PEFT's names carry the adapter's: ".default"
+    assert len(kept) == len(_adapter(lora_runs["one"], 2)) and all(".lora_" in k for k in kept)
+
+
+@pytest.mark.slow
+def test_a_resumed_fsdp2_lora_run_is_exact(lora_runs):
+    straight, halves = lora_runs["straight"], lora_runs["halves"]
+    assert [_stable(r) for r in step_rows(halves)] == [_stable(r) for r in step_rows(straight)]
+    a, b = _adapter(straight, 4), _adapter(halves, 4)
+    assert all(torch.equal(a[name], b[name]) for name in a)
 
 
 @pytest.mark.parametrize(

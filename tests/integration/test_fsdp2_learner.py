@@ -32,14 +32,14 @@ from tandem.train.optim import build_optimizer
 DIGITS = f"{Path(__file__).parents[1] / 'e2e' / 'digits_reward.py'}:digit_share"
 
 
-def _cfg(model_dir, out, world_size, strategy, total_steps, **trainer):
+def _cfg(model_dir, out, world_size, strategy, total_steps, model=None, beta=0.0, **trainer):
     return build_config(
         {
             "run": {"output_dir": str(out), "seed": 5},
-            "model": {"path": str(model_dir)},
+            "model": {"path": str(model_dir), **(model or {})},
             "data": {"task": "arith", "prompts_per_step": 2, "eval_size": 2, "train_size": 16},
             "rollout": {"n": 4, "max_new_tokens": 4},
-            "algorithm": {"name": "grpo"},
+            "algorithm": {"name": "grpo", "beta": beta},
             "reward": {"task_reward": False, "functions": [{"path": DIGITS}]},
             "trainer": {
                 "total_steps": total_steps,
@@ -219,3 +219,37 @@ def test_a_resumed_fsdp2_run_gathers_the_same_average(ema_runs):
     for load in (_model, lambda d, s: _live(d, s, cfg)):
         a, b = load(straight, 4), load(halves, 4)
         assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+@pytest.fixture(scope="module")
+def lora_runs(tiny_model_dir, tmp_path_factory):
+    """LoRA adapters with a KL reference (the policy with its adapter off), 4 steps, evaluated at the start
+    and the end: one process and two FSDP2 ranks (rank 0 publishes merged weights streamed from the
+    shards, evaluates and checkpoints from transient plain LoRA copies)."""
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("fsdp2_lora")
+    lora = {"model": {"lora": {"r": 4, "alpha": 8.0}}, "beta": 0.05, "lr_schedule": "constant"}
+
+    def run(name, world_size, strategy):
+        cfg = _cfg(tiny_model_dir, root / name, world_size, strategy, 4, **lora)
+        cfg.monitor.eval_every = 4
+        return train_decoupled(cfg, progress=False)
+
+    return run("one", 1, "auto"), run("straight", 2, "fsdp2")
+
+
+def test_two_fsdp2_ranks_train_a_lora_adapter_as_one_process(lora_runs):
+    one, two = lora_runs
+    r1, r2 = step_rows(one.run_dir), step_rows(two.run_dir)
+    assert [r["reward/mean"] for r in r1] == [r["reward/mean"] for r in r2]  # workers got the same weights
+    assert r1[-1]["actor/kl"] > 0
+    for a, b in zip(r1, r2, strict=True):
+        for key in ("actor/pg_loss", "actor/grad_norm", "actor/kl"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7), key
+    assert two.last_metrics["eval/accuracy"] == one.last_metrics["eval/accuracy"]
+    for step in (2, 4):  # model/ holds the adapter, gathered into a plain LoRA copy
+        folders = [checkpoint_dir(r.run_dir / "checkpoints", step) / "model" for r in (one, two)]
+        a, b = (safetensors.torch.load_file(f / "adapter_model.safetensors") for f in folders)
+        assert a.keys() == b.keys() and all("lora_" in name for name in a)
+        for name in a:
+            torch.testing.assert_close(b[name], a[name], rtol=0, atol=1e-6)

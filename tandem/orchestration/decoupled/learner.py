@@ -21,7 +21,7 @@ import torch
 
 from tandem.channels.base import Delivery, TrajectoryChannel, TrajectoryMessage, WeightChannel
 from tandem.errors import TandemError
-from tandem.models.lora import publishable_state_dict
+from tandem.models.lora import publishable_entries, publishable_state_dict
 from tandem.orchestration.decoupled.controls import LearnerTemperature, control_tensors
 from tandem.orchestration.decoupled.ledger import TicketLedger
 from tandem.orchestration.decoupled.seams import Admission
@@ -53,8 +53,9 @@ class ChannelWeights:
     def publish(self, policy: torch.nn.Module, version: int) -> float:
         controls = {} if self.temperature is None else control_tensors(self.temperature.controls())
         stream = None if self.learn is None else self.learn.weights()
-        if stream is not None:
-            return float(self.weights.publish_stream(itertools.chain(stream, controls.items()), version))
+        if stream is not None:  # gathered from the shards one tensor at a time (a LoRA layer's: merged)
+            entries = itertools.chain(publishable_entries(policy, stream), controls.items())
+            return float(self.weights.publish_stream(entries, version))
         state = {**publishable_state_dict(policy), **controls}
         self.weights.publish(state, version)
         return float(sum(t.numel() * t.element_size() for t in state.values()))

@@ -19,6 +19,7 @@ from tandem.models.lora import (  # noqa: E402
     engine_state_dict,
     is_lora,
     merged_model,
+    publishable_entries,
     publishable_state_dict,
 )
 from tandem.orchestration.build import build_policy, build_reference  # noqa: E402
@@ -128,6 +129,24 @@ def test_publishable_state_dict_is_the_merged_model_under_base_names(tiny_model_
     after = policy.state_dict()  # the training module is not merged or changed
     assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
     torch.testing.assert_close(_logits(merged_model(policy), ids), _logits(policy, ids), rtol=0, atol=1e-5)
+
+
+def test_streamed_publishable_entries_are_the_publishable_state_dict(tiny_model_dir):
+    """What a sharded learner publishes from its entries gathered one at a time: the same names and,
+    bitwise, the same tensors as the whole merged state dict; an entry stream cut short is an error."""
+    policy = _trained(_lora_policy(tiny_model_dir))
+    entries = list(policy.state_dict().items())
+    streamed = dict(publishable_entries(policy, iter(entries)))
+    whole = publishable_state_dict(policy)
+    assert streamed.keys() == whole.keys() and all(torch.equal(streamed[k], whole[k]) for k in whole)
+    plain = load_causal_lm(tiny_model_dir)  # without LoRA: the entries themselves
+    own = list(plain.state_dict().items())
+    assert [(k, v.data_ptr()) for k, v in publishable_entries(plain, iter(own))] == [
+        (k, v.data_ptr()) for k, v in own
+    ]
+    cut = [(k, v) for k, v in entries if not k.endswith("q_proj.lora_B.default.weight")]
+    with pytest.raises(ModelError, match="lack parts of the adapted layer"):
+        list(publishable_entries(policy, iter(cut)))
 
 
 def test_hf_engine_generates_with_a_lora_policy_as_with_its_merged_weights(tiny_model_dir):

@@ -27,7 +27,9 @@ from tandem.channels.weights import SharedMemoryWeights
 from tandem.config import build_config
 from tandem.errors import ConfigError
 from tandem.models import load_causal_lm
+from tandem.models.lora import AdapterDisabled, apply_lora, publishable_state_dict
 from tandem.monitor import PhaseTimer
+from tandem.orchestration.decoupled.learner import ChannelWeights
 from tandem.orchestration.dp_learner import release_plain_optimizer, sharded_rank, whole_groups
 from tandem.orchestration.learner import LearnerStep
 from tandem.train.distributed import DataParallel, host_store, init_group, join_store
@@ -37,6 +39,8 @@ from tandem.train.fsdp import (
     local_bytes,
     save_sharded,
     shard_module,
+    stream_full,
+    unsharded_copy,
 )
 from tandem.train.optim import build_optimizer
 from tandem.types import RolloutBatch
@@ -56,13 +60,20 @@ CASES = {
     },
     # a loss that needs whole groups: each rank back-propagates 2 of the 4 groups
     "whole_groups": {"algorithm": {"name": "agro"}, "trainer": {"micro_batch_size": 3}},
+    # LoRA adapters (the base frozen, sharded too) and the KL reference that is the sharded policy with its
+    # adapter off, scored on the shards; published merged under the base names
+    "lora": {
+        "algorithm": {"name": "grpo", "beta": 0.05},
+        "trainer": {"mini_batch_size": 6, "micro_batch_size": 3, "ppo_epochs": 2},
+        "model": {"lora": {"r": 4, "alpha": 8.0}},
+    },
 }
 
 
 def _cfg(model_dir: Path, case: dict, strategy: str = "fsdp2"):
     return build_config(
         {
-            "model": {"path": str(model_dir)},
+            "model": {"path": str(model_dir)} | case.get("model", {}),
             "data": {"task": "arith", "prompts_per_step": B // N},
             "rollout": {"n": N, "max_new_tokens": R},
             "algorithm": case["algorithm"],
@@ -106,9 +117,24 @@ def _record(optimizer: torch.optim.Optimizer, grads: list[torch.Tensor]) -> None
     optimizer.register_step_pre_hook(hook)
 
 
-def _learner(cfg, dp: DataParallel | None) -> tuple[LearnerStep, list[torch.Tensor]]:
+def _policy(cfg) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+    """The policy and its reference (β > 0); with LoRA, an adapter whose ``B`` is not zero (the policy
+    differs from the reference from the start) and the policy with the adapter off as the reference."""
     policy = load_causal_lm(cfg.model.path)
-    ref = load_causal_lm(cfg.model.path) if cfg.algorithm.beta > 0 else None
+    if not cfg.model.lora.enabled:
+        return policy, load_causal_lm(cfg.model.path) if cfg.algorithm.beta > 0 else None
+    torch.manual_seed(11)  # lora_A: the same draw in every process
+    lo = cfg.model.lora
+    policy = apply_lora(policy, r=lo.r, alpha=lo.alpha, dropout=0.0, target_modules=lo.target_modules)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.05)
+    return policy, AdapterDisabled(policy)
+
+
+def _learner(cfg, dp: DataParallel | None) -> tuple[LearnerStep, list[torch.Tensor]]:
+    policy, ref = _policy(cfg)
     optimizer = build_optimizer(policy, cfg.trainer)
     learn = LearnerStep.from_config(
         cfg,
@@ -149,7 +175,7 @@ def _run_case(cfg, dp: DataParallel | None) -> dict:
         metrics = learn(inputs.batch, inputs.scores)
     out = {"grads": grads, "metrics": metrics}
     if dp is None:
-        out["weights"] = _flat(dict(learn.policy.named_parameters()), cfg.model.path)
+        out["weights"] = _flat(publishable_state_dict(learn.policy), cfg.model.path)
         return out
     out["learn"] = learn
     out.update(_publish(cfg, learn))
@@ -163,9 +189,10 @@ def _flat(params: dict[str, torch.Tensor], model_dir) -> torch.Tensor:
 
 
 def _publish(cfg, learn: LearnerStep) -> dict:
-    """After the step: rank 0 publishes the streamed weights into a shared-memory weight channel (rank 1
-    serves the gathers from its receive loop, then is stopped); both ranks then gather every entry
-    directly to compare with what was published. What rank 0 holds is counted too."""
+    """After the step: rank 0 publishes the streamed weights into a shared-memory weight channel as a
+    decoupled run does (:class:`ChannelWeights`; rank 1 serves the gathers from its receive loop, then is
+    stopped); both ranks then gather a plain copy of the policy (:func:`unsharded_copy`) whose publishable
+    weights (a LoRA policy's: merged) must be exactly what was published. What rank 0 holds is counted too."""
     fsdp = learn.dp
     out: dict = {
         "originals_alive": learn.originals_alive,
@@ -174,13 +201,14 @@ def _publish(cfg, learn: LearnerStep) -> dict:
         if fsdp.rank == 0
         else 0,
         "bytes": local_bytes(learn.policy),
+        "policy_bytes": sum(p.numel() * p.element_size() for p in _policy(cfg)[0].parameters()),
     }
     if fsdp.rank == 0:
         template = load_causal_lm(cfg.model.path).state_dict()
         out["full_bytes"] = sum(t.numel() * t.element_size() for t in template.values())
         sink = SharedMemoryWeights(template)
         try:
-            nbytes = sink.publish_stream(learn.weights(), 7)
+            nbytes = ChannelWeights(sink, learn).publish(learn.policy, 7)
             fetched = sink.fetch(-1)
         finally:
             sink.unlink()
@@ -191,10 +219,10 @@ def _publish(cfg, learn: LearnerStep) -> dict:
         out["weights"] = _flat(published, cfg.model.path)
     else:
         assert learn.weights() is None and fsdp.receive() is None  # served the gather, then stopped
-    gathered_on = {n: t.full_tensor() for n, t in learn.policy.state_dict().items()}
+    gathered = publishable_state_dict(unsharded_copy(learn.policy, stream_full(learn.policy)))
     if fsdp.rank == 0:
-        out["published_exact"] = published.keys() == gathered_on.keys() and all(
-            torch.equal(published[n], gathered_on[n]) for n in gathered_on
+        out["published_exact"] = published.keys() == gathered.keys() and all(
+            torch.equal(published[n], gathered[n]) for n in gathered
         )
     return out
 
@@ -288,7 +316,7 @@ def test_decoupled_rank0_holds_only_its_shards(name, fsdp_results, tiny_model_di
     _, (rank0, rank1) = fsdp_results
     for r in (rank0[name], rank1[name]):
         assert r["originals_alive"] == 0 and r["all_sharded"] and r["plain_in_optimizer"] == 0
-    model_bytes = sum(p.numel() * p.element_size() for p in load_causal_lm(tiny_model_dir).parameters())
+    model_bytes = rank0[name]["policy_bytes"]  # a LoRA policy's: its base and its adapter
     assert rank0[name]["bytes"] + rank1[name]["bytes"] == model_bytes
     assert rank0[name]["bytes"] <= 0.6 * model_bytes
 
