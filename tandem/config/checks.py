@@ -261,8 +261,8 @@ def _check_data_parallel(cfg: CheckedConfig) -> None:
 def _check_fsdp2(cfg: CheckedConfig, ws: int, units: int, what: str) -> None:
     """Every FSDP2 forward is a collective, so every rank must run as many forwards: equal shares of
     every mini-batch, row-count micro-batches; prefix sharing (data-dependent passes) is turned off by
-    the learner (:meth:`~tandem.config.trainer.TrainerConfig.prefix_sharing`); the critic and the shared
-    head are not sharded yet."""
+    the learner (:meth:`~tandem.config.trainer.TrainerConfig.prefix_sharing`); a PPO value model is sharded
+    like the policy, a value head shared with the policy is not supported."""
     t, key = cfg.trainer, "trainer.strategy"
     mini = t.mini_batch_size or cfg.samples_per_step
     if units % ws or cfg.samples_per_step % mini:
@@ -273,7 +273,10 @@ def _check_fsdp2(cfg: CheckedConfig, ws: int, units: int, what: str) -> None:
         )
     for bad, why in (
         (t.micro_batch_tokens is not None, "trainer.micro_batch_tokens (ranks would run unequal passes)"),
-        (cfg.critic is not None, "a critic (ppo's value model is not sharded yet)"),
+        (
+            cfg.critic is not None and cfg.critic.shared_backbone,
+            "critic.shared_backbone (a value head on the sharded policy; use a separate value model)",
+        ),
     ):
         if bad:
             raise CrossFieldError(key, f"fsdp2 does not support {why}")

@@ -45,6 +45,7 @@ from tandem.orchestration.learner import LearnerStep
 from tandem.orchestration.parts import optimizer_steps
 from tandem.orchestration.remote import local_models
 from tandem.train.averaging import WeightAverage
+from tandem.train.critic import build_critic_optimizer
 from tandem.train.distributed import DataParallel, host_store, init_group, join_store, resolve_backend
 from tandem.train.fsdp import FullyShardedDataParallel, shard_module, shard_optimizer_state
 from tandem.train.optim import build_optimizer, build_scheduler
@@ -183,6 +184,10 @@ class DataParallelLearner:
                 separate = learn.critic_optimizer is not learn.optimizer  # a shared head's is the policy's
                 critic_extra = {"optimizer": learn.critic_optimizer.state_dict()} if separate else {}
                 dp.broadcast_replica(learn.critic, critic_extra)
+                if isinstance(dp, FullyShardedDataParallel):  # sharded in place; a new optimiser steps it
+                    plain, dp.critic = learn.critic_optimizer, learn.critic
+                    learn.critic_optimizer = shard_critic(cfg, dp, critic_extra)
+                    release_plain_optimizer(plain)
             learn.dp = dp
         except BaseException:
             handle.close()
@@ -287,6 +292,27 @@ def sharded_rank(
     )
 
 
+def shard_critic(
+    cfg: TandemConfig, dp: FullyShardedDataParallel, extra: dict[str, Any]
+) -> torch.optim.Optimizer:
+    """``trainer.strategy: fsdp2`` with a PPO value model (``dp.critic``, rank 0's replica already on every
+    rank): shard it in place on every rank — rank 0 included, since only the learner phases read it and
+    checkpoints write its shards — then build its optimiser over the shards and load rank 0's state
+    (``extra``) into it; returns that optimiser (also ``dp.critic_optimizer``)."""
+    assert cfg.critic is not None and dp.critic is not None
+    f = cfg.trainer.fsdp
+    shard_module(
+        dp.critic,
+        cpu_offload=f.cpu_offload,
+        param_dtype=f.param_dtype,
+        reduce_dtype=f.reduce_dtype,
+        forward_methods=("values",),
+    )
+    dp.critic_optimizer = build_critic_optimizer(dp.critic, cfg.critic, cfg.trainer)
+    shard_optimizer_state(extra["optimizer"], dp.critic_optimizer)
+    return dp.critic_optimizer
+
+
 def release_plain_optimizer(optimizer: torch.optim.Optimizer) -> None:
     """Rank 0 of an FSDP2 learner: its plain optimiser never steps (the sharded one does; the run
     checkpoint's schedule is copied from it). Drop its state (what a resume loaded) and its references to
@@ -366,7 +392,10 @@ def _serve(spec: RankSpec) -> None:
             scheduler.load_state_dict(extra["scheduler"])
     if critic is not None:
         critic_extra = dp.broadcast_replica(critic)
-        if critic_optimizer is not None:
+        if isinstance(dp, FullyShardedDataParallel):
+            dp.critic = critic
+            critic_optimizer = shard_critic(cfg, dp, critic_extra)
+        elif critic_optimizer is not None:
             critic_optimizer.load_state_dict(critic_extra["optimizer"])
     learn = LearnerStep.from_config(
         cfg,

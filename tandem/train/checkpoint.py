@@ -93,9 +93,10 @@ def save_checkpoint(
     numpy/torch scalars are converted.
     ``keep_last`` complete checkpoints are kept (``None`` keeps all). Saving the same step again
     replaces that checkpoint. A ``critic`` (with ``save(path)``, e.g. a ValueModel) and its optimiser are
-    written to ``critic/`` beside the policy. ``sharded``: writes the optimiser state (and the policy)
-    into the folder it is given, ``sharded/``, in place of ``optimizer.pt`` (an FSDP2 learner's ranks
-    each write their shards; ``optimizer`` is then not read). ``live_weights``: when ``model`` holds a
+    written to ``critic/`` beside the policy. ``sharded``: writes the optimiser state (and the policy, and
+    the critic with its optimiser, which are then not read) into the folder it is given, ``sharded/``, in
+    place of ``optimizer.pt`` and ``critic/`` (an FSDP2 learner's ranks each write their shards;
+    ``optimizer`` is then not read). ``live_weights``: when ``model`` holds a
     weight average, the live weights it stands in for (``live.safetensors``; :func:`load_live_state`).
     """
     if step < 0:
@@ -116,7 +117,7 @@ def save_checkpoint(
         if scheduler is not None:
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         torch.save(rng_state(), tmp / "rng.pt")
-        if critic is not None:
+        if critic is not None and sharded is None:  # sharded: the critic's shards are in sharded/
             (tmp / "critic").mkdir()
             critic.save(tmp / CRITIC_WEIGHTS)
             if critic_optimizer is not None:
@@ -229,17 +230,25 @@ def load_checkpoint(
             hint="use latest_checkpoint() to find the newest complete one",
         )
     load_model_weights(folder / "model", model)
-    if optimizer is not None and not (folder / "optimizer.pt").exists() and (folder / SHARDED_STATE).is_dir():
+    shards = folder / SHARDED_STATE
+    # an FSDP2 run's critic and its optimiser are in its DCP shards, not in critic/
+    critic_in_shards = critic is not None and shards.is_dir() and not (folder / CRITIC_WEIGHTS).exists()
+    if critic_in_shards and (optimizer is None or critic_optimizer is None):
+        raise ModelError(
+            "the critic is in the sharded state: load it with both optimisers", where=str(shards)
+        )
+    if optimizer is not None and not (folder / "optimizer.pt").exists() and shards.is_dir():
         from tandem.train.fsdp import load_sharded  # torch.distributed, only for sharded checkpoints
 
-        load_sharded(folder / SHARDED_STATE, model, optimizer, whole=True)
+        pair = (critic, critic_optimizer) if critic_in_shards else None
+        load_sharded(shards, model, optimizer, whole=True, critic=pair)
     elif optimizer is not None:
         optimizer.load_state_dict(_load_pt(folder / "optimizer.pt"))
     if scheduler is not None:
         scheduler.load_state_dict(_load_pt(folder / "scheduler.pt"))
-    if critic is not None:
+    if critic is not None and not critic_in_shards:
         critic.load(folder / CRITIC_WEIGHTS)
-    if critic_optimizer is not None:
+    if critic_optimizer is not None and not critic_in_shards:
         critic_optimizer.load_state_dict(_load_pt(folder / CRITIC_OPTIMIZER))
     if restore_rng:
         set_rng_state(_load_pt(folder / "rng.pt"))

@@ -58,7 +58,13 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    fully_shard,
+    register_fsdp_forward_method,
+)
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from tandem.errors import TandemError
@@ -77,11 +83,15 @@ def shard_module(
     cpu_offload: bool = False,
     param_dtype: str = "float32",
     reduce_dtype: str = "float32",
+    forward_methods: tuple[str, ...] = (),
 ) -> torch.nn.Module:
-    """Shard ``model`` in place over the default process group: each decoder layer (Hugging Face
-    ``_no_split_modules`` classes) is its own FSDP unit, the root holds the rest (embeddings, final norm,
-    head). Gradients are SUMMED over ranks (divide factor 1, plain SUM collectives). ``cpu_offload`` applies
-    to a GPU model (a CPU model's shards are in CPU memory already). Returns ``model`` (now an ``FSDPModule``)."""
+    """Shard ``model`` in place over the default process group: each decoder layer (the Hugging Face
+    ``_no_split_modules`` classes of any of its submodules: a value model's backbone's too) is its own FSDP
+    unit, the root holds the rest (embeddings, final norm, head). Gradients are SUMMED over ranks (divide
+    factor 1, plain SUM collectives). ``cpu_offload`` applies to a GPU model (a CPU model's shards are in CPU
+    memory already). ``forward_methods``: methods other than ``forward`` that run the model (a
+    :class:`~tandem.models.value.ValueModel`'s ``values``), which must gather the root's parameters too.
+    Returns ``model`` (now an ``FSDPModule``)."""
     mesh = dist.device_mesh.init_device_mesh(_device_type(model), (dist.get_world_size(),))
     kwargs: dict[str, Any] = {"mesh": mesh}
     if param_dtype != "float32" or reduce_dtype != "float32":
@@ -90,11 +100,13 @@ def shard_module(
         )
     if cpu_offload and _device_type(model) != "cpu":  # a CPU model's shards are in CPU memory already
         kwargs["offload_policy"] = CPUOffloadPolicy()
-    unit_names = set(getattr(model, "_no_split_modules", None) or [])
+    unit_names = {n for m in model.modules() for n in (getattr(m, "_no_split_modules", None) or [])}
     for module in list(model.modules()):
         if module is not model and type(module).__name__ in unit_names:
             fully_shard(module, **kwargs)
     fully_shard(model, **kwargs)
+    for method in forward_methods:
+        register_fsdp_forward_method(model, method)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
@@ -148,6 +160,9 @@ class FullyShardedDataParallel(DataParallel):
         # trainer.ema_decay without a plain copy: every rank's shards of the weight average; a gather
         # while rank 0's is applied gathers the average (every rank applies its own)
         self.average: WeightAverage | None = None
+        # a PPO value model, sharded in place on every rank (dp_learner.shard_critic), and its optimiser
+        self.critic: torch.nn.Module | None = None
+        self.critic_optimizer: torch.optim.Optimizer | None = None
 
     def update_target(
         self,
@@ -192,6 +207,8 @@ class FullyShardedDataParallel(DataParallel):
             target: torch.nn.Module = AdapterDisabled(self.module)
         elif model is self.full or model is self.module:
             target = self.module
+        elif model is not None and model is self.critic:  # old values (critic_values)
+            target = model
         else:
             return super().scoring_logprobs(scorer, model, r, s)
         parts = torch.arange(r.batch_size).tensor_split(self.world_size)
@@ -246,7 +263,12 @@ class FullyShardedDataParallel(DataParallel):
         or a file system shared by the nodes)."""
         if self.rank == 0:
             dist.broadcast_object_list([{"cmd": "save_shards", "folder": str(folder)}], src=0)
-        save_sharded(folder, self.module, self.optimizer)
+        save_sharded(folder, self.module, self.optimizer, critic=self._critic_pair())
+
+    def _critic_pair(self) -> tuple[torch.nn.Module, torch.optim.Optimizer] | None:
+        if self.critic is None or self.critic_optimizer is None:
+            return None
+        return self.critic, self.critic_optimizer
 
     def receive(self) -> StepInputs | None:
         while True:
@@ -258,7 +280,7 @@ class FullyShardedDataParallel(DataParallel):
                     for _ in stream_full(self.module):
                         pass
             elif header["cmd"] == "save_shards":
-                save_sharded(header["folder"], self.module, self.optimizer)
+                save_sharded(header["folder"], self.module, self.optimizer, critic=self._critic_pair())
             else:
                 return self._receive_step(header)
 
@@ -378,29 +400,44 @@ def _trained_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> 
     return {k: v for k, v in msd.items() if k not in frozen}, osd
 
 
-def save_sharded(folder: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Write ``model`` and ``optimizer`` to a DCP folder: each rank writes its own shards (collective when
-    a process group is up; a plain model writes everything from one process)."""
-    msd, osd = _trained_state(model, optimizer)
-    no_dist = not dist.is_initialized()
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(folder), no_dist=no_dist)
+def save_sharded(
+    folder: str | Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    critic: tuple[torch.nn.Module, torch.optim.Optimizer] | None = None,
+) -> None:
+    """Write ``model`` and ``optimizer`` (and a ``critic`` value model with its optimiser) to a DCP folder:
+    each rank writes its own shards (collective when a process group is up; a plain model writes
+    everything from one process)."""
+    state = dict(zip(("model", "optim"), _trained_state(model, optimizer), strict=True))
+    if critic is not None:
+        state.update(zip(("critic", "critic_optim"), _trained_state(*critic), strict=True))
+    dcp.save(state, checkpoint_id=str(folder), no_dist=not dist.is_initialized())
 
 
 def load_sharded(
-    folder: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, whole: bool = False
+    folder: str | Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    whole: bool = False,
+    critic: tuple[torch.nn.Module, torch.optim.Optimizer] | None = None,
 ) -> None:
-    """Read a :func:`save_sharded` folder into ``model`` and ``optimizer``, resharding to this run's world
-    size (a plain model without a process group loads the whole tensors). ``whole``: this process alone
-    reads every tensor whole into its plain model, even with a process group up (no collective)."""
-    msd, osd = _trained_state(model, optimizer)
-    state = {"model": msd, "optim": osd}
+    """Read a :func:`save_sharded` folder into ``model`` and ``optimizer`` (and ``critic``'s value model and
+    optimiser, which the folder must then hold), resharding to this run's world size (a plain model without
+    a process group loads the whole tensors). ``whole``: this process alone reads every tensor whole into
+    its plain model, even with a process group up (no collective)."""
+    pairs = {("model", "optim"): (model, optimizer)}
+    if critic is not None:
+        pairs[("critic", "critic_optim")] = critic
+    state: dict[str, Any] = {}
+    for keys, pair in pairs.items():
+        state.update(zip(keys, _trained_state(*pair), strict=True))
     with warnings.catch_warnings():  # reading whole in one process is what was asked for
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
         dcp.load(state, checkpoint_id=str(folder), no_dist=whole or not dist.is_initialized())
-    set_state_dict(
-        model,
-        optimizer,
-        model_state_dict=state["model"],
-        optim_state_dict=state["optim"],
-        options=TRAINED_LOAD,
-    )
+    for (mkey, okey), (module, optim) in pairs.items():
+        set_state_dict(
+            module, optim, model_state_dict=state[mkey], optim_state_dict=state[okey], options=TRAINED_LOAD
+        )

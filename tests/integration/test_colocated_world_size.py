@@ -101,20 +101,31 @@ def ema_runs(tiny_model_dir, tmp_path_factory):
     return {"one": one.run_dir, "straight": straight.run_dir, "halves": halves.run_dir, "ddp": ddp.run_dir}
 
 
-@pytest.fixture(scope="module")
-def lora_runs(tiny_model_dir, tmp_path_factory):
-    """LoRA adapters with a KL reference (the policy with its adapter off), 4 steps: one process, two
-    FSDP2 ranks, and the two-rank run resumed on two ranks from its step-2 checkpoint."""
+def _one_two_resumed(model_dir, root: Path, **overrides) -> dict[str, Path]:
+    """4 steps with ``overrides``: one process, two FSDP2 ranks, and the two-rank run resumed on two ranks
+    from its step-2 checkpoint (as if it had died right after it)."""
     torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("colocated_lora")
-    lora = {"model": {"lora": {"r": 4, "alpha": 8.0}}, "algorithm": {"beta": 0.05}}
-    one = train_colocated(_cfg(tiny_model_dir, root / "one", 1, 4, **lora))
-    straight = train_colocated(_cfg(tiny_model_dir, root / "straight", 2, 4, **lora))
+    one = train_colocated(_cfg(model_dir, root / "one", 1, 4, **overrides))
+    straight = train_colocated(_cfg(model_dir, root / "straight", 2, 4, **overrides))
     shutil.copytree(root / "straight", root / "halves")
     shutil.rmtree(checkpoint_dir(root / "halves" / "checkpoints", 4))
     (root / "halves" / "summary.json").unlink()
-    halves = train_colocated(_cfg(tiny_model_dir, root / "halves", 2, 4, **lora), resume=True)
+    halves = train_colocated(_cfg(model_dir, root / "halves", 2, 4, **overrides), resume=True)
     return {"one": one.run_dir, "straight": straight.run_dir, "halves": halves.run_dir}
+
+
+@pytest.fixture(scope="module")
+def lora_runs(tiny_model_dir, tmp_path_factory):
+    """LoRA adapters with a KL reference (the policy with its adapter off)."""
+    lora = {"model": {"lora": {"r": 4, "alpha": 8.0}}, "algorithm": {"beta": 0.05}}
+    return _one_two_resumed(tiny_model_dir, tmp_path_factory.mktemp("colocated_lora"), **lora)
+
+
+@pytest.fixture(scope="module")
+def critic_runs(tiny_model_dir, tmp_path_factory):
+    """PPO with a separate value model (on two ranks sharded like the policy)."""
+    ppo = {"algorithm": {"name": "ppo"}, "critic": {"lr": 1e-3}}
+    return _one_two_resumed(tiny_model_dir, tmp_path_factory.mktemp("colocated_critic"), **ppo)
 
 
 def _adapter(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
@@ -214,10 +225,36 @@ def test_two_fsdp2_ranks_train_a_lora_adapter_as_one_process(lora_runs):
 
 
 @pytest.mark.slow
-def test_a_resumed_fsdp2_lora_run_is_exact(lora_runs):
-    straight, halves = lora_runs["straight"], lora_runs["halves"]
+def test_two_fsdp2_ranks_train_a_ppo_critic_as_one_process(critic_runs):
+    """The value model sharded like the policy: the same value loss and gradient norms as one process, the
+    same policy weights; the checkpoint keeps the critic and its AdamW state in the DCP shards."""
+    one, two = step_rows(critic_runs["one"]), step_rows(critic_runs["straight"])
+    assert one[0]["reward/mean"] == two[0]["reward/mean"]
+    for a, b in zip(one, two, strict=True):
+        for key in ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7), key
+    assert one[-1]["critic/grad_norm"] > 0
+    w1, w2 = _weights(critic_runs["one"], 4), _weights(critic_runs["straight"], 4)
+    for name in w1:
+        torch.testing.assert_close(w2[name], w1[name], rtol=0, atol=1e-6)
+    ckpt = checkpoint_dir(critic_runs["straight"] / "checkpoints", 2)
+    assert not (ckpt / "critic").exists()
+    stored = torch.distributed.checkpoint.FileSystemReader(str(ckpt / "sharded")).read_metadata()
+    keys = stored.state_dict_metadata
+    assert any(k.startswith("critic.head.") for k in keys) and any(
+        k.startswith("critic_optim.") for k in keys
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("runs", "load"), [("lora_runs", _adapter), ("critic_runs", _weights)], ids=["lora", "ppo"]
+)
+def test_a_resumed_fsdp2_run_is_exact(request, runs, load):
+    """LoRA (the adapter and its moments in the shards) and PPO (the critic and its moments too)."""
+    straight, halves = (request.getfixturevalue(runs)[k] for k in ("straight", "halves"))
     assert [_stable(r) for r in step_rows(halves)] == [_stable(r) for r in step_rows(straight)]
-    a, b = _adapter(straight, 4), _adapter(halves, 4)
+    a, b = load(straight, 4), load(halves, 4)
     assert all(torch.equal(a[name], b[name]) for name in a)
 
 
@@ -233,7 +270,11 @@ def test_a_resumed_fsdp2_lora_run_is_exact(lora_runs):
         ),
         ({"trainer": {"world_size": 2, "strategy": "single"}}, "trainer.strategy", "one learner process"),
         ({"trainer": {"world_size": 1, "strategy": "fsdp2"}}, "trainer.strategy", "needs trainer.world_size"),
-        ({"critic": {"lr": 1e-3}, "algorithm": {"name": "ppo"}}, "trainer.strategy", "critic"),
+        (
+            {"critic": {"lr": 1e-3, "shared_backbone": True}, "algorithm": {"name": "ppo"}},
+            "trainer.strategy",
+            "critic.shared_backbone",
+        ),
     ],
 )
 def test_impossible_combinations_are_one_line_config_errors(tiny_model_dir, tmp_path, overrides, key, match):

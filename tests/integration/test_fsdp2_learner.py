@@ -23,23 +23,24 @@ from torch.distributed.tensor import DTensor
 
 from tandem.config import build_config
 from tandem.models import load_causal_lm
-from tandem.orchestration.build import build_policy
+from tandem.orchestration.build import build_critic, build_policy
 from tandem.orchestration.decoupled.runtime import RunHooks, train_decoupled
-from tandem.train.checkpoint import LIVE_WEIGHTS, checkpoint_dir, latest_checkpoint
+from tandem.train.checkpoint import LIVE_WEIGHTS, checkpoint_dir, latest_checkpoint, load_checkpoint
 from tandem.train.fsdp import FullyShardedDataParallel, load_sharded
 from tandem.train.optim import build_optimizer
 
 DIGITS = f"{Path(__file__).parents[1] / 'e2e' / 'digits_reward.py'}:digit_share"
 
 
-def _cfg(model_dir, out, world_size, strategy, total_steps, model=None, beta=0.0, **trainer):
+def _cfg(model_dir, out, world_size, strategy, total_steps, model=None, beta=0.0, critic=None, **trainer):
     return build_config(
         {
+            **({"critic": critic} if critic else {}),
             "run": {"output_dir": str(out), "seed": 5},
             "model": {"path": str(model_dir), **(model or {})},
             "data": {"task": "arith", "prompts_per_step": 2, "eval_size": 2, "train_size": 16},
             "rollout": {"n": 4, "max_new_tokens": 4},
-            "algorithm": {"name": "grpo", "beta": beta},
+            "algorithm": {"name": "ppo" if critic else "grpo", "beta": beta},
             "reward": {"task_reward": False, "functions": [{"path": DIGITS}]},
             "trainer": {
                 "total_steps": total_steps,
@@ -253,3 +254,61 @@ def test_two_fsdp2_ranks_train_a_lora_adapter_as_one_process(lora_runs):
         assert a.keys() == b.keys() and all("lora_" in name for name in a)
         for name in a:
             torch.testing.assert_close(b[name], a[name], rtol=0, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def critic_runs(tiny_model_dir, tmp_path_factory):
+    """PPO with a separate value model, 4 steps: one process and two FSDP2 ranks (both the policy and the
+    critic sharded in place on every rank); then one process resumes the two-rank run for a 5th step."""
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("fsdp2_critic")
+
+    def run(name, world_size, strategy, steps=4, **kw):
+        cfg = _cfg(tiny_model_dir, root / name, world_size, strategy, steps, critic={"lr": 1e-3})
+        return train_decoupled(cfg, progress=False, **kw).run_dir
+
+    one, two = run("one", 1, "auto"), run("straight", 2, "fsdp2")
+    shutil.copytree(two, root / "to_one")
+    (root / "to_one" / "summary.json").unlink()
+    return one, two, run("to_one", 1, "auto", steps=5, resume=True)
+
+
+def test_two_fsdp2_ranks_train_a_ppo_critic_as_one_process(critic_runs):
+    one, two, _ = critic_runs
+    r1, r2 = step_rows(one), step_rows(two)
+    assert [r["reward/mean"] for r in r1] == [r["reward/mean"] for r in r2]
+    for a, b in zip(r1, r2, strict=True):
+        for key in ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7), key
+    for step in (2, 4):
+        w1, w2 = _model(one, step), _model(two, step)
+        for name in w1:
+            torch.testing.assert_close(w2[name], w1[name], rtol=0, atol=1e-6)
+    ckpt = checkpoint_dir(two / "checkpoints", 4)
+    assert (checkpoint_dir(one / "checkpoints", 4) / "critic").is_dir() and not (ckpt / "critic").exists()
+
+
+def test_one_process_resumes_an_fsdp2_ppo_run(critic_runs, tiny_model_dir):
+    """The critic and its AdamW state come back from the DCP shards, read whole (another world size): the
+    one-process run's critic and moments, within fp32 summation order; and a one-process run resumes."""
+    one, two, to_one = critic_runs
+    rows = step_rows(to_one)
+    assert [r["step"] for r in rows][-1] == 5 and rows[-1]["critic/grad_norm"] > 0
+    cfg = _cfg(tiny_model_dir, two, 1, "auto", 4, critic={"lr": 1e-3})
+    loaded = []
+    for run_dir in (one, two):
+        policy, _ = build_policy(cfg.model, seed=0)
+        optimizer = build_optimizer(policy, cfg.trainer)
+        critic, critic_optimizer = build_critic(cfg, seed=1)  # another head: what is loaded must replace it
+        ckpt = checkpoint_dir(run_dir / "checkpoints", 4)
+        load_checkpoint(
+            ckpt, model=policy, optimizer=optimizer, critic=critic, critic_optimizer=critic_optimizer
+        )
+        loaded.append((critic.state_dict(), [s["exp_avg"] for s in critic_optimizer.state.values()]))
+    (c1, m1), (c2, m2) = loaded
+    assert c1.keys() == c2.keys() and len(m1) == len(m2) == len(c1)
+    for name in c1:
+        torch.testing.assert_close(c2[name], c1[name], rtol=0, atol=1e-6)
+    for a, b in zip(m1, m2, strict=True):
+        assert float(a.abs().max()) > 0
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-8)

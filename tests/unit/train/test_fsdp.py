@@ -354,8 +354,13 @@ def test_fsdp2_config_rules(tiny_model_dir):
     assert not shared.trainer.prefix_sharing  # fsdp2 turns prefix sharing off (equal forwards per rank)
     with pytest.raises(ConfigError, match="trainer.strategy"):  # 3 groups over 2 ranks (whole groups)
         _cfg(tiny_model_dir, {"algorithm": {"name": "agro"}, "trainer": {"mini_batch_size": 9}})
-    with pytest.raises(ConfigError, match="trainer.strategy"):  # a critic is not sharded yet
-        _cfg(tiny_model_dir, {"algorithm": {"name": "ppo"}, "trainer": {}, "critic": {"lr": 1e-3}})
+    critic = {"lr": 1e-3}  # a separate value model is sharded like the policy; a shared head is refused
+    assert _cfg(tiny_model_dir, {"algorithm": {"name": "ppo"}, "trainer": {}, "critic": critic}).critic
+    with pytest.raises(ConfigError, match="trainer.strategy"):
+        _cfg(
+            tiny_model_dir,
+            {"algorithm": {"name": "ppo"}, "trainer": {}, "critic": critic | {"shared_backbone": True}},
+        )
     with pytest.raises(ConfigError, match="trainer.strategy"):  # one process, two ranks
         _cfg(tiny_model_dir, {"algorithm": {"name": "rloo"}, "trainer": {}}, strategy="single")
     assert _cfg(tiny_model_dir, CASES["token_mean"], strategy="ddp").trainer.strategy == "ddp"
