@@ -20,7 +20,13 @@ gathered tensor alive at once while publishing, and the size of the transient co
 learner's rank 0 keeps a plain copy (the HF rollout engine's weights): reported as the shards plus one
 parameter copy.
 
+``--lora R`` wraps the model with LoRA adapters of rank R on every linear layer but the head (PEFT, as
+``model.lora`` does): the frozen base is sharded with its layer, only the adapters have gradients and
+AdamW state, and rank 0's publish merges each adapted layer from the streamed entries
+(:func:`tandem.models.lora.publishable_entries`) under the base model's names.
+
     OMP_NUM_THREADS=1 .venv/bin/python bench/fsdp2_memory.py [--world 2] [--param-dtype bfloat16] [--cpu-offload]
+        [--lora 8]
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from tandem.channels.weights import SharedMemoryWeights
 from tandem.config.trainer import TrainerConfig
+from tandem.models.lora import apply_lora, is_lora, publishable_entries
 from tandem.train.distributed import host_store, init_group, join_store
 from tandem.train.fsdp import local_bytes, shard_module, stream_full, unsharded_copy
 from tandem.train.optim import build_optimizer
@@ -46,24 +53,33 @@ from tandem.train.optim import build_optimizer
 SIZES = {"vocab_size": 32000, "hidden_size": 512, "num_hidden_layers": 8, "intermediate_size": 1408}
 
 
-def _model() -> torch.nn.Module:
+def _model(lora: int = 0) -> torch.nn.Module:
     torch.manual_seed(0)
     cfg = LlamaConfig(**SIZES, num_attention_heads=8, num_key_value_heads=8, tie_word_embeddings=False)
-    return LlamaForCausalLM(cfg)
+    model = LlamaForCausalLM(cfg)
+    if lora:
+        model = apply_lora(model, r=lora, alpha=2.0 * lora, dropout=0.0, target_modules="all-linear")
+    return model
 
 
-def _measure(sharded: bool, fsdp: dict | None = None, rank: int = 0) -> dict[str, int]:
-    model = _model()
+def _measure(sharded: bool, fsdp: dict | None = None, rank: int = 0, lora: int = 0) -> dict[str, int]:
+    model = _model(lora)
     if sharded:
         shard_module(model, **(fsdp or {}))
     optimizer = build_optimizer(model, TrainerConfig(lr=1e-4))
     ids = torch.randint(0, SIZES["vocab_size"], (2, 32), generator=torch.Generator().manual_seed(1))
     model(input_ids=ids, labels=ids).loss.backward()
     grads = sum(_local(p.grad).numel() * 4 for p in model.parameters() if p.grad is not None)
+    trainable = sum(_local(p).numel() * 4 for p in model.parameters() if p.requires_grad)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     params = local_bytes(model)
-    out = {"params": params, "optim": local_bytes(model, optimizer) - params, "grads": grads}
+    out = {
+        "params": params,
+        "optim": local_bytes(model, optimizer) - params,
+        "grads": grads,
+        "trainable": trainable,
+    }
     if sharded:
         out.update(_decoupled_reads(model, rank))
     return out
@@ -92,7 +108,9 @@ def _decoupled_reads(model: torch.nn.Module, rank: int) -> dict[str, int]:
             pass
         return {}
     held_plain = _plain_param_bytes()
-    meta = {n: torch.empty(t.shape, dtype=t.dtype, device="meta") for n, t in model.state_dict().items()}
+    names = _model().state_dict() if is_lora(model) else model.state_dict()  # published: the base's names
+    meta = {n: torch.empty(t.shape, dtype=t.dtype, device="meta") for n, t in names.items()}
+    del names
     sink = SharedMemoryWeights(meta)
     peak = 0
 
@@ -103,7 +121,7 @@ def _decoupled_reads(model: torch.nn.Module, rank: int) -> dict[str, int]:
             yield name, t
 
     try:
-        published = sink.publish_stream(watched(), 1)
+        published = sink.publish_stream(publishable_entries(model, watched()), 1)
     finally:
         sink.unlink()
     copy = unsharded_copy(model, stream_full(model))
@@ -122,11 +140,12 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def _rank(rank: int, world: int, port: int, out: str, fsdp: dict) -> None:
+def _rank(rank: int, world: int, port: int, out: str, fsdp: dict, lora: int) -> None:
     torch.set_num_threads(1)
     init_group(join_store(port, world, 120.0), rank, world, "gloo")
     try:
-        Path(out, f"rank{rank}.json").write_text(json.dumps(_measure(sharded=True, fsdp=fsdp, rank=rank)))
+        measured = _measure(sharded=True, fsdp=fsdp, rank=rank, lora=lora)
+        Path(out, f"rank{rank}.json").write_text(json.dumps(measured))
     finally:
         dist.destroy_process_group()
 
@@ -136,15 +155,17 @@ def main() -> None:
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--param-dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--cpu-offload", action="store_true")
+    ap.add_argument("--lora", type=int, default=0, metavar="R", help="LoRA adapters of rank R (0: none)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     fsdp = {"param_dtype": args.param_dtype, "cpu_offload": args.cpu_offload}
-    one = _measure(sharded=False)
+    one = _measure(sharded=False, lora=args.lora)
     with tempfile.TemporaryDirectory() as out:
         store = host_store(args.world, 120.0)
         ctx = mp.get_context("spawn")
         procs = [
-            ctx.Process(target=_rank, args=(r, args.world, store.port, out, fsdp)) for r in range(args.world)
+            ctx.Process(target=_rank, args=(r, args.world, store.port, out, fsdp, args.lora))
+            for r in range(args.world)
         ]
         for p in procs:
             p.start()
@@ -158,6 +179,8 @@ def main() -> None:
     print(
         f"model: {n_params / 1e6:.1f}M parameters (fp32), AdamW, world size {args.world} (gloo, CPU), {fsdp}"
     )
+    if args.lora:
+        print(f"LoRA r={args.lora}: {one['trainable'] / 4 / 1e6:.2f}M trainable parameters (the base frozen)")
 
     def mb(b: int) -> str:
         return f"{b / 2**20:10.1f}"
@@ -190,6 +213,12 @@ def main() -> None:
         f"{mb(r0['publish_peak']).strip()} MB (largest single tensor) = "
         f"{(held + r0['publish_peak']) / total_one:.1%} of one process at the peak"
     )
+    if args.lora:
+        merge = 2 * SIZES["hidden_size"] * SIZES["intermediate_size"] * 4 + r0["trainable"]  # bound, whole
+        print(
+            f"  LoRA merge while publishing: one adapted layer's base weight, its adapter and the merged copy "
+            f"at a time (<= {mb(merge).strip()} MB here, under the largest single tensor above)"
+        )
     print(
         f"  evaluation / checkpoint model/: a transient plain copy of {mb(r0['copy']).strip()} MB = "
         f"{(held + r0['copy']) / total_one:.1%} of one process while it lives"
