@@ -255,31 +255,21 @@ def _check_data_parallel(cfg: CheckedConfig) -> None:
             "lower it or raise data.prompts_per_step / trainer.mini_batch_size",
         )
     if strategy == "fsdp2":
-        _check_fsdp2(cfg, ws, units, what)
+        _check_fsdp2(cfg)
 
 
-def _check_fsdp2(cfg: CheckedConfig, ws: int, units: int, what: str) -> None:
-    """Every FSDP2 forward is a collective, so every rank must run as many forwards: equal shares of
-    every mini-batch, row-count micro-batches; prefix sharing (data-dependent passes) is turned off by
-    the learner (:meth:`~tandem.config.trainer.TrainerConfig.prefix_sharing`); a PPO value model is sharded
-    like the policy, a value head shared with the policy is not supported."""
-    t, key = cfg.trainer, "trainer.strategy"
-    mini = t.mini_batch_size or cfg.samples_per_step
-    if units % ws or cfg.samples_per_step % mini:
+def _check_fsdp2(cfg: CheckedConfig) -> None:
+    """Every FSDP2 forward is a collective, so every rank must run as many passes: a rank whose share of a
+    mini-batch needs fewer micro-batches runs passes that add nothing (:class:`~tandem.train.fsdp.
+    FullyShardedDataParallel`.filler_passes), so shares may differ; prefix sharing (data-dependent passes)
+    is turned off by the learner (:meth:`~tandem.config.trainer.TrainerConfig.prefix_sharing`); a PPO
+    value model is sharded like the policy, a value head shared with the policy is not supported."""
+    if cfg.critic is not None and cfg.critic.shared_backbone:
         raise CrossFieldError(
-            key,
-            f"fsdp2 needs every mini-batch split evenly: {units} {what} per mini-batch over {ws} ranks "
-            f"and {cfg.samples_per_step} samples per step in mini-batches of {mini}",
+            "trainer.strategy",
+            "fsdp2 does not support critic.shared_backbone (a value head on the sharded policy; "
+            "use a separate value model)",
         )
-    for bad, why in (
-        (t.micro_batch_tokens is not None, "trainer.micro_batch_tokens (ranks would run unequal passes)"),
-        (
-            cfg.critic is not None and cfg.critic.shared_backbone,
-            "critic.shared_backbone (a value head on the sharded policy; use a separate value model)",
-        ),
-    ):
-        if bad:
-            raise CrossFieldError(key, f"fsdp2 does not support {why}")
 
 
 def _check_adaptive_group(cfg: CheckedConfig) -> None:
@@ -303,7 +293,6 @@ def _check_adaptive_group(cfg: CheckedConfig) -> None:
             cfg.trainer.mini_batch_size is not None and cfg.trainer.mini_batch_size < cfg.samples_per_step,
             "trainer.mini_batch_size (the batch size varies; use trainer.micro_batch_size)",
         ),
-        (cfg.trainer.strategy == "fsdp2", "trainer.strategy=fsdp2 (ranks would run unequal passes)"),
         (
             POLICY_LOSSES.get(a.policy_loss).needs_whole_groups and cfg.trainer.micro_batch_size is not None,
             f"'{a.policy_loss}' with trainer.micro_batch_size (groups of unequal size would be split)",

@@ -128,7 +128,9 @@ def _critic_step(
     mini_tokens = max(1, int(mb.rollout.response_mask.sum()))  # global count, also under data parallelism
     out: dict[str, float] = defaultdict(float)
     rows = torch.arange(n) if sync is None else sync.local_rows(mb)
-    for micro_idx in rows.split(micro):
+    chunks = rows.split(micro)
+    fillers = 0 if sync is None else sync.filler_passes(len(chunks))  # agreed before any pass
+    for micro_idx in chunks:
         m = mb.select(micro_idx) if len(micro_idx) < n else mb
         r = m.rollout
         with autocast_context(s.autocast_bf16):
@@ -140,6 +142,11 @@ def _critic_step(
         tokens = int(r.response_mask.sum())
         out["critic/vf_loss"] += float(loss.detach())  # shares of the mini-batch loss add up to it
         out["critic/vf_clipfrac"] += clipfrac * tokens / mini_tokens
+    for _ in range(fillers):  # passes that add nothing, so every rank runs as many
+        r = mb.select(rows[:1]).rollout
+        with autocast_context(s.autocast_bf16):
+            values = critic.values(r.prompt_ids, r.prompt_mask, r.response_ids, r.response_mask)
+        (values.float().sum() * 0.0).backward()
     if sync is not None:  # every trainable parameter joins the sum (zeros where this rank's rows missed it)
         out = defaultdict(float, sync.reduce([p for p in critic.parameters() if p.requires_grad], dict(out)))
     params = [p for p in critic.parameters() if p.grad is not None]

@@ -132,6 +132,11 @@ class DataParallel:
             )
         return (owner == self.rank).nonzero().squeeze(1)
 
+    def filler_passes(self, passes: int) -> int:
+        """Passes that add nothing, to run after this rank's ``passes`` of a mini-batch: none here (the
+        replicas' gradients are summed once, in :meth:`reduce`, whatever each ran before)."""
+        return 0
+
     # -- collectives --------------------------------------------------------------------------------------
     def reduce(self, params: list[torch.nn.Parameter], metrics: dict[str, float]) -> dict[str, float]:
         """Sum gradients and share-weighted metric sums over ranks (in place for the gradients); ``*_max`` /

@@ -9,10 +9,11 @@ reduction is a SUM (the losses are already global means), so each rank ends with
 own shard only. Clipping sees DTensor gradients (the norm is reduced over ranks) and the optimiser steps
 each rank's shard of the parameters with its shard of the Adam moments.
 
-Every forward all-gathers parameters, a collective: all ranks must run the same number of forwards. The
-row split therefore has to give every rank the same number of rows per mini-batch (checked each time;
-:func:`check_fsdp2` states the config rule) and the no-grad scoring passes pad each rank's chunk to the
-same length.
+Every forward all-gathers parameters (and every backward reduce-scatters gradients), a collective: all
+ranks must run the same number of passes. When a rank's share of a mini-batch needs fewer micro-batches
+than another's (groups of unequal size, as adaptive group size grows them; token-budget micro-batches), it
+runs the difference as passes that add nothing (:meth:`FullyShardedDataParallel.filler_passes`: one row's
+forward, its backward times 0); the no-grad scoring passes pad each rank's chunk to the same length.
 
 Where rank 0's policy lives depends on who generates with it:
 
@@ -67,12 +68,11 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from tandem.errors import TandemError
 from tandem.models.lora import AdapterDisabled, adapted_like, is_lora
 from tandem.train.averaging import WeightAverage
 from tandem.train.distributed import DataParallel, StepInputs
 from tandem.train.experience import ExperienceSettings
-from tandem.types import Experience, RolloutBatch
+from tandem.types import RolloutBatch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -173,18 +173,13 @@ class FullyShardedDataParallel(DataParallel):
         """The sharded policy, its optimiser and schedule train in place of the plain ones."""
         return self.module, self.optimizer, self.scheduler
 
-    def local_rows(self, mb: Experience) -> torch.Tensor:
-        """As :meth:`DataParallel.local_rows`; every rank must get as many rows (same number of forwards)."""
-        rows = super().local_rows(mb)
+    def filler_passes(self, passes: int) -> int:
+        """Every FSDP2 forward all-gathers and every backward reduce-scatters, so all ranks must run as many
+        passes per mini-batch: a rank whose share needs fewer micro-batches (groups of unequal size, token
+        budgets) runs the difference as passes that add nothing (``update._filler_backward``)."""
         counts = [torch.zeros(1, dtype=torch.long, device=self.device) for _ in range(self.world_size)]
-        dist.all_gather(counts, torch.tensor([len(rows)], device=self.device))
-        if len({int(c) for c in counts}) > 1:
-            raise TandemError(
-                f"fsdp2 needs equal row shares per rank; a mini-batch split as {[int(c) for c in counts]}",
-                where="trainer.strategy",
-                hint="make each mini-batch's samples (or groups) a multiple of architecture.learner.world_size",
-            )
-        return rows
+        dist.all_gather(counts, torch.tensor([passes], device=self.device))
+        return max(int(c) for c in counts) - passes
 
     def reduce(self, params: list[torch.nn.Parameter], metrics: dict[str, float]) -> dict[str, float]:
         """Gradients were reduce-scattered (summed) in the backward; only the metrics are reduced here."""

@@ -160,6 +160,11 @@ class GradientSync(Protocol):
         """One process's skip decision for all, so every replica steps or none does."""
         ...
 
+    def filler_passes(self, passes: int) -> int:
+        """How many passes that add nothing this process runs after its ``passes`` forward/backward passes
+        of a mini-batch, so that every process runs as many (FSDP2: each pass is a collective)."""
+        ...
+
 
 def autocast_context(enabled: bool):
     """bf16 autocast on CPU when enabled, otherwise a no-op context."""
@@ -318,7 +323,10 @@ def _optimizer_step(
     rows = torch.arange(n) if sync is None else sync.local_rows(mb)
     rows, trained_tokens = _rows_to_train(mb, rows, s, sync is None and value is None)
     trained = len(rows) if sync is None else n  # the rows whose metrics are averaged (share denominator)
-    for micro_idx in micro_batches(mb, rows, micro, s):
+    chunks = micro_batches(mb, rows, micro, s)
+    # passes that add nothing, after this rank's own (agreed before any pass: a collective itself)
+    fillers = 0 if sync is None else sync.filler_passes(len(chunks))
+    for micro_idx in chunks:
         m = mb.select(micro_idx) if len(micro_idx) < n else mb
         share = len(micro_idx) / trained
         metrics = _micro_backward(
@@ -326,6 +334,8 @@ def _optimizer_step(
         )
         for k, v in metrics.items():
             accumulate_metric(sums, k, v, share)
+    for _ in range(fillers):
+        _filler_backward(model, mb.select(rows[:1]), s)
     if s.skip_zero_advantage:
         sums["actor/trained_frac"] = trained / n
     params = [p for p in model.parameters() if p.requires_grad]
@@ -351,6 +361,25 @@ def _optimizer_step(
     else:
         sums["actor/skipped_nonfinite"] = 1.0
     return dict(sums)
+
+
+def _filler_backward(model: torch.nn.Module, m: Experience, s: UpdateSettings) -> None:
+    """A pass that adds nothing: ``m``'s forward (one row) and a backward of its log-probs times 0, so
+    this rank joins the collectives of a pass that another rank runs on its larger share (FSDP2: every
+    forward all-gathers, every backward reduce-scatters). The gradient it adds is exactly 0."""
+    r = m.rollout
+    with autocast_context(s.autocast_bf16):
+        logprobs, _ = response_logprobs(
+            model,
+            r.prompt_ids,
+            r.prompt_mask,
+            r.response_ids,
+            r.response_mask,
+            temperature=s.temperature,
+            share_prefix=s.share_prefix,
+            packed=s.micro_batch_tokens is not None,
+        )
+    (logprobs.float().sum() * 0.0).backward()
 
 
 def _reference_tokens(r: RolloutBatch) -> int:

@@ -60,6 +60,16 @@ CASES = {
     },
     # a loss that needs whole groups: each rank back-propagates 2 of the 4 groups
     "whole_groups": {"algorithm": {"name": "agro"}, "trainer": {"micro_batch_size": 3}},
+    # groups of unequal size (adaptive group size grew one to 9): rank 0's 12 rows take 4 micro-batches,
+    # rank 1's 6 take 2, so rank 1 runs 2 passes that add nothing (FSDP2's collectives need as many)
+    "uneven_groups": {
+        "algorithm": {"name": "agro"},
+        "trainer": {"micro_batch_size": 3},
+        "groups": [3, 9, 3, 3],
+    },
+    # packed token-budget micro-batches: each rank's count depends on its rows' lengths (fillers even it out)
+    # (a budget of 19 tokens packs rank 0's rows into 3 micro-batches and rank 1's into 4)
+    "packed": {"algorithm": {"name": "rloo", "beta": 0.0}, "trainer": {"micro_batch_tokens": 19}},
     # LoRA adapters (the base frozen, sharded too) and the KL reference that is the sharded policy with its
     # adapter off, scored on the shards; published merged under the base names
     "lora": {
@@ -85,25 +95,28 @@ def _cfg(model_dir: Path, case: dict, strategy: str = "fsdp2"):
     )
 
 
-def _batch(vocab: int) -> tuple[RolloutBatch, torch.Tensor]:
+def _batch(vocab: int, groups: list[int] | None = None) -> tuple[RolloutBatch, torch.Tensor]:
+    """``B`` rows in groups of ``N``, or groups of the ``groups`` sizes (as adaptive group size grows them)."""
+    sizes = torch.tensor(groups or [N] * (B // N))
+    rows = int(sizes.sum())
     g = torch.Generator().manual_seed(3)
-    lengths = torch.randint(1, R + 1, (B,), generator=g)
+    lengths = torch.randint(1, R + 1, (rows,), generator=g)
     mask = torch.arange(R)[None, :] < lengths[:, None]  # [B, R] ragged
-    prompt_mask = torch.ones(B, P, dtype=torch.bool)
+    prompt_mask = torch.ones(rows, P, dtype=torch.bool)
     prompt_mask[::4, 0] = False  # some left padding
     batch = RolloutBatch(
-        prompt_ids=torch.randint(3, vocab, (B, P), generator=g) * prompt_mask,
+        prompt_ids=torch.randint(3, vocab, (rows, P), generator=g) * prompt_mask,
         prompt_mask=prompt_mask,
-        response_ids=torch.randint(3, vocab, (B, R), generator=g) * mask,
+        response_ids=torch.randint(3, vocab, (rows, R), generator=g) * mask,
         response_mask=mask,
-        behavior_logprobs=-torch.rand(B, R, generator=g) * 3 * mask,
-        group_ids=torch.arange(B) // N,
-        policy_version=torch.zeros(B, dtype=torch.long),
-        prompts=["p"] * B,
-        completions=["c"] * B,
-        finish_reasons=["length"] * B,
+        behavior_logprobs=-torch.rand(rows, R, generator=g) * 3 * mask,
+        group_ids=torch.repeat_interleave(torch.arange(len(sizes)), sizes),
+        policy_version=torch.zeros(rows, dtype=torch.long),
+        prompts=["p"] * rows,
+        completions=["c"] * rows,
+        finish_reasons=["length"] * rows,
     )
-    return batch, torch.rand(B, generator=g)
+    return batch, torch.rand(rows, generator=g)
 
 
 def _record(optimizer: torch.optim.Optimizer, grads: list[torch.Tensor]) -> None:
@@ -164,10 +177,10 @@ def _learner(cfg, dp: DataParallel | None) -> tuple[LearnerStep, list[torch.Tens
     return learn, grads
 
 
-def _run_case(cfg, dp: DataParallel | None) -> dict:
+def _run_case(cfg, dp: DataParallel | None, groups: list[int] | None = None) -> dict:
     learn, grads = _learner(cfg, dp)
     if dp is None or dp.rank == 0:
-        metrics = learn(*_batch(learn.policy.config.vocab_size))
+        metrics = learn(*_batch(learn.policy.config.vocab_size, groups))
     else:
         inputs = learn.dp.receive()
         assert inputs is not None
@@ -239,7 +252,7 @@ def _rank_main(rank: int, port: int, model_dir: str, out: str) -> None:
         results = {}
         for name, case in CASES.items():
             cfg = _cfg(Path(model_dir), case)
-            res = _run_case(cfg, DataParallel(rank, 2, whole_groups=whole_groups(cfg)))
+            res = _run_case(cfg, DataParallel(rank, 2, whole_groups=whole_groups(cfg)), case.get("groups"))
             learn = res.pop("learn")
             results[name] = res
             if name == "seq_mean":
@@ -294,7 +307,7 @@ def fsdp_results(tiny_model_dir, tmp_path_factory):
 def test_fsdp2_gradients_equal_one_process(name, fsdp_results, tiny_model_dir):
     torch.set_num_threads(1)
     _, (rank0, rank1) = fsdp_results
-    ref = _run_case(_cfg(tiny_model_dir, CASES[name], strategy="auto"), None)
+    ref = _run_case(_cfg(tiny_model_dir, CASES[name], strategy="auto"), None, CASES[name].get("groups"))
     r0, r1 = rank0[name], rank1[name]
     assert len(ref["grads"]) == len(r0["grads"]) == len(r1["grads"]) >= 1
     for g1, g0, gr in zip(ref["grads"], r0["grads"], r1["grads"], strict=True):
@@ -352,8 +365,8 @@ def test_dcp_checkpoint_restores_same_and_one_process(fsdp_results, tiny_model_d
 def test_fsdp2_config_rules(tiny_model_dir):
     shared = _cfg(tiny_model_dir, {"algorithm": {"name": "rloo"}, "trainer": {"shared_prefix": True}})
     assert not shared.trainer.prefix_sharing  # fsdp2 turns prefix sharing off (equal forwards per rank)
-    with pytest.raises(ConfigError, match="trainer.strategy"):  # 3 groups over 2 ranks (whole groups)
-        _cfg(tiny_model_dir, {"algorithm": {"name": "agro"}, "trainer": {"mini_batch_size": 9}})
+    # shares that need unequal numbers of passes are run with passes that add nothing: token budgets too
+    assert _cfg(tiny_model_dir, {"algorithm": {"name": "agro"}, "trainer": {"micro_batch_tokens": 32}})
     critic = {"lr": 1e-3}  # a separate value model is sharded like the policy; a shared head is refused
     assert _cfg(tiny_model_dir, {"algorithm": {"name": "ppo"}, "trainer": {}, "critic": critic}).critic
     with pytest.raises(ConfigError, match="trainer.strategy"):
