@@ -89,7 +89,9 @@ class LearnerStep:
             max_new_tokens=cfg.rollout.max_new_tokens,
             share_prefix=cfg.trainer.prefix_sharing,
             reference_coef=reference_coef(cfg),
-            dedupe=cfg.trainer.row_dedupe,
+            # one forward per micro-batch either way, so FSDP2's ranks stay in step (its scoring passes
+            # do not dedupe: their chunk counts would differ per rank)
+            dedupe=cfg.trainer.dedupe_rows,
         )
         exp = ExperienceSettings.from_config(
             cfg.algorithm,

@@ -13,6 +13,7 @@ process.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import multiprocessing as mp
 import weakref
@@ -67,6 +68,9 @@ CASES = {
         "trainer": {"micro_batch_size": 3},
         "groups": [3, 9, 3, 3],
     },
+    # identical rows run once in the update (dedupe_rows), also under FSDP2; the groups' scores differ, but
+    # every row of a group is the same sequence: 4 distinct rows of 12
+    "dedupe": {"algorithm": {"name": "rloo"}, "trainer": {"micro_batch_size": 6}, "copies": True},
     # packed token-budget micro-batches: each rank's count depends on its rows' lengths (fillers even it out)
     # (a budget of 19 tokens packs rank 0's rows into 3 micro-batches and rank 1's into 4)
     "packed": {"algorithm": {"name": "rloo", "beta": 0.0}, "trainer": {"micro_batch_tokens": 19}},
@@ -95,8 +99,11 @@ def _cfg(model_dir: Path, case: dict, strategy: str = "fsdp2"):
     )
 
 
-def _batch(vocab: int, groups: list[int] | None = None) -> tuple[RolloutBatch, torch.Tensor]:
-    """``B`` rows in groups of ``N``, or groups of the ``groups`` sizes (as adaptive group size grows them)."""
+def _batch(
+    vocab: int, groups: list[int] | None = None, copies: bool = False
+) -> tuple[RolloutBatch, torch.Tensor]:
+    """``B`` rows in groups of ``N``, or groups of the ``groups`` sizes (as adaptive group size grows them).
+    ``copies``: every group's rows are copies of its first (same prompt and response: one distinct row each)."""
     sizes = torch.tensor(groups or [N] * (B // N))
     rows = int(sizes.sum())
     g = torch.Generator().manual_seed(3)
@@ -116,7 +123,18 @@ def _batch(vocab: int, groups: list[int] | None = None) -> tuple[RolloutBatch, t
         completions=["c"] * rows,
         finish_reasons=["length"] * rows,
     )
-    return batch, torch.rand(rows, generator=g)
+    scores = torch.rand(rows, generator=g)
+    if copies:
+        first = torch.searchsorted(batch.group_ids, batch.group_ids)  # [rows] each group's first row
+        batch = dataclasses.replace(
+            batch,
+            prompt_ids=batch.prompt_ids[first],
+            prompt_mask=batch.prompt_mask[first],
+            response_ids=batch.response_ids[first],
+            response_mask=batch.response_mask[first],
+            behavior_logprobs=batch.behavior_logprobs[first],
+        )
+    return batch, scores
 
 
 def _record(optimizer: torch.optim.Optimizer, grads: list[torch.Tensor]) -> None:
@@ -177,10 +195,12 @@ def _learner(cfg, dp: DataParallel | None) -> tuple[LearnerStep, list[torch.Tens
     return learn, grads
 
 
-def _run_case(cfg, dp: DataParallel | None, groups: list[int] | None = None) -> dict:
+def _run_case(cfg, dp: DataParallel | None, case: dict) -> dict:
     learn, grads = _learner(cfg, dp)
     if dp is None or dp.rank == 0:
-        metrics = learn(*_batch(learn.policy.config.vocab_size, groups))
+        metrics = learn(
+            *_batch(learn.policy.config.vocab_size, case.get("groups"), case.get("copies", False))
+        )
     else:
         inputs = learn.dp.receive()
         assert inputs is not None
@@ -252,7 +272,7 @@ def _rank_main(rank: int, port: int, model_dir: str, out: str) -> None:
         results = {}
         for name, case in CASES.items():
             cfg = _cfg(Path(model_dir), case)
-            res = _run_case(cfg, DataParallel(rank, 2, whole_groups=whole_groups(cfg)), case.get("groups"))
+            res = _run_case(cfg, DataParallel(rank, 2, whole_groups=whole_groups(cfg)), case)
             learn = res.pop("learn")
             results[name] = res
             if name == "seq_mean":
@@ -307,7 +327,7 @@ def fsdp_results(tiny_model_dir, tmp_path_factory):
 def test_fsdp2_gradients_equal_one_process(name, fsdp_results, tiny_model_dir):
     torch.set_num_threads(1)
     _, (rank0, rank1) = fsdp_results
-    ref = _run_case(_cfg(tiny_model_dir, CASES[name], strategy="auto"), None, CASES[name].get("groups"))
+    ref = _run_case(_cfg(tiny_model_dir, CASES[name], strategy="auto"), None, CASES[name])
     r0, r1 = rank0[name], rank1[name]
     assert len(ref["grads"]) == len(r0["grads"]) == len(r1["grads"]) >= 1
     for g1, g0, gr in zip(ref["grads"], r0["grads"], r1["grads"], strict=True):
@@ -319,6 +339,8 @@ def test_fsdp2_gradients_equal_one_process(name, fsdp_results, tiny_model_dir):
     for key in ("actor/pg_loss", "actor/grad_norm", "rollout/logprob_diff_mean"):
         assert r0["metrics"][key] == pytest.approx(ref["metrics"][key], rel=1e-5, abs=1e-7), key
         assert r0["metrics"][key] == r1["metrics"][key], key
+    if CASES[name].get("copies"):  # the update ran each distinct row once on the shards too
+        assert r0["metrics"]["actor/distinct_frac"] == ref["metrics"]["actor/distinct_frac"] == 4 / 12
 
 
 @pytest.mark.parametrize("name", list(CASES))
