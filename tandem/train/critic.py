@@ -143,7 +143,7 @@ def _critic_step(
         out["critic/vf_loss"] += float(loss.detach())  # shares of the mini-batch loss add up to it
         out["critic/vf_clipfrac"] += clipfrac * tokens / mini_tokens
     for _ in range(fillers):  # passes that add nothing, so every rank runs as many
-        r = mb.select(rows[:1]).rollout
+        r = mb.select(rows[:1] if len(rows) else torch.zeros(1, dtype=torch.long)).rollout
         with autocast_context(s.autocast_bf16):
             values = critic.values(r.prompt_ids, r.prompt_mask, r.response_ids, r.response_mask)
         (values.float().sum() * 0.0).backward()

@@ -334,8 +334,8 @@ def _optimizer_step(
         )
         for k, v in metrics.items():
             accumulate_metric(sums, k, v, share)
-    for _ in range(fillers):
-        _filler_backward(model, mb.select(rows[:1]), s)
+    for _ in range(fillers):  # on one of this rank's rows (row 0 if it has none)
+        _filler_backward(model, mb.select(rows[:1] if len(rows) else torch.zeros(1, dtype=torch.long)), s)
     if s.skip_zero_advantage:
         sums["actor/trained_frac"] = trained / n
     params = [p for p in model.parameters() if p.requires_grad]
