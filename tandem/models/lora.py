@@ -227,6 +227,7 @@ def publishable_entries(
     base = policy.get_base_model()
     root = next(name for name, module in policy.named_modules() if module is base) + "."
     layers: dict[str, Any] = {}  # an adapted layer's name in the base -> the layer
+    needed: dict[str, list[str]] = {}  # -> the parts its merged weight needs
     for name, module in base.named_modules():
         if not isinstance(module, LoraLayer) or module.merged:
             continue
@@ -237,6 +238,9 @@ def publishable_entries(
                 hint="stream only plain linear adapters (no DoRA)",
             )
         layers[name] = module
+        needed[name] = ["base_layer.weight"] + [
+            f"lora_{ab}.{a}.weight" for a in module.active_adapters if a in module.lora_A for ab in "AB"
+        ]
     held: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in entries:
         if not key.startswith(root):
@@ -246,18 +250,14 @@ def publishable_entries(
         if owner is None:
             yield _base_name(key), tensor
             continue
-        module = layers[owner]
-        if part.startswith(("lora_A.", "lora_B.")) and part.split(".")[1] not in module.active_adapters:
-            continue  # an inactive adapter: not part of the published weights
-        parts = held.setdefault(owner, {})
-        parts[part] = tensor
-        if part == "base_layer.bias":
+        if part == "base_layer.bias":  # not merged: under the base name as it comes
             yield f"{owner}.bias", tensor
-            del parts[part]
-        needed = ["base_layer.weight"] + [
-            f"lora_{ab}.{a}.weight" for a in module.active_adapters if a in module.lora_A for ab in "AB"
-        ]
-        if all(n in parts for n in needed):
+            continue
+        if part not in needed[owner]:
+            continue  # an inactive adapter's: not part of the published weights
+        module, parts = layers[owner], held.setdefault(owner, {})
+        parts[part] = tensor
+        if all(n in parts for n in needed[owner]):
             merged = parts["base_layer.weight"].detach().clone()
             for a in module.active_adapters:
                 if a in module.lora_A:

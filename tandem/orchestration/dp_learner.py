@@ -185,8 +185,8 @@ class DataParallelLearner:
                 critic_extra = {"optimizer": learn.critic_optimizer.state_dict()} if separate else {}
                 dp.broadcast_replica(learn.critic, critic_extra)
                 if isinstance(dp, FullyShardedDataParallel):  # sharded in place; a new optimiser steps it
-                    plain, dp.critic = learn.critic_optimizer, learn.critic
-                    learn.critic_optimizer = shard_critic(cfg, dp, critic_extra)
+                    plain = learn.critic_optimizer
+                    learn.critic_optimizer = shard_critic(cfg, dp, learn.critic, critic_extra)
                     release_plain_optimizer(plain)
             learn.dp = dp
         except BaseException:
@@ -293,22 +293,23 @@ def sharded_rank(
 
 
 def shard_critic(
-    cfg: TandemConfig, dp: FullyShardedDataParallel, extra: dict[str, Any]
+    cfg: TandemConfig, dp: FullyShardedDataParallel, critic: torch.nn.Module, extra: dict[str, Any]
 ) -> torch.optim.Optimizer:
-    """``trainer.strategy: fsdp2`` with a PPO value model (``dp.critic``, rank 0's replica already on every
+    """``trainer.strategy: fsdp2`` with a PPO value model (``critic``, rank 0's replica already on every
     rank): shard it in place on every rank — rank 0 included, since only the learner phases read it and
     checkpoints write its shards — then build its optimiser over the shards and load rank 0's state
-    (``extra``) into it; returns that optimiser (also ``dp.critic_optimizer``)."""
-    assert cfg.critic is not None and dp.critic is not None
+    (``extra``) into it; both become ``dp.critic`` / ``dp.critic_optimizer``. Returns that optimiser."""
+    assert cfg.critic is not None
     f = cfg.trainer.fsdp
+    dp.critic = critic
     shard_module(
-        dp.critic,
+        critic,
         cpu_offload=f.cpu_offload,
         param_dtype=f.param_dtype,
         reduce_dtype=f.reduce_dtype,
         forward_methods=("values",),
     )
-    dp.critic_optimizer = build_critic_optimizer(dp.critic, cfg.critic, cfg.trainer)
+    dp.critic_optimizer = build_critic_optimizer(critic, cfg.critic, cfg.trainer)
     shard_optimizer_state(extra["optimizer"], dp.critic_optimizer)
     return dp.critic_optimizer
 
@@ -393,8 +394,7 @@ def _serve(spec: RankSpec) -> None:
     if critic is not None:
         critic_extra = dp.broadcast_replica(critic)
         if isinstance(dp, FullyShardedDataParallel):
-            dp.critic = critic
-            critic_optimizer = shard_critic(cfg, dp, critic_extra)
+            critic_optimizer = shard_critic(cfg, dp, critic, critic_extra)
         elif critic_optimizer is not None:
             critic_optimizer.load_state_dict(critic_extra["optimizer"])
     learn = LearnerStep.from_config(

@@ -23,7 +23,7 @@ import torch
 from tandem.algos import value_loss
 from tandem.config.schema import CriticConfig, TrainerConfig
 from tandem.models.value import SharedValueHead
-from tandem.train.update import GradientSync, SharedValue, autocast_context, group_shuffle
+from tandem.train.update import GradientSync, SharedValue, autocast_context, filler_row, group_shuffle
 from tandem.types import Experience
 
 
@@ -143,7 +143,7 @@ def _critic_step(
         out["critic/vf_loss"] += float(loss.detach())  # shares of the mini-batch loss add up to it
         out["critic/vf_clipfrac"] += clipfrac * tokens / mini_tokens
     for _ in range(fillers):  # passes that add nothing, so every rank runs as many
-        r = mb.select(rows[:1] if len(rows) else torch.zeros(1, dtype=torch.long)).rollout
+        r = mb.select(filler_row(rows)).rollout
         with autocast_context(s.autocast_bf16):
             values = critic.values(r.prompt_ids, r.prompt_mask, r.response_ids, r.response_mask)
         (values.float().sum() * 0.0).backward()

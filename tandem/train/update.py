@@ -334,8 +334,8 @@ def _optimizer_step(
         )
         for k, v in metrics.items():
             accumulate_metric(sums, k, v, share)
-    for _ in range(fillers):  # on one of this rank's rows (row 0 if it has none)
-        _filler_backward(model, mb.select(rows[:1] if len(rows) else torch.zeros(1, dtype=torch.long)), s)
+    for _ in range(fillers):
+        _filler_backward(model, mb.select(filler_row(rows)), s)
     if s.skip_zero_advantage:
         sums["actor/trained_frac"] = trained / n
     params = [p for p in model.parameters() if p.requires_grad]
@@ -361,6 +361,12 @@ def _optimizer_step(
     else:
         sums["actor/skipped_nonfinite"] = 1.0
     return dict(sums)
+
+
+def filler_row(rows: torch.Tensor) -> torch.Tensor:
+    """The row a pass that adds nothing runs on: the first of this rank's ``rows``, or row 0 of the
+    mini-batch if it has none. ``[1]`` long."""
+    return rows[:1] if len(rows) else torch.zeros(1, dtype=torch.long)
 
 
 def _filler_backward(model: torch.nn.Module, m: Experience, s: UpdateSettings) -> None:
