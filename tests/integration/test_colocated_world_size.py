@@ -220,7 +220,7 @@ def test_two_fsdp2_ranks_train_a_lora_adapter_as_one_process(lora_runs):
     assert one[-1]["actor/kl"] > 0  # the adapter moved the policy away from the reference
     for a, b in zip(one, two, strict=True):
         for key in ("actor/pg_loss", "actor/grad_norm", "actor/kl"):
-            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7), key
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key  # pg_loss is ~0: fp32 noise
     for step in (2, 4):
         w1, w2 = _adapter(lora_runs["one"], step), _adapter(lora_runs["straight"], step)
         assert w1.keys() == w2.keys() and all("lora_" in name for name in w1)
@@ -240,7 +240,7 @@ def test_two_fsdp2_ranks_train_a_ppo_critic_as_one_process(critic_runs):
     assert one[0]["reward/mean"] == two[0]["reward/mean"]
     for a, b in zip(one, two, strict=True):
         for key in ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm"):
-            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7), key
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key  # pg_loss is ~0: fp32 noise
     assert one[-1]["critic/grad_norm"] > 0
     w1, w2 = _weights(critic_runs["one"], 4), _weights(critic_runs["straight"], 4)
     for name in w1:
@@ -263,7 +263,7 @@ def test_two_fsdp2_ranks_train_grown_groups_as_one_process(adaptive_runs):
     for a, b in zip(one, two, strict=True):
         assert b["adaptive/extra_samples"] == a["adaptive/extra_samples"]
         for key in ("actor/pg_loss", "actor/grad_norm"):
-            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7), key
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key  # pg_loss is ~0: fp32 noise
     w1, w2 = _weights(adaptive_runs["one"], 4), _weights(adaptive_runs["straight"], 4)
     for name in w1:
         torch.testing.assert_close(w2[name], w1[name], rtol=0, atol=1e-6)

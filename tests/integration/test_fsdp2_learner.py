@@ -246,7 +246,7 @@ def test_two_fsdp2_ranks_train_a_lora_adapter_as_one_process(lora_runs):
     assert r1[-1]["actor/kl"] > 0
     for a, b in zip(r1, r2, strict=True):
         for key in ("actor/pg_loss", "actor/grad_norm", "actor/kl"):
-            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7), key
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key  # pg_loss is ~0: fp32 noise
     assert two.last_metrics["eval/accuracy"] == one.last_metrics["eval/accuracy"]
     for step in (2, 4):  # model/ holds the adapter, gathered into a plain LoRA copy
         folders = [checkpoint_dir(r.run_dir / "checkpoints", step) / "model" for r in (one, two)]
@@ -279,7 +279,7 @@ def test_two_fsdp2_ranks_train_a_ppo_critic_as_one_process(critic_runs):
     assert [r["reward/mean"] for r in r1] == [r["reward/mean"] for r in r2]
     for a, b in zip(r1, r2, strict=True):
         for key in ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm"):
-            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7), key
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key  # pg_loss is ~0: fp32 noise
     for step in (2, 4):
         w1, w2 = _model(one, step), _model(two, step)
         for name in w1:
