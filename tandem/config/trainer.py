@@ -127,8 +127,8 @@ class TrainerConfig(Section):
         description="Run the model once per distinct row (same prompt and same response tokens: a group's "
         "samples that gave the same answer, common with short answers) and copy its log-probs to the "
         "copies; same loss and gradients (a copy's gradient is summed into the one forward), less "
-        "compute; actor/distinct_frac is the share of rows that ran. Off with a shared value head; with "
-        "strategy fsdp2 only the update dedupes (not the no-grad scoring passes).",
+        "compute; actor/distinct_frac is the share of rows that ran. Off with a shared value head. Data-parallel "
+        "learners share the batch's distinct rows out among their ranks in the no-grad scoring passes.",
     )
 
     @property
@@ -137,11 +137,3 @@ class TrainerConfig(Section):
         fsdp2 (each forward all-gathers parameters, so every rank must run as many of them; prompt passes
         per rank depend on which groups its rows come from)."""
         return self.shared_prefix and self.strategy != "fsdp2"
-
-    @property
-    def row_dedupe(self) -> bool:
-        """Whether the no-grad scoring passes run identical rows once: ``dedupe_rows`` unless the strategy is
-        fsdp2 (each rank must run as many forwards, and a rank's distinct rows, split into micro-batches,
-        could take fewer). The update dedupes whenever ``dedupe_rows`` is on: it runs one forward per
-        micro-batch either way."""
-        return self.dedupe_rows and self.strategy != "fsdp2"

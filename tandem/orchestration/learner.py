@@ -89,8 +89,7 @@ class LearnerStep:
             max_new_tokens=cfg.rollout.max_new_tokens,
             share_prefix=cfg.trainer.prefix_sharing,
             reference_coef=reference_coef(cfg),
-            # one forward per micro-batch either way, so FSDP2's ranks stay in step (its scoring passes
-            # do not dedupe: their chunk counts would differ per rank)
+            # one forward per micro-batch either way, so FSDP2's ranks stay in step
             dedupe=cfg.trainer.dedupe_rows,
         )
         exp = ExperienceSettings.from_config(
@@ -100,7 +99,7 @@ class LearnerStep:
             micro_batch_size=cfg.trainer.micro_batch_size,
             share_prefix=cfg.trainer.prefix_sharing,
             micro_batch_tokens=cfg.trainer.micro_batch_tokens,
-            dedupe=cfg.trainer.row_dedupe,
+            dedupe=cfg.trainer.dedupe_rows,
         )
         kl = cfg.algorithm.kl
         kl_ctl = (

@@ -19,6 +19,7 @@ sharded by rows and gathered, which also makes their results the same bytes on e
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import zlib
@@ -31,7 +32,8 @@ import torch
 import torch.distributed as dist
 
 from tandem.errors import ConfigError, TandemError
-from tandem.train.experience import ExperienceSettings
+from tandem.models.forward import distinct_rows
+from tandem.train.experience import ExperienceSettings, Scorer
 from tandem.train.update import metric_reduction
 from tandem.types import OPTIONAL_ROLLOUT_TENSORS, ROLLOUT_TENSORS, Experience, RolloutBatch
 
@@ -175,23 +177,44 @@ class DataParallel:
 
     def scoring_logprobs(
         self,
-        scorer: Callable[[torch.nn.Module, RolloutBatch, ExperienceSettings], torch.Tensor],
+        scorer: Scorer,
         model: torch.nn.Module,
         r: RolloutBatch,
         s: ExperienceSettings,
     ) -> torch.Tensor:
-        """``scorer`` over the whole batch, each rank scoring a near-equal chunk of rows, gathered on all
+        """``scorer`` over the whole batch, each rank scoring a near-equal share of its rows, gathered on all
         ranks. Naive equivalent: ``scorer(model, r, s)`` on one process. ``[B, R]`` float32. Serves the
-        log-prob passes and the critic's old values (any per-token ``[b, R]`` no-grad pass)."""
-        parts = torch.arange(r.batch_size).tensor_split(self.world_size)
+        log-prob passes and the critic's old values (any per-token ``[b, R]`` no-grad pass).
+
+        With ``s.dedupe`` the batch's distinct rows (:func:`~tandem.models.forward.distinct_rows`, the same on
+        every rank: the batch is broadcast) are shared out, and each result is copied back to its copies."""
+        found = (
+            distinct_rows(r.prompt_ids, r.prompt_mask, r.response_ids, r.response_mask) if s.dedupe else None
+        )
+        rows = found[0] if found is not None else torch.arange(r.batch_size)  # [u] in row order
+        parts = rows.tensor_split(self.world_size)
         mine = parts[self.rank]
         width = r.response_ids.shape[1]
-        local = scorer(model, r.select(mine), s) if len(mine) else torch.zeros(0, width)
+        local = self.score_share(scorer, model, r, mine, dataclasses.replace(s, dedupe=False))  # [b, R]
         padded = torch.zeros(len(parts[0]), width, dtype=torch.float32, device=self.device)
         padded[: len(mine)] = local.to(self.device)
         gathered = [torch.empty_like(padded) for _ in range(self.world_size)]
         dist.all_gather(gathered, padded)
-        return torch.cat([g[: len(p)] for g, p in zip(gathered, parts, strict=True)]).to(local.device)
+        out = torch.cat([g[: len(p)] for g, p in zip(gathered, parts, strict=True)]).to(
+            local.device
+        )  # [u, R]
+        return out[found[1]] if found is not None else out
+
+    def score_share(
+        self,
+        scorer: Scorer,
+        model: torch.nn.Module,
+        r: RolloutBatch,
+        rows: torch.Tensor,  # [b] this rank's rows of r
+        s: ExperienceSettings,
+    ) -> torch.Tensor:
+        """This rank's share of a scoring pass: ``scorer`` on ``rows`` of ``r``. ``[b, R]`` float32."""
+        return scorer(model, r.select(rows), s) if len(rows) else torch.zeros(0, r.response_ids.shape[1])
 
     # -- step inputs ---------------------------------------------------------------------------------------
     def send_step(self, inputs: StepInputs) -> None:

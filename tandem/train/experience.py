@@ -20,6 +20,7 @@ from tandem.algos import (
 )
 from tandem.config.schema import AlgorithmConfig
 from tandem.models.forward import response_logprobs
+from tandem.models.packing import row_lengths, token_budget_chunks
 from tandem.train.update import autocast_context
 from tandem.types import Experience, RolloutBatch
 
@@ -79,6 +80,10 @@ class ExperienceSettings:
         )
 
 
+# a no-grad per-token pass: (model, batch, settings) -> [B, R] float32 (scoring_logprobs, critic_values)
+Scorer = Callable[[torch.nn.Module, RolloutBatch, ExperienceSettings], torch.Tensor]
+
+
 @torch.no_grad()
 def scoring_logprobs(model: torch.nn.Module, r: RolloutBatch, s: ExperienceSettings) -> torch.Tensor:
     """Log-probs of the sampled response tokens under ``model`` (no grad, eval mode). ``[B, R]``."""
@@ -101,6 +106,18 @@ def scoring_logprobs(model: torch.nn.Module, r: RolloutBatch, s: ExperienceSetti
     finally:
         model.train(was_training)
     return lp.float()
+
+
+def scoring_chunks(r: RolloutBatch, rows: torch.Tensor, s: ExperienceSettings) -> list[torch.Tensor]:
+    """The forwards a scoring pass over ``rows`` of ``r`` takes, as :func:`scoring_logprobs` splits them:
+    chunks of ``s.micro_batch_size`` rows, or with ``s.micro_batch_tokens`` rows whose real tokens fit the
+    budget. ``rows`` ``[b]`` -> list of ``[b_i]`` long positions in ``rows``, together ``range(b)``."""
+    if not len(rows):
+        return []
+    if s.micro_batch_tokens is not None:
+        lengths = row_lengths(r.prompt_mask[rows], r.response_mask[rows]).cpu()  # [b]
+        return token_budget_chunks(lengths, s.micro_batch_tokens)
+    return list(torch.arange(len(rows)).split(s.micro_batch_size or len(rows)))
 
 
 @torch.no_grad()
@@ -135,8 +152,8 @@ def make_experience(
     critic: torch.nn.Module | None = None,
     teacher: torch.nn.Module | None = None,
     beta: float | None = None,
-    logprobs_fn: Callable[[torch.nn.Module, RolloutBatch, ExperienceSettings], torch.Tensor] | None = None,
-    values_fn: Callable[[torch.nn.Module, RolloutBatch, ExperienceSettings], torch.Tensor] | None = None,
+    logprobs_fn: Scorer | None = None,
+    values_fn: Scorer | None = None,
 ) -> tuple[Experience, dict[str, float]]:
     """Compute what the update needs. ``policy`` is given only when old log-probs must be recomputed
     (several epochs or mini-batches); otherwise the update uses its own first forward as the old policy.

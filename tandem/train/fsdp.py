@@ -49,6 +49,7 @@ folder that every rank writes its shards into (:meth:`FullyShardedDataParallel.s
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import nullcontext
@@ -71,7 +72,8 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from tandem.models.lora import AdapterDisabled, adapted_like, is_lora
 from tandem.train.averaging import WeightAverage
 from tandem.train.distributed import DataParallel, StepInputs
-from tandem.train.experience import ExperienceSettings
+from tandem.train.experience import ExperienceSettings, Scorer, scoring_chunks
+from tandem.train.update import filler_row
 from tandem.types import RolloutBatch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -190,30 +192,46 @@ class FullyShardedDataParallel(DataParallel):
 
     def scoring_logprobs(
         self,
-        scorer: Callable[[torch.nn.Module, RolloutBatch, ExperienceSettings], torch.Tensor],
+        scorer: Scorer,
         model: torch.nn.Module,
         r: RolloutBatch,
         s: ExperienceSettings,
     ) -> torch.Tensor:
-        """The policy's passes run on the sharded module with every rank's chunk padded to the same rows
-        (row 0 repeated, its output dropped), and so do a LoRA policy's reference passes (the sharded module
-        with its adapter off); other models (a separate reference) score as in plain DP."""
+        """The policy's passes run on the sharded module, and so do a LoRA policy's reference passes (the
+        sharded module with its adapter off) and the critic's old values (:meth:`score_share`); other models
+        (a separate reference) score as in plain DP."""
         if isinstance(model, AdapterDisabled) and any(model.policy is m for m in (self.full, self.module)):
-            target: torch.nn.Module = AdapterDisabled(self.module)
-        elif model is self.full or model is self.module:
-            target = self.module
-        elif model is not None and model is self.critic:  # old values (critic_values)
-            target = model
-        else:
-            return super().scoring_logprobs(scorer, model, r, s)
-        parts = torch.arange(r.batch_size).tensor_split(self.world_size)
-        mine, width = parts[self.rank], len(parts[0])
-        padded_rows = torch.cat([mine, torch.zeros(width - len(mine), dtype=torch.long)])
-        scored = scorer(target, r.select(padded_rows), s)  # [width, R]
-        local = scored.to(self.device).contiguous()
-        gathered = [torch.empty_like(local) for _ in range(self.world_size)]
-        dist.all_gather(gathered, local)
-        return torch.cat([g[: len(p)] for g, p in zip(gathered, parts, strict=True)]).to(scored.device)
+            model = AdapterDisabled(self.module)
+        elif model is self.full:
+            model = self.module
+        return super().scoring_logprobs(scorer, model, r, s)
+
+    def score_share(
+        self,
+        scorer: Scorer,
+        model: torch.nn.Module,
+        r: RolloutBatch,
+        rows: torch.Tensor,  # [b] this rank's rows of r
+        s: ExperienceSettings,
+    ) -> torch.Tensor:
+        """On a sharded model every forward is a collective: this rank's rows run as micro-batches (of
+        ``s.micro_batch_size`` rows, or of ``s.micro_batch_tokens`` real tokens), one ``scorer`` call and one
+        forward each, and a rank with fewer micro-batches than another runs the difference as one-row
+        forwards whose output is dropped (:meth:`filler_passes`). ``[b, R]`` float32."""
+        sharded = model is self.module or (model is not None and model is self.critic)
+        if isinstance(model, AdapterDisabled):
+            sharded = model.policy is self.module
+        if not sharded:
+            return super().score_share(scorer, model, r, rows, s)
+        chunks = scoring_chunks(r, rows, s)  # positions in rows
+        fillers = self.filler_passes(len(chunks))  # agreed before any pass (a collective itself)
+        one = dataclasses.replace(s, micro_batch_size=None)  # a chunk is one forward (a token chunk fits)
+        local = torch.zeros(len(rows), r.response_ids.shape[1])
+        for c in chunks:
+            local[c] = scorer(model, r.select(rows[c]), one).to(local.device)
+        for _ in range(fillers):
+            scorer(model, r.select(filler_row(rows)), one)
+        return local
 
     def end_step(self, *models: torch.nn.Module) -> None:
         """With ``keeps_full``: gather the updated parameters into rank 0's plain policy (every rank joins

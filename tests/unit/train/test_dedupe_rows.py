@@ -125,7 +125,7 @@ def test_update_with_dedupe_equals_every_row(tiny_model_dir, aggregation):
         trainer = TrainerConfig(max_grad_norm=None, lr=1e-3, dedupe_rows=dedupe)
         settings = UpdateSettings.from_config(
             algo, trainer, temperature=1.0, autocast_bf16=False, max_new_tokens=5, share_prefix=True,
-            dedupe=trainer.row_dedupe,
+            dedupe=trainer.dedupe_rows,
         )  # fmt: skip
         opt = build_optimizer(model, trainer)
         grads = capture_grads(model, opt)
@@ -138,9 +138,3 @@ def test_update_with_dedupe_equals_every_row(tiny_model_dir, aggregation):
         torch.testing.assert_close(once[name], full[name], rtol=1e-4, atol=1e-7)
     for key in ("actor/pg_loss", "actor/loss", "actor/entropy", "actor/grad_norm"):
         assert math.isclose(m_once[key], m_full[key], rel_tol=1e-4, abs_tol=1e-7), key
-
-
-def test_fsdp2_turns_dedupe_off():
-    assert TrainerConfig().row_dedupe
-    assert not TrainerConfig(strategy="fsdp2").row_dedupe
-    assert not TrainerConfig(dedupe_rows=False).row_dedupe

@@ -34,6 +34,7 @@ from tandem.orchestration.decoupled.learner import ChannelWeights
 from tandem.orchestration.dp_learner import release_plain_optimizer, sharded_rank, whole_groups
 from tandem.orchestration.learner import LearnerStep
 from tandem.train.distributed import DataParallel, host_store, init_group, join_store
+from tandem.train.experience import ExperienceSettings, scoring_logprobs
 from tandem.train.fsdp import (
     gather_optimizer_state,
     load_sharded,
@@ -74,6 +75,12 @@ CASES = {
     # packed token-budget micro-batches: each rank's count depends on its rows' lengths (fillers even it out)
     # (a budget of 19 tokens packs rank 0's rows into 3 micro-batches and rank 1's into 4)
     "packed": {"algorithm": {"name": "rloo", "beta": 0.0}, "trainer": {"micro_batch_tokens": 19}},
+    # the same budget in the no-grad scoring passes (old log-probs: 2 epochs x 2 mini-batches): each rank's
+    # share of the batch packs into its own number of forwards too (fillers again; this crashed before)
+    "packed_scored": {
+        "algorithm": {"name": "grpo", "beta": 0.05},
+        "trainer": {"micro_batch_tokens": 19, "mini_batch_size": 6, "ppo_epochs": 2},
+    },
     # LoRA adapters (the base frozen, sharded too) and the KL reference that is the sharded policy with its
     # adapter off, scored on the shards; published merged under the base names
     "lora": {
@@ -265,6 +272,35 @@ def _shard_fresh(model_dir: str, cfg) -> tuple[torch.nn.Module, torch.optim.Opti
     return module, build_optimizer(module, cfg.trainer)
 
 
+def _scoring_checks(fsdp, cfg, vocab: int) -> dict:
+    """The no-grad scoring passes on the shards against a plain copy of the same weights, each with the
+    sizes of the ``scorer`` calls this rank made: copies run once (4 distinct rows of 12, 2 per rank),
+    every row (6 per rank), and token-budget chunks whose count differs per rank (fillers even it out)."""
+    plain = unsharded_copy(fsdp.module, stream_full(fsdp.module))
+    base = ExperienceSettings.from_config(
+        cfg.algorithm, temperature=1.0, autocast_bf16=False, micro_batch_size=2
+    )
+    calls: list[int] = []
+
+    def spy(model, r, s):
+        calls.append(r.batch_size)
+        return scoring_logprobs(model, r, s)
+
+    out = {}
+    variants = {
+        "dedupe": (True, dataclasses.replace(base, dedupe=True)),
+        "every_row": (True, base),
+        "tokens": (False, dataclasses.replace(base, micro_batch_tokens=19)),
+    }
+    for name, (copies, s) in variants.items():
+        batch, _ = _batch(vocab, copies=copies)
+        calls.clear()
+        got = fsdp.scoring_logprobs(spy, fsdp.module, batch, s)
+        expected = scoring_logprobs(plain, batch, dataclasses.replace(s, dedupe=False))
+        out[name] = {"diff": float((got - expected).abs().max()), "calls": list(calls)}
+    return out
+
+
 def _rank_main(rank: int, port: int, model_dir: str, out: str) -> None:
     torch.set_num_threads(1)
     init_group(join_store(port, 2, 60.0), rank, 2, "gloo")
@@ -277,6 +313,7 @@ def _rank_main(rank: int, port: int, model_dir: str, out: str) -> None:
             results[name] = res
             if name == "seq_mean":
                 fsdp, dcp_cfg = learn.dp, cfg
+                results["scoring"] = _scoring_checks(fsdp, cfg, learn.policy.config.vocab_size)
         # DCP: seq_mean's sharded policy and optimiser, written by both ranks, read back resharded.
         folder = Path(out) / "dcp"
         save_sharded(folder, fsdp.module, fsdp.optimizer)
@@ -363,6 +400,22 @@ def test_published_weights_are_the_gathered_shards(name, fsdp_results):
     _, (rank0, _) = fsdp_results
     assert rank0[name]["published_exact"]
     assert rank0[name]["published_bytes"] == rank0[name]["full_bytes"]
+
+
+def test_sharded_scoring_shares_distinct_rows_and_runs_as_many_forwards(fsdp_results):
+    """Scoring on the shards gives the plain copy's log-probs. With dedupe the batch's 4 distinct rows are
+    shared out (2 and 2) instead of each rank scoring its 6; with a token budget the ranks' shares pack into
+    different numbers of forwards and the shorter one runs one-row fillers, so both make as many calls."""
+    _, (rank0, rank1) = fsdp_results
+    for name in ("dedupe", "every_row", "tokens"):
+        a, b = rank0["scoring"][name], rank1["scoring"][name]
+        assert a["diff"] <= 1e-5 and b["diff"] <= 1e-5, name
+        assert len(a["calls"]) == len(b["calls"]), name  # every forward is a collective
+    assert rank0["scoring"]["dedupe"]["calls"] == rank1["scoring"]["dedupe"]["calls"] == [2]
+    assert rank0["scoring"]["every_row"]["calls"] == [2, 2, 2]
+    tokens = rank0["scoring"]["tokens"]["calls"], rank1["scoring"]["tokens"]["calls"]
+    assert tokens[0] != tokens[1] and 1 in tokens[0] + tokens[1]  # unequal packing, a filler ran
+    assert sum(tokens[0]) + sum(tokens[1]) > 12  # the fillers' rows on top of the batch's 12
 
 
 def test_dcp_checkpoint_restores_same_and_one_process(fsdp_results, tiny_model_dir):
