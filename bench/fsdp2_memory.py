@@ -25,8 +25,13 @@ parameter copy.
 AdamW state, and rank 0's publish merges each adapted layer from the streamed entries
 (:func:`tandem.models.lora.publishable_entries`) under the base model's names.
 
+``--critic`` measures PPO's separate value model instead (``critic`` in a config with ``trainer.strategy:
+fsdp2``): the same Llama's decoder with a scalar head (:class:`tandem.models.value.ValueModel`), sharded in
+place on every rank with ``values`` as its FSDP forward, one AdamW step on a value loss. No rank keeps a
+plain copy of it (it is never published or generated from), so the per-rank share is the whole story.
+
     OMP_NUM_THREADS=1 .venv/bin/python bench/fsdp2_memory.py [--world 2] [--param-dtype bfloat16] [--cpu-offload]
-        [--lora 8]
+        [--lora 8 | --critic]
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from tandem.channels.weights import SharedMemoryWeights
 from tandem.config.trainer import TrainerConfig
 from tandem.models.lora import apply_lora, is_lora, publishable_entries
+from tandem.models.value import ValueModel
 from tandem.train.distributed import host_store, init_group, join_store
 from tandem.train.fsdp import local_bytes, shard_module, stream_full, unsharded_copy
 from tandem.train.optim import build_optimizer
@@ -62,13 +68,24 @@ def _model(lora: int = 0) -> torch.nn.Module:
     return model
 
 
-def _measure(sharded: bool, fsdp: dict | None = None, rank: int = 0, lora: int = 0) -> dict[str, int]:
-    model = _model(lora)
+def _critic() -> ValueModel:
+    """PPO's separate value model on the same Llama: its decoder (no LM head) and a scalar head."""
+    return ValueModel(_model().model, SIZES["hidden_size"])
+
+
+def _measure(
+    sharded: bool, fsdp: dict | None = None, rank: int = 0, lora: int = 0, critic: bool = False
+) -> dict[str, int]:
+    model = _critic() if critic else _model(lora)
     if sharded:
-        shard_module(model, **(fsdp or {}))
+        shard_module(model, **(fsdp or {}), forward_methods=("values",) if critic else ())
     optimizer = build_optimizer(model, TrainerConfig(lr=1e-4))
     ids = torch.randint(0, SIZES["vocab_size"], (2, 32), generator=torch.Generator().manual_seed(1))
-    model(input_ids=ids, labels=ids).loss.backward()
+    if critic:  # a value loss over 16 prompt and 16 response tokens per row
+        mask = torch.ones(2, 16, dtype=torch.bool)
+        model.values(ids[:, :16], mask, ids[:, 16:], mask).pow(2).mean().backward()
+    else:
+        model(input_ids=ids, labels=ids).loss.backward()
     grads = sum(_local(p.grad).numel() * 4 for p in model.parameters() if p.grad is not None)
     trainable = sum(_local(p).numel() * 4 for p in model.parameters() if p.requires_grad)
     optimizer.step()
@@ -80,7 +97,7 @@ def _measure(sharded: bool, fsdp: dict | None = None, rank: int = 0, lora: int =
         "grads": grads,
         "trainable": trainable,
     }
-    if sharded:
+    if sharded and not critic:
         out.update(_decoupled_reads(model, rank))
     return out
 
@@ -140,11 +157,11 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def _rank(rank: int, world: int, port: int, out: str, fsdp: dict, lora: int) -> None:
+def _rank(rank: int, world: int, port: int, out: str, fsdp: dict, lora: int, critic: bool) -> None:
     torch.set_num_threads(1)
     init_group(join_store(port, world, 120.0), rank, world, "gloo")
     try:
-        measured = _measure(sharded=True, fsdp=fsdp, rank=rank, lora=lora)
+        measured = _measure(sharded=True, fsdp=fsdp, rank=rank, lora=lora, critic=critic)
         Path(out, f"rank{rank}.json").write_text(json.dumps(measured))
     finally:
         dist.destroy_process_group()
@@ -156,15 +173,18 @@ def main() -> None:
     ap.add_argument("--param-dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--cpu-offload", action="store_true")
     ap.add_argument("--lora", type=int, default=0, metavar="R", help="LoRA adapters of rank R (0: none)")
+    ap.add_argument("--critic", action="store_true", help="PPO's separate value model instead of the policy")
     args = ap.parse_args()
+    if args.critic and args.lora:
+        ap.error("--critic measures the value model (full fine-tuning); drop --lora")
     torch.set_num_threads(1)
     fsdp = {"param_dtype": args.param_dtype, "cpu_offload": args.cpu_offload}
-    one = _measure(sharded=False, lora=args.lora)
+    one = _measure(sharded=False, lora=args.lora, critic=args.critic)
     with tempfile.TemporaryDirectory() as out:
         store = host_store(args.world, 120.0)
         ctx = mp.get_context("spawn")
         procs = [
-            ctx.Process(target=_rank, args=(r, args.world, store.port, out, fsdp, args.lora))
+            ctx.Process(target=_rank, args=(r, args.world, store.port, out, fsdp, args.lora, args.critic))
             for r in range(args.world)
         ]
         for p in procs:
@@ -176,8 +196,9 @@ def main() -> None:
         ranks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(args.world)]
     n_params = one["params"] // 4
     total_one = one["params"] + one["optim"]
+    what = "value model (decoder + scalar head)" if args.critic else "model"
     print(
-        f"model: {n_params / 1e6:.1f}M parameters (fp32), AdamW, world size {args.world} (gloo, CPU), {fsdp}"
+        f"{what}: {n_params / 1e6:.1f}M parameters (fp32), AdamW, world size {args.world} (gloo, CPU), {fsdp}"
     )
     if args.lora:
         print(f"LoRA r={args.lora}: {one['trainable'] / 4 / 1e6:.2f}M trainable parameters (the base frozen)")
@@ -200,6 +221,9 @@ def main() -> None:
             f"{f'rank {r}':>10} {mb(m['params'])} {mb(m['optim'])} {mb(total)} {total / total_one:7.1%} "
             f"{mb(m['grads'])} {(total + m['grads']) / with_grads_one:7.1%}"
         )
+    if args.critic:
+        print(f"largest rank, the value model's params + optimiser state: {worst:.1%} of one process")
+        return
     r0 = ranks[0]
     held = r0["params"] + r0["optim"] + r0["held_plain"]
     print(f"largest rank, params + optimiser state: {worst:.1%} of one process (target <= 60%)")
