@@ -23,7 +23,9 @@ parameter copy.
 ``--lora R`` wraps the model with LoRA adapters of rank R on every linear layer but the head (PEFT, as
 ``model.lora`` does): the frozen base is sharded with its layer, only the adapters have gradients and
 AdamW state, and rank 0's publish merges each adapted layer from the streamed entries
-(:func:`tandem.models.lora.publishable_entries`) under the base model's names.
+(:func:`tandem.models.lora.publishable_entries`) under the base model's names. A colocated learner keeps the
+frozen base whole on every rank instead and shards only the adapters (rank 0's sharded module shares the
+base with its rollout copy): measured in a second step with ``replicate_frozen``, reported per rank.
 
 ``--critic`` measures PPO's separate value model instead (``critic`` in a config with ``trainer.strategy:
 fsdp2``): the same Llama's decoder with a scalar head (:class:`tandem.models.value.ValueModel`), sharded in
@@ -74,11 +76,21 @@ def _critic() -> ValueModel:
 
 
 def _measure(
-    sharded: bool, fsdp: dict | None = None, rank: int = 0, lora: int = 0, critic: bool = False
+    sharded: bool,
+    fsdp: dict | None = None,
+    rank: int = 0,
+    lora: int = 0,
+    critic: bool = False,
+    replicate: bool = False,
 ) -> dict[str, int]:
     model = _critic() if critic else _model(lora)
     if sharded:
-        shard_module(model, **(fsdp or {}), forward_methods=("values",) if critic else ())
+        shard_module(
+            model,
+            **(fsdp or {}),
+            forward_methods=("values",) if critic else (),
+            replicate_frozen=replicate,
+        )
     optimizer = build_optimizer(model, TrainerConfig(lr=1e-4))
     ids = torch.randint(0, SIZES["vocab_size"], (2, 32), generator=torch.Generator().manual_seed(1))
     if critic:  # a value loss over 16 prompt and 16 response tokens per row
@@ -97,7 +109,7 @@ def _measure(
         "grads": grads,
         "trainable": trainable,
     }
-    if sharded and not critic:
+    if sharded and not critic and not replicate:
         out.update(_decoupled_reads(model, rank))
     return out
 
@@ -162,6 +174,8 @@ def _rank(rank: int, world: int, port: int, out: str, fsdp: dict, lora: int, cri
     init_group(join_store(port, world, 120.0), rank, world, "gloo")
     try:
         measured = _measure(sharded=True, fsdp=fsdp, rank=rank, lora=lora, critic=critic)
+        if lora:  # the colocated arrangement: the frozen base whole on every rank, only adapters sharded
+            measured["colocated"] = _measure(sharded=True, fsdp=fsdp, rank=rank, lora=lora, replicate=True)
         Path(out, f"rank{rank}.json").write_text(json.dumps(measured))
     finally:
         dist.destroy_process_group()
@@ -247,6 +261,17 @@ def main() -> None:
         f"  evaluation / checkpoint model/: a transient plain copy of {mb(r0['copy']).strip()} MB = "
         f"{(held + r0['copy']) / total_one:.1%} of one process while it lives"
     )
+    if args.lora:  # colocated LoRA: the base whole on every rank, shared by rank 0's module and rollout copy
+        for r, m in enumerate(ranks):
+            c = m["colocated"]
+            copy = one["trainable"] if r == 0 else 0  # rank 0's rollout copy: its own whole adapters
+            held = c["params"] + c["optim"] + copy
+            print(
+                f"colocated learner rank {r} (base whole, shared with the rollout copy"
+                f"{'' if r == 0 else ': none here'}): {mb(held).strip()} MB = {held / total_one:.1%} (params + "
+                f"optim), {(held + c['grads']) / with_grads_one:.1%} (with grads)"
+            )
+        return
     plain = one["params"]
     print(
         f"colocated learner rank 0 with its rollout copy (+{plain / 2**20:.1f} MB, the engine's weights): "

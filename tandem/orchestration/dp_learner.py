@@ -262,16 +262,36 @@ def shards_average(cfg: TandemConfig) -> bool:
     return cfg.trainer.ema_decay > 0 and cfg.trainer.strategy == "fsdp2" and not keeps_plain_policy(cfg)
 
 
+def replicates_frozen(cfg: TandemConfig) -> bool:
+    """Whether an FSDP2 learner keeps a LoRA policy's frozen base whole on every rank and shards only the
+    adapters: colocated (rank 0 keeps a plain copy, :func:`keeps_plain_policy`) with fp32 compute. Rank 0's
+    sharded module then shares the base tensors of its plain copy, so it holds the base once (about one
+    process's memory) instead of the base plus its shards (about 1 + 1/M); the other ranks hold the base
+    too (instead of 1/M), which leaves the largest rank's memory lower. Decoupled, every rank shards the
+    base (no rank holds it whole); with ``trainer.fsdp.param_dtype: bfloat16`` the base is sharded too
+    (FSDP2 casts only the parameters it manages)."""
+    return keeps_plain_policy(cfg) and cfg.model.lora.enabled and cfg.trainer.fsdp.param_dtype == "float32"
+
+
 def sharded_rank(
     cfg: TandemConfig, dp: DataParallel, policy: torch.nn.Module, extra: dict[str, Any]
 ) -> FullyShardedDataParallel:
     """``trainer.strategy: fsdp2``: shard the policy over the group (in place; colocated rank 0: a copy
-    of it, :func:`keeps_plain_policy`), build its optimiser and schedule and load rank 0's state into
-    them (``extra``, already on every rank)."""
-    keeps_full = keeps_plain_policy(cfg)
-    module = copy.deepcopy(policy) if dp.rank == 0 and keeps_full else policy
+    of it, :func:`keeps_plain_policy`, which shares the frozen base with it, :func:`replicates_frozen`),
+    build its optimiser and schedule and load rank 0's state into them (``extra``, already on every
+    rank)."""
+    keeps_full, replicate = keeps_plain_policy(cfg), replicates_frozen(cfg)
+    # the copy's frozen parameters are the plain policy's own (deepcopy's memo maps them to themselves)
+    shared = {id(p): p for p in policy.parameters() if replicate and not p.requires_grad}
+    module = copy.deepcopy(policy, memo=shared) if dp.rank == 0 and keeps_full else policy
     f = cfg.trainer.fsdp
-    shard_module(module, cpu_offload=f.cpu_offload, param_dtype=f.param_dtype, reduce_dtype=f.reduce_dtype)
+    shard_module(
+        module,
+        cpu_offload=f.cpu_offload,
+        param_dtype=f.param_dtype,
+        reduce_dtype=f.reduce_dtype,
+        replicate_frozen=replicate,
+    )
     optimizer = build_optimizer(module, cfg.trainer)
     # The schedule first: building it sets each group's lr to the schedule's start, which the loaded
     # state must overwrite (a resumed run in warm-up would otherwise take its next step at lr 0).

@@ -86,6 +86,7 @@ def shard_module(
     param_dtype: str = "float32",
     reduce_dtype: str = "float32",
     forward_methods: tuple[str, ...] = (),
+    replicate_frozen: bool = False,
 ) -> torch.nn.Module:
     """Shard ``model`` in place over the default process group: each decoder layer (the Hugging Face
     ``_no_split_modules`` classes of any of its submodules: a value model's backbone's too) is its own FSDP
@@ -93,7 +94,9 @@ def shard_module(
     factor 1, plain SUM collectives). ``cpu_offload`` applies to a GPU model (a CPU model's shards are in CPU
     memory already). ``forward_methods``: methods other than ``forward`` that run the model (a
     :class:`~tandem.models.value.ValueModel`'s ``values``), which must gather the root's parameters too.
-    Returns ``model`` (now an ``FSDPModule``)."""
+    ``replicate_frozen``: parameters without gradients (a LoRA base) stay whole, plain tensors on every
+    rank (``fully_shard``'s ``ignored_params``), so another module may share them; only the trainable
+    ones are sharded. Returns ``model`` (now an ``FSDPModule``)."""
     mesh = dist.device_mesh.init_device_mesh(_device_type(model), (dist.get_world_size(),))
     kwargs: dict[str, Any] = {"mesh": mesh}
     if param_dtype != "float32" or reduce_dtype != "float32":
@@ -102,6 +105,8 @@ def shard_module(
         )
     if cpu_offload and _device_type(model) != "cpu":  # a CPU model's shards are in CPU memory already
         kwargs["offload_policy"] = CPUOffloadPolicy()
+    if replicate_frozen:
+        kwargs["ignored_params"] = {p for p in model.parameters() if not p.requires_grad}
     unit_names = {n for m in model.modules() for n in (getattr(m, "_no_split_modules", None) or [])}
     for module in list(model.modules()):
         if module is not model and type(module).__name__ in unit_names:

@@ -98,7 +98,7 @@ CASES = {
 }
 
 
-def _cfg(model_dir: Path, case: dict, strategy: str = "fsdp2"):
+def _cfg(model_dir: Path, case: dict, strategy: str = "fsdp2", mode: str = "decoupled"):
     return build_config(
         {
             "model": {"path": str(model_dir)} | case.get("model", {}),
@@ -107,7 +107,7 @@ def _cfg(model_dir: Path, case: dict, strategy: str = "fsdp2"):
             "algorithm": case["algorithm"],
             "trainer": {"lr": 1e-3, "total_steps": 1, "shared_prefix": False, "strategy": strategy}
             | case["trainer"],
-            "architecture": {"mode": "decoupled", "learner": {"world_size": 2}},
+            "architecture": {"mode": mode, "learner": {"world_size": 2}},
             **({"critic": case["critic"]} if "critic" in case else {}),
         }
     )
@@ -312,6 +312,26 @@ def _scoring_checks(fsdp, cfg, vocab: int) -> dict:
     return out
 
 
+def _colocated_lora(model_dir: str, rank: int) -> dict:
+    """A colocated LoRA learner's sharding (:func:`replicates_frozen`): which parameters are sharded, and
+    whether rank 0's sharded module shares the frozen base with its plain copy (the engine's weights)."""
+    cfg = _cfg(Path(model_dir), CASES["lora"], mode="colocated")
+    policy, _ = _policy(cfg)
+    extra = {"optimizer": build_optimizer(policy, cfg.trainer).state_dict()}
+    fsdp = sharded_rank(cfg, DataParallel(rank, 2, whole_groups=whole_groups(cfg)), policy, extra)
+    params = dict(fsdp.module.named_parameters())
+    out = {
+        "frozen_plain": all(not isinstance(p, DTensor) for p in params.values() if not p.requires_grad),
+        "trained_sharded": all(isinstance(p, DTensor) for p in params.values() if p.requires_grad),
+        "n_frozen": sum(not p.requires_grad for p in params.values()),
+    }
+    if rank == 0:
+        full = dict(fsdp.full.named_parameters())
+        out["shares_base"] = all(full[n] is p for n, p in params.items() if not p.requires_grad)
+        out["own_adapters"] = all(full[n] is not p for n, p in params.items() if p.requires_grad)
+    return out
+
+
 def _rank_main(rank: int, port: int, model_dir: str, out: str) -> None:
     torch.set_num_threads(1)
     init_group(join_store(port, 2, 60.0), rank, 2, "gloo")
@@ -325,6 +345,7 @@ def _rank_main(rank: int, port: int, model_dir: str, out: str) -> None:
             if name == "seq_mean":
                 fsdp, dcp_cfg = learn.dp, cfg
                 results["scoring"] = _scoring_checks(fsdp, cfg, learn.policy.config.vocab_size)
+        results["colocated_lora"] = _colocated_lora(model_dir, rank)
         # DCP: seq_mean's sharded policy and optimiser, written by both ranks, read back resharded.
         folder = Path(out) / "dcp"
         save_sharded(folder, fsdp.module, fsdp.optimizer)
@@ -432,6 +453,16 @@ def test_sharded_scoring_shares_distinct_rows_and_runs_as_many_forwards(fsdp_res
     tokens = rank0["scoring"]["tokens"]["calls"], rank1["scoring"]["tokens"]["calls"]
     assert tokens[0] != tokens[1] and 1 in tokens[0] + tokens[1]  # unequal packing, a filler ran
     assert sum(tokens[0]) + sum(tokens[1]) > 12  # the fillers' rows on top of the batch's 12
+
+
+def test_colocated_lora_keeps_the_base_once_on_rank_0(fsdp_results):
+    """Colocated with LoRA, the frozen base stays whole on every rank (not sharded) and rank 0's sharded
+    module uses its plain copy's base tensors: rank 0 holds the base once, not the base and its shards.
+    Only the adapters are sharded; rank 0's plain copy has its own whole adapters (the engine's)."""
+    _, (rank0, rank1) = fsdp_results
+    for r in (rank0["colocated_lora"], rank1["colocated_lora"]):
+        assert r["n_frozen"] > 0 and r["frozen_plain"] and r["trained_sharded"]
+    assert rank0["colocated_lora"]["shares_base"] and rank0["colocated_lora"]["own_adapters"]
 
 
 def test_dcp_checkpoint_restores_same_and_one_process(fsdp_results, tiny_model_dir):
