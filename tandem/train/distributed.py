@@ -182,7 +182,7 @@ class DataParallel:
         r: RolloutBatch,
         s: ExperienceSettings,
     ) -> torch.Tensor:
-        """``scorer`` over the whole batch, each rank scoring a near-equal share of its rows, gathered on all
+        """``scorer`` over the whole batch, each rank scoring a near-equal share of the rows, gathered on all
         ranks. Naive equivalent: ``scorer(model, r, s)`` on one process. ``[B, R]`` float32. Serves the
         log-prob passes and the critic's old values (any per-token ``[b, R]`` no-grad pass).
 
@@ -200,10 +200,8 @@ class DataParallel:
         padded[: len(mine)] = local.to(self.device)
         gathered = [torch.empty_like(padded) for _ in range(self.world_size)]
         dist.all_gather(gathered, padded)
-        out = torch.cat([g[: len(p)] for g, p in zip(gathered, parts, strict=True)]).to(
-            local.device
-        )  # [u, R]
-        return out[found[1]] if found is not None else out
+        out = torch.cat([g[: len(p)] for g, p in zip(gathered, parts, strict=True)])  # [u, R]
+        return (out[found[1]] if found is not None else out).to(local.device)
 
     def score_share(
         self,

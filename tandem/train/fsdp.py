@@ -13,7 +13,8 @@ Every forward all-gathers parameters (and every backward reduce-scatters gradien
 ranks must run the same number of passes. When a rank's share of a mini-batch needs fewer micro-batches
 than another's (groups of unequal size, as adaptive group size grows them; token-budget micro-batches), it
 runs the difference as passes that add nothing (:meth:`FullyShardedDataParallel.filler_passes`: one row's
-forward, its backward times 0); the no-grad scoring passes pad each rank's chunk to the same length.
+forward, its backward times 0); so do the no-grad scoring passes (:meth:`FullyShardedDataParallel.score_share`:
+one-row forwards whose output is dropped).
 
 Where rank 0's policy lives depends on who generates with it:
 
@@ -36,8 +37,10 @@ Where rank 0's policy lives depends on who generates with it:
   tells the ranks to apply theirs, so the evaluation and ``model/`` get the whole average.
 
 A LoRA policy (``model.lora``) shards as it is: the frozen base weights are sharded with their layer and
-only the adapters get gradients and AdamW state. Gathers into rank 0's plain copy skip the frozen weights
-(:func:`gather_full`); a decoupled rank 0 publishes the streamed entries merged under the base model's names
+only the adapters get gradients and AdamW state — except where rank 0 keeps a plain copy (colocated): there
+the base stays whole on every rank (``shard_module(replicate_frozen=True)``) and rank 0's sharded module
+uses the plain copy's base tensors, so rank 0 holds the base once. Gathers into rank 0's plain copy skip
+the frozen weights (:func:`gather_full`); a decoupled rank 0 publishes the streamed entries merged under the base model's names
 (:func:`~tandem.models.lora.publishable_entries`) and builds its transient copies as plain LoRA models; the
 reference (the policy with its adapter off) scores on the shards (:meth:`FullyShardedDataParallel.scoring_logprobs`);
 DCP folders hold the trained parameters only.
