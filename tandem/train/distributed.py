@@ -212,7 +212,9 @@ class DataParallel:
         s: ExperienceSettings,
     ) -> torch.Tensor:
         """This rank's share of a scoring pass: ``scorer`` on ``rows`` of ``r``. ``[b, R]`` float32."""
-        return scorer(model, r.select(rows), s) if len(rows) else torch.zeros(0, r.response_ids.shape[1])
+        if not len(rows):
+            return torch.zeros(0, r.response_ids.shape[1], device=self.device)
+        return scorer(model, r.select(rows), s)
 
     # -- step inputs ---------------------------------------------------------------------------------------
     def send_step(self, inputs: StepInputs) -> None:

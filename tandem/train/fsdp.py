@@ -226,17 +226,15 @@ class FullyShardedDataParallel(DataParallel):
         ``s.micro_batch_size`` rows, or of ``s.micro_batch_tokens`` real tokens), one ``scorer`` call and one
         forward each, and a rank with fewer micro-batches than another runs the difference as one-row
         forwards whose output is dropped (:meth:`filler_passes`). ``[b, R]`` float32."""
-        sharded = model is self.module or (model is not None and model is self.critic)
-        if isinstance(model, AdapterDisabled):
-            sharded = model.policy is self.module
-        if not sharded:
+        target = model.policy if isinstance(model, AdapterDisabled) else model  # a LoRA reference: the policy
+        if not any(target is m for m in (self.module, self.critic)):
             return super().score_share(scorer, model, r, rows, s)
         chunks = scoring_chunks(r, rows, s)  # positions in rows
         fillers = self.filler_passes(len(chunks))  # agreed before any pass (a collective itself)
         one = dataclasses.replace(s, micro_batch_size=None)  # a chunk is one forward (a token chunk fits)
-        local = torch.zeros(len(rows), r.response_ids.shape[1])
+        local = torch.zeros(len(rows), r.response_ids.shape[1], device=self.device)
         for c in chunks:
-            local[c] = scorer(model, r.select(rows[c]), one).to(local.device)
+            local[c] = scorer(model, r.select(rows[c]), one).to(self.device)
         for _ in range(fillers):
             scorer(model, r.select(filler_row(rows)), one)
         return local
