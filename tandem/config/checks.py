@@ -392,11 +392,6 @@ def check_config(cfg: CheckedConfig) -> None:
         raise CrossFieldError(
             "checkpoint.best_metric", "needs a held-out evaluation, but data.eval_size is 0 (no eval runs)"
         )
-    if cfg.data.curriculum.kind != "uniform" and cfg.architecture.mode == "decoupled":
-        raise CrossFieldError(
-            "data.curriculum.kind",
-            "a curriculum needs the colocated architecture (decoupled workers draw fixed, seeded tickets)",
-        )
     if cfg.data.task is None and cfg.data.train_file is None:
         raise CrossFieldError("data.task", "set data.task (a built-in task) or data.train_file")
     if (

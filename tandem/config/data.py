@@ -56,5 +56,6 @@ class DataConfig(Section):
     )
     curriculum: CurriculumConfig = Field(
         default_factory=CurriculumConfig,
-        description="Prompt curriculum: which prompts each step draws (colocated architecture).",
+        description="Prompt curriculum: which prompts each step draws (a decoupled worker curates from "
+        "the groups it generated).",
     )

@@ -7,11 +7,12 @@ worker runs per ticket; only the :class:`PromptSource` differs:
 * :class:`SequentialPrompts` (colocated): the run's seeded sampler, drawn in order (its position is
   checkpointed); group ids count up across steps and refill rounds.
 * :class:`TicketPrompts` (workers): batch ``k`` is the ``k``-th draw of a fresh seeded sampler (so any worker,
-  or the replacement of a dead one, draws the same prompts for ticket ``k``); refill rounds draw with a seed
+  or the replacement of a dead one, draws the same batch for ticket ``k``); refill rounds draw with a seed
   of their own and get group ids of their own.
 
-Round 0 of step ``k`` has the same prompts, sampling seed (:func:`sampling_params`) and group ids in both,
-so a decoupled run at η = 0 with one worker reproduces the colocated one. The result is a
+A prompt curriculum picks from these batches in both (:class:`CuratedPrompts`). Round 0 of step ``k`` has
+the same prompts, sampling seed (:func:`sampling_params`) and group ids in both, so a decoupled run at
+η = 0 with one worker reproduces the colocated one, with a curriculum too. The result is a
 :class:`ScoredBatch`: the batch, its sequence scores and the reward metrics (``reward/mean`` and
 ``reward/std`` of everything sampled, before a dynamic-sampling filter).
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -49,6 +51,7 @@ from tandem.types import RolloutBatch
 REFILL_GROUPS = 1 << 40  # group ids of a worker's dynamic-sampling refill rounds start here
 # adaptive group size: growth round r samples with the seed of round GROWTH_ROUNDS + r
 GROWTH_ROUNDS = 1 << 10
+SIDE_STREAM = 7_919  # a curriculum's side stream of round (step, r) is seeded step_seed(seed, step, r) + this
 
 
 @dataclass
@@ -115,12 +118,31 @@ class PromptSource(Protocol):
     def dataset(self) -> PromptDataset: ...
 
 
-class SequentialPrompts:
-    """The colocated source: one seeded sampler drawn in order (refill rounds draw the next batches),
-    through a prompt curriculum (:data:`tandem.algos.CURRICULA`; ``uniform`` takes every row in order).
+def candidate_stream(base: list[int], side: Callable[[], PromptSampler]) -> Callable[[], int]:
+    """A round's candidate prompts (dataset row indices), one per call: its batch in the data order
+    (``base``), then, for a curriculum that skipped some, an endless side stream (``side()``, built on first
+    use). ``uniform`` takes exactly ``base``."""
+    rest, sampler = iter(base), None
 
-    It keeps per-prompt statistics (:class:`~tandem.algos.PromptStats`: times drawn, consecutive all-equal
-    groups) in its checkpoint state, so a resumed run's curriculum and repetition counts continue."""
+    def draw() -> int:
+        nonlocal sampler
+        key = next(rest, None)
+        if key is not None:
+            return key
+        if sampler is None:
+            sampler = side()
+        return sampler.next_indices(1)[0]
+
+    return draw
+
+
+class CuratedPrompts:
+    """What both prompt sources share: per-prompt statistics (:class:`~tandem.algos.PromptStats`, fed by
+    ``observe``) and a prompt curriculum (:data:`tandem.algos.CURRICULA`) that picks a round's prompts from
+    its candidates: the round's batch in the data order first, then a side stream seeded by
+    ``(seed, step, round)`` (:func:`candidate_stream`). Both the pick and the side stream depend only on
+    the statistics and ``(seed, step, round)``, so a decoupled worker that has seen what the colocated
+    trainer saw picks what it picks."""
 
     def __init__(
         self,
@@ -130,9 +152,8 @@ class SequentialPrompts:
         curriculum: str = "uniform",
         options: CurriculumOptions | None = None,
     ) -> None:
-        self.sampler = PromptSampler(dataset, batch_size=batch_size, seed=seed)
-        self.next_group = 0
-        self.seed = seed
+        self._dataset, self.batch_size, self.seed = dataset, batch_size, seed
+        self.sampler = PromptSampler(dataset, batch_size, seed)  # the data order
         self.stats = PromptStats()
         self.set_curriculum(curriculum, options or CurriculumOptions())
         self._last: list[int] = []  # dataset rows of the latest draw, by position
@@ -141,23 +162,24 @@ class SequentialPrompts:
     @property
     def dataset(self) -> PromptDataset:
         """The prompt rows drawn from."""
-        return self.sampler.dataset
+        return self._dataset
 
     def set_curriculum(self, kind: str, options: CurriculumOptions) -> None:
         """Choose the curriculum (``data.curriculum``) by its registered name."""
         self.select, self.options, self.curriculum = CURRICULA.get(kind).select, options, kind
 
-    def rows(self, step: int, round_: int) -> list[dict[str, Any]]:
-        rng = random.Random(step_seed(self.seed, step, round_))
-        keys = self.select(
-            self.sampler.batch_size, lambda: self.sampler.next_indices(1)[0], self.stats, self.options, rng
-        )
-        self._last, self._repeat = keys, self.stats.drawn(keys)
-        return [self.sampler.dataset.rows[i] for i in keys]
+    def _pick(self, base: list[int], step: int, round_: int) -> list[dict[str, Any]]:
+        """The rows the curriculum picks from ``base`` (the round's batch in the data order) and the side
+        stream; counts them as drawn."""
+        seed = step_seed(self.seed, step, round_)
 
-    def group_offset(self, step: int, round_: int, num_rows: int) -> int:
-        first, self.next_group = self.next_group, self.next_group + num_rows
-        return first
+        def side() -> PromptSampler:
+            return PromptSampler(self._dataset, 1, seed + SIDE_STREAM)
+
+        draw = candidate_stream(base, side)
+        keys = self.select(len(base), draw, self.stats, self.options, random.Random(seed))
+        self._last, self._repeat = keys, self.stats.drawn(keys)
+        return [self._dataset.rows[i] for i in keys]
 
     def observe(self, positions: list[int], means: list[float], all_equal: list[bool]) -> None:
         """Group outcomes of the latest draw: row position in it, mean score, scores all equal."""
@@ -179,6 +201,22 @@ class SequentialPrompts:
             out["prompts/frontier_size"] = float(len(self.stats.frontier()))
         return out
 
+
+class SequentialPrompts(CuratedPrompts):
+    """The colocated source: one seeded sampler drawn in order (refill rounds draw the next batches).
+
+    Its checkpoint state holds the sampler's position and the per-prompt statistics, so a resumed run's
+    curriculum and repetition counts continue."""
+
+    next_group = 0  # the first group id of the next draw (set per instance from the first draw on)
+
+    def rows(self, step: int, round_: int) -> list[dict[str, Any]]:
+        return self._pick(self.sampler.next_indices(), step, round_)
+
+    def group_offset(self, step: int, round_: int, num_rows: int) -> int:
+        first, self.next_group = self.next_group, self.next_group + num_rows
+        return first
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "next_group": self.next_group,
@@ -193,45 +231,44 @@ class SequentialPrompts:
             self.stats.load_state_dict(state["prompt_stats"])
 
 
-class TicketPrompts:
-    """The workers' source: rows of batch ``k`` are the ``k``-th draw of a fresh seeded sampler
-    (fast-forwarded); refill round ``r ≥ 1`` of ticket ``k`` is a draw seeded by ``(k, r)``."""
+class TicketPrompts(CuratedPrompts):
+    """The workers' source: batch ``k`` is the ``k``-th draw of a fresh seeded sampler (fast-forwarded);
+    refill round ``r ≥ 1`` of ticket ``k`` is a draw seeded by ``(k, r)``.
 
-    def __init__(self, dataset: PromptDataset, batch_size: int, seed: int, max_rounds: int) -> None:
-        self._args = (dataset, batch_size, seed)
-        self._sampler = PromptSampler(*self._args)
+    A curriculum picks from these batches with the statistics of the groups this worker generated. With
+    one worker at η = 0 that is everything the colocated trainer saw, so it draws the same prompts; with
+    several, each worker knows its own groups only, and a replacement worker starts with none."""
+
+    def __init__(
+        self,
+        dataset: PromptDataset,
+        batch_size: int,
+        seed: int,
+        max_rounds: int,
+        curriculum: str = "uniform",
+        options: CurriculumOptions | None = None,
+    ) -> None:
+        super().__init__(dataset, batch_size, seed, curriculum, options)
         self._next = 0
         self.max_rounds = max_rounds
 
-    @property
-    def dataset(self) -> PromptDataset:
-        """The prompt rows drawn from."""
-        return self._args[0]
-
     def rows(self, step: int, round_: int) -> list[dict[str, Any]]:
-        dataset, batch_size, seed = self._args
-        if round_ > 0:  # any worker refills a ticket with the same prompts
-            return PromptSampler(dataset, batch_size, step_seed(seed, step, round_)).next_batch()
+        if round_ > 0:  # any worker refills a ticket from the same batch
+            base = PromptSampler(self._dataset, self.batch_size, step_seed(self.seed, step, round_))
+            return self._pick(base.next_indices(), step, round_)
         if step < self._next:  # e.g. a re-assigned older ticket: restart the stream
-            self._sampler, self._next = PromptSampler(*self._args), 0
+            self.sampler, self._next = PromptSampler(self._dataset, self.batch_size, self.seed), 0
         while self._next < step:
-            self._sampler.next_indices()
+            self.sampler.next_indices()
             self._next += 1
         self._next += 1
-        return self._sampler.next_batch()
+        return self._pick(self.sampler.next_indices(), step, round_)
 
     def group_offset(self, step: int, round_: int, num_rows: int) -> int:
         """Round 0: step ``step``'s ids in the colocated trainer; refill rounds get their own range."""
-        per = self._args[1]
         if round_ == 0:
-            return step * per
-        return REFILL_GROUPS + (step * self.max_rounds + round_ - 1) * per
-
-    def observe(self, positions: list[int], means: list[float], all_equal: list[bool]) -> None:
-        """Workers keep no per-prompt statistics (a curriculum needs the colocated architecture)."""
-
-    def draw_metrics(self) -> dict[str, float]:
-        return {}
+            return step * self.batch_size
+        return REFILL_GROUPS + (step * self.max_rounds + round_ - 1) * self.batch_size
 
 
 class RolloutStep:
@@ -263,7 +300,7 @@ class RolloutStep:
         self.temperature = temperature_controller(cfg)
         self.reference = reference_settings(cfg, engine, prompts.dataset, pad_token_id)
         cur = cfg.data.curriculum
-        if isinstance(prompts, SequentialPrompts):
+        if isinstance(prompts, CuratedPrompts):
             options = CurriculumOptions(cur.skip_after, cur.revisit, cur.replay, cur.max_draws)
             prompts.set_curriculum(cur.kind, options)
 

@@ -299,3 +299,33 @@ def test_eta0_weight_average_equals_colocated(tiny_model_dir, tmp_path, monkeypa
     for k in live_a:
         assert torch.equal(live_a[k], live_b[k]), k
     assert any(not torch.equal(live_a[k], wa[k]) for k in live_a), "the average should lag the live weights"
+
+
+def test_eta0_frontier_curriculum_equals_colocated(tiny_model_dir, tmp_path):
+    """``data.curriculum.kind=frontier`` decoupled: the worker curates its tickets from the groups it
+    generated, which at η = 0 with one worker are the colocated run's, so it picks the same prompts and
+    the metrics and weights are the colocated run's exactly."""
+    torch.set_num_threads(1)
+
+    def cfg(out, mode, **arch):
+        data = _grow_cfg(tiny_model_dir, out, mode).model_dump(mode="json")
+        data["algorithm"] = {"name": "grpo"}
+        data["data"].update(train_size=8, curriculum={"kind": "frontier", "replay": 0.5})
+        data["trainer"]["total_steps"] = 5
+        data["architecture"] = {"mode": mode, **arch}
+        return build_config(data)
+
+    colo = train(cfg(tmp_path / "colo", "colocated"), progress=False)
+    dec = train_decoupled(cfg(tmp_path / "dec", "decoupled", staleness=0, num_workers=1), progress=False)
+    a, b = step_rows(colo.run_dir), step_rows(dec.run_dir)
+    assert len(a) == len(b) == 5
+    keys = ("reward/mean", "actor/pg_loss", "prompts/seen_before_mean", "prompts/frontier_size")
+    for ra, rb in zip(a, b, strict=True):
+        for key in keys:
+            assert ra[key] == rb[key], key
+    # 8 prompts, 4 a step: without a curriculum steps 0-1 draw each prompt once; replaying the frontier
+    # draws one again within them
+    assert any(r["prompts/first_time_frac"] < 1 for r in a[:2]), "the curriculum never acted"
+    wa, wb = _weights(colo.run_dir), _weights(dec.run_dir)
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k

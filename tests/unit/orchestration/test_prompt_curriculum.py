@@ -1,5 +1,5 @@
-"""The colocated prompt source with a curriculum: same draws as before when uniform, repetition metrics,
-feedback from scored groups, exact resume; the config keys."""
+"""The prompt sources (colocated and ticket) with a curriculum: same draws as before when uniform, the same
+picks in both architectures, repetition metrics, feedback from scored groups, exact resume; the config keys."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from tandem.algos import CurriculumOptions
 from tandem.config import load_config
 from tandem.data import PromptDataset, PromptSampler
 from tandem.errors import ConfigError
-from tandem.orchestration.rollout_step import SequentialPrompts
+from tandem.orchestration.rollout_step import SequentialPrompts, TicketPrompts
 
 
 def dataset(n: int) -> PromptDataset:
@@ -88,7 +88,52 @@ def test_curriculum_config_keys(tmp_path) -> None:
     assert load_config(path, []).data.curriculum.kind == "uniform"
     with pytest.raises(ConfigError, match=r"data\.curriculum\.kind.*valid: uniform, frontier"):
         load_config(path, ["data.curriculum.kind=hardest"])
-    with pytest.raises(ConfigError, match=r"data\.curriculum\.kind.*colocated"):
-        load_config(path, ["data.curriculum.kind=frontier", "architecture.mode=decoupled"])
+    decoupled = load_config(path, ["data.curriculum.kind=frontier", "architecture.mode=decoupled"])
+    assert decoupled.data.curriculum.kind == "frontier"  # workers curate too
     with pytest.raises(ConfigError, match=r"data\.curriculum\.revisit"):
         load_config(path, ["data.curriculum.revisit=2"])
+
+
+def test_ticket_source_draws_the_sequential_batches_without_a_curriculum() -> None:
+    """Ticket k is the colocated step-k batch, whichever order tickets come in; refills are seeded."""
+    seq = SequentialPrompts(dataset(10), batch_size=4, seed=3)
+    batches = [seq.rows(step, 0) for step in range(5)]
+    tickets = TicketPrompts(dataset(10), batch_size=4, seed=3, max_rounds=2)
+    for step in (0, 1, 3, 2, 4):  # an older ticket re-assigned restarts the stream
+        assert tickets.rows(step, 0) == batches[step]
+    other = TicketPrompts(dataset(10), batch_size=4, seed=3, max_rounds=2)
+    assert other.rows(3, 1) == tickets.rows(3, 1)  # any worker refills ticket 3 with the same prompts
+    assert tickets.group_offset(3, 0, 4) == 12 and tickets.group_offset(3, 1, 4) >= 1 << 40
+
+
+def test_ticket_source_curates_as_the_sequential_source_does() -> None:
+    """Fed the same group outcomes, a worker's ticket source picks the colocated source's prompts step by
+    step (what makes η = 0 with one worker exact with a curriculum), and the curriculum did skip."""
+    opts = CurriculumOptions(skip_after=1, revisit=0.1, replay=0.25, max_draws=4)
+    seq = SequentialPrompts(dataset(16), batch_size=4, seed=2, curriculum="frontier", options=opts)
+    tickets = TicketPrompts(dataset(16), 4, seed=2, max_rounds=1, curriculum="frontier", options=opts)
+    uniform = PromptSampler(dataset(16), batch_size=4, seed=2)
+    differs = False
+    for step in range(12):
+        a, b = seq.rows(step, 0), tickets.rows(step, 0)
+        assert a == b, step
+        differs |= [r["i"] for r in a] != uniform.next_indices()
+        solved = [r["i"] % 3 == 0 for r in a]  # a third of the prompts always solved, the rest mixed
+        for src in (seq, tickets):
+            src.observe(list(range(4)), [1.0 if s else 0.5 for s in solved], solved)
+        assert seq.draw_metrics() == tickets.draw_metrics()
+    assert differs, "the curriculum never changed a batch: the test would not exercise it"
+
+
+def test_frontier_fills_from_the_side_stream_when_the_batch_is_solved() -> None:
+    """Every prompt of the round's batch known solved: the picks come from the seeded side stream, the
+    same for any source at that (seed, step, round)."""
+    opts = CurriculumOptions(skip_after=1, revisit=0.0, replay=0.0, max_draws=4)
+    src = SequentialPrompts(dataset(40), batch_size=4, seed=0, curriculum="frontier", options=opts)
+    batch = PromptSampler(dataset(40), batch_size=4, seed=0)
+    first, second = batch.next_indices(), batch.next_indices()
+    for key in second:
+        src.stats.observe(key, 1.0, True)
+    assert [r["i"] for r in src.rows(0, 0)] == first
+    picked = [r["i"] for r in src.rows(1, 0)]
+    assert not set(picked) & set(second) and len(set(picked)) == 4
