@@ -11,9 +11,11 @@ engine in :mod:`tandem.monitor.alerts`); this module carries out their actions.
   before it and carries on with new tickets (the ticket accounting is never rolled back).
   After ``monitor.max_rollbacks`` rollbacks a further one stops the run instead.
 
-Both architectures use the same controller on the same :class:`~tandem.orchestration.trainer.Trainer`;
-the one exception, ``rollback`` with a data-parallel learner (its other ranks would keep the faulty
-weights), is refused at start (:func:`check_rollback_support`).
+Both architectures use the same controller on the same :class:`~tandem.orchestration.trainer.Trainer`.
+With a DDP learner (``trainer.world_size > 1``) a rollback restores rank 0 and then hands its whole state
+to the other ranks, as at start; with FSDP2 every rank would have to read its own shards of the
+checkpoint mid-run, which is not built: ``rollback`` is refused there at start
+(:func:`check_rollback_support`).
 """
 
 from __future__ import annotations
@@ -47,19 +49,21 @@ class AlertTarget(Protocol):
 
     def restore(self, extra_state: dict[str, Any], *, rollback: bool = False) -> None: ...
 
+    def sync_ranks(self) -> None: ...
+
 
 def check_rollback_support(cfg: TandemConfig) -> None:
-    """ConfigError naming the first ``rollback`` rule of a run with a data-parallel learner (either
-    architecture)."""
-    if cfg.trainer.world_size <= 1:
+    """ConfigError naming the first ``rollback`` rule of a run with a sharded (FSDP2) learner on several
+    ranks (either architecture)."""
+    if cfg.trainer.world_size <= 1 or cfg.trainer.strategy != "fsdp2":
         return
     for i, rule in enumerate(cfg.monitor.alerts):
         if rule.action == "rollback":
             raise ConfigError(
-                f"alert rule '{rule_label(rule)}': action 'rollback' is not supported with a data-parallel "
-                "learner (trainer.world_size > 1): its other ranks would keep the faulty weights",
+                f"alert rule '{rule_label(rule)}': action 'rollback' is not supported with a sharded learner "
+                "(trainer.strategy fsdp2, trainer.world_size > 1): its ranks cannot reload their shards mid-run",
                 where=f"monitor.alerts[{i}].action",
-                hint="use warn, skip or stop, or trainer.world_size=1",
+                hint="use warn, skip or stop, or trainer.strategy=ddp",
             )
 
 
@@ -146,6 +150,7 @@ class AlertController:
         state = load_run_checkpoint(ckpt, parts)
         self.trainer.restore(state["extra_state"], rollback=True)
         scale_lr(parts.optimizer, sched, [b * scale for b in base])
+        self.trainer.sync_ranks()  # a DDP learner's other ranks take the restored state
         self.rollbacks += 1
         log.warning("rolled back to %s (step %d); LR × %g", ckpt, self.trainer.step, scale)
         return ckpt

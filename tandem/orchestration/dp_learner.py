@@ -46,7 +46,15 @@ from tandem.orchestration.parts import optimizer_steps
 from tandem.orchestration.remote import local_models
 from tandem.train.averaging import WeightAverage
 from tandem.train.critic import build_critic_optimizer
-from tandem.train.distributed import DataParallel, host_store, init_group, join_store, resolve_backend
+from tandem.train.distributed import (
+    REPLICA,
+    DataParallel,
+    StepInputs,
+    host_store,
+    init_group,
+    join_store,
+    resolve_backend,
+)
 from tandem.train.fsdp import FullyShardedDataParallel, shard_module, shard_optimizer_state
 from tandem.train.optim import build_optimizer, build_scheduler
 
@@ -168,9 +176,7 @@ class DataParallelLearner:
             handle._await_ranks(store, world)
             init_group(store, 0, world, backend)
             dp = DataParallel(0, world, whole_groups=whole_groups(cfg), device=device)
-            extra = {"optimizer": learn.optimizer.state_dict(), "learner": learn.state_dict()}
-            if learn.scheduler is not None:
-                extra["scheduler"] = learn.scheduler.state_dict()
+            extra, critic_extra = learn.replica_state()
             if learn.average is not None and shards_average(cfg):
                 extra["average"] = dict(zip(learn.average.names, learn.average.average, strict=True))
             dp.broadcast_replica(learn.policy, extra)
@@ -181,8 +187,6 @@ class DataParallelLearner:
                     learn.average.reshard(dp.module)
                     dp.average = learn.average
             if learn.critic is not None:  # after the policy, in the order the ranks receive (_serve)
-                separate = learn.critic_optimizer is not learn.optimizer  # a shared head's is the policy's
-                critic_extra = {"optimizer": learn.critic_optimizer.state_dict()} if separate else {}
                 dp.broadcast_replica(learn.critic, critic_extra)
                 if isinstance(dp, FullyShardedDataParallel):  # sharded in place; a new optimiser steps it
                     plain = learn.critic_optimizer
@@ -433,6 +437,10 @@ def _serve(spec: RankSpec) -> None:
     learn.load_state_dict(extra["learner"])  # critic warm-up steps taken (a resumed run)
     learn.dp = dp
     while (inputs := dp.receive()) is not None:
+        if inputs == REPLICA:  # an alert rolled rank 0 back (DDP only: check_rollback_support)
+            learn.take_replica()
+            continue
+        assert isinstance(inputs, StepInputs)
         learn.generator.set_state(inputs.generator_state)
         if learn.kl_ctl is not None and inputs.beta is not None:
             learn.kl_ctl.value = inputs.beta

@@ -156,6 +156,40 @@ class LearnerStep:
             "average_updates": None if self.average is None else self.average.updates,
         }
 
+    def replica_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Rank 0: what another rank needs beside the weights to be a replica: the policy's optimiser, the
+        schedule and the learner state; the critic's own optimiser (a shared head's is the policy's)."""
+        extra: dict[str, Any] = {"optimizer": self.optimizer.state_dict(), "learner": self.state_dict()}
+        if self.scheduler is not None:
+            extra["scheduler"] = self.scheduler.state_dict()
+        critic_opt = self.critic_optimizer
+        separate = critic_opt is not None and critic_opt is not self.optimizer
+        return extra, ({"optimizer": critic_opt.state_dict()} if critic_opt is not None and separate else {})
+
+    def share_replica(self) -> None:
+        """Rank 0 of a DDP learner whose state was restored mid-run (an alert's rollback): every rank takes
+        its weights, optimiser state, schedule and learner state, as at start (:meth:`take_replica`)."""
+        if self.dp is None:
+            return
+        extra, critic_extra = self.replica_state()
+        self.dp.send_replica()
+        self.dp.broadcast_replica(self.policy, extra)
+        if self.critic is not None:
+            self.dp.broadcast_replica(self.critic, critic_extra)
+
+    def take_replica(self) -> None:
+        """Ranks 1..M-1 of a DDP learner: become rank 0's replica (:meth:`share_replica`)."""
+        assert self.dp is not None
+        extra = self.dp.broadcast_replica(self.policy)
+        self.optimizer.load_state_dict(extra["optimizer"])
+        if self.scheduler is not None and "scheduler" in extra:
+            self.scheduler.load_state_dict(extra["scheduler"])
+        if self.critic is not None:
+            critic_extra = self.dp.broadcast_replica(self.critic)
+            if self.critic_optimizer is not None and "optimizer" in critic_extra:
+                self.critic_optimizer.load_state_dict(critic_extra["optimizer"])
+        self.load_state_dict(extra["learner"])
+
     def shard_writer(self) -> Callable[[Path], None] | None:
         """Rank 0 of a learner whose ranks shard the optimiser state (FSDP2): what writes it into a run
         checkpoint (every rank its shards); None when rank 0's optimiser holds the whole state."""

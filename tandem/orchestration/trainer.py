@@ -159,3 +159,8 @@ class Trainer:
         self.version_offset = previous + 1 - self.step if rollback else int(state.get("version_offset", 0))
         self.source.restore(state, self.version, rollback=rollback)
         self.publish()
+
+    def sync_ranks(self) -> None:
+        """After a mid-run restore: a DDP learner's other ranks take rank 0's weights, optimiser state,
+        schedule and learner state (nothing to do on one process)."""
+        self.learn.share_replica()

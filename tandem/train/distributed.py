@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 BUCKET_BYTES = 32 * 2**20  # gradients are all-reduced in flat buckets of at most this size
 LONG_TIMEOUT = datetime.timedelta(days=7)  # a rank waits this long for the next step (evals can be slow)
+REPLICA = "replica"  # DataParallel.receive: rank 0 shares its whole state next (a rollback restored it)
 
 
 def resolve_backend(name: str, device: torch.device) -> str:
@@ -243,9 +244,15 @@ class DataParallel:
         """Rank 0: tell the other ranks to leave their loop."""
         dist.broadcast_object_list([{"cmd": "stop"}], src=0)
 
-    def receive(self) -> StepInputs | None:
-        """Ranks 1..M-1: the next step's inputs, or None when rank 0 stops the group."""
-        return self._receive_step(self._receive_header())
+    def send_replica(self) -> None:
+        """Rank 0: tell the other ranks that whole replicas follow (rank 0's state was restored)."""
+        dist.broadcast_object_list([{"cmd": REPLICA}], src=0)
+
+    def receive(self) -> StepInputs | str | None:
+        """Ranks 1..M-1: the next step's inputs, :data:`REPLICA` when rank 0 shares its whole state next,
+        or None when rank 0 stops the group."""
+        header = self._receive_header()
+        return REPLICA if header["cmd"] == REPLICA else self._receive_step(header)
 
     def _receive_header(self) -> dict[str, Any]:
         box: list[Any] = [None]

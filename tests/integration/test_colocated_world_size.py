@@ -26,6 +26,7 @@ from run_checks import step_rows
 
 from tandem.config import build_config
 from tandem.errors import ConfigError
+from tandem.monitor.alerts import read_alerts
 from tandem.orchestration.colocated import train_colocated
 from tandem.train.checkpoint import LIVE_WEIGHTS, checkpoint_dir
 
@@ -327,3 +328,41 @@ def test_rollback_with_two_colocated_ranks_is_refused_before_writing(tiny_model_
     with pytest.raises(ConfigError, match=r"monitor.alerts\[0\].action"):
         train_colocated(cfg)
     assert not (tmp_path / "run").exists()
+
+
+def test_rollback_with_two_ddp_ranks_restores_every_rank(tiny_model_dir, tmp_path):
+    """An alert's rollback on a 2-rank DDP learner: rank 0 restores the checkpoint and hands its state to
+    rank 1 (weights, AdamW moments, schedule), so the ranks stay replicas (each step checks it and would
+    fail otherwise) and the run equals the same run on one process: same alert, same learning rates, the
+    same weights up to fp32 summation order. The rule fires exactly once by construction: the LR warms up
+    past its threshold at step 2 and stays below it at half the rate."""
+    rule = {"metric": "actor/lr", "kind": "above", "threshold": 2e-3, "action": "rollback", "lr_scale": 0.5}
+
+    def run(name, world_size):
+        cfg = _cfg(
+            tiny_model_dir,
+            tmp_path / name,
+            world_size,
+            6,
+            trainer={"strategy": "ddp" if world_size > 1 else "single"},
+            checkpoint={"every": 1},
+            monitor={"alerts": [rule]},
+        )
+        train_colocated(cfg)
+        return tmp_path / name
+
+    one, two = run("one", 1), run("two", 2)
+    lrs = {d: [(r["step"], r["actor/lr"]) for r in step_rows(d)] for d in (one, two)}
+    assert lrs[one] == lrs[two]
+    steps = [s for s, _ in lrs[two]]
+    assert steps.count(1) == 2 and max(steps) == 6, steps  # rolled back once, to step 0's checkpoint
+    alerts = read_alerts(two)
+    assert [a["action"] for a in alerts] == ["rollback"] and alerts[0]["step"] == 2
+    final = {
+        d: safetensors.torch.load_file(
+            str(checkpoint_dir(d / "checkpoints", 6) / "model" / "model.safetensors")
+        )
+        for d in (one, two)
+    }
+    for k, v in final[one].items():
+        torch.testing.assert_close(final[two][k], v, rtol=1e-5, atol=1e-6)

@@ -1,6 +1,6 @@
 """Alerts in the decoupled runtime: the shared loop's alert controller checks the learner's metrics, the
 staleness rules' threshold defaults to η, ``stop`` checkpoints and ends the run, ``rollback`` restores a
-checkpoint and carries on (refused up front only with a data-parallel learner)."""
+checkpoint and carries on (a DDP learner's ranks too; refused up front only with an FSDP2 learner)."""
 
 from __future__ import annotations
 
@@ -72,14 +72,35 @@ def test_staleness_alerts_fire_and_stop_a_decoupled_run(tiny_model_dir, tmp_path
     ]
 
 
-def test_rollback_with_a_data_parallel_learner_is_refused_up_front(tiny_model_dir, tmp_path):
+def test_rollback_with_a_sharded_learner_is_refused_up_front(tiny_model_dir, tmp_path):
     rule = {"metric": "actor/kl", "kind": "above", "threshold": 1.0, "action": "rollback"}
     cfg = _cfg(tiny_model_dir, tmp_path / "run", ["nan_loss", rule])
     data = cfg.model_dump(mode="json")
     data["architecture"]["learner"]["world_size"] = 2
-    with pytest.raises(ConfigError, match=r"not supported with a data-parallel learner") as exc:
+    data["trainer"]["strategy"] = "fsdp2"
+    with pytest.raises(ConfigError, match=r"not supported with a sharded learner") as exc:
         train_decoupled(build_config(data), progress=False)
     assert "monitor.alerts[1].action" in str(exc.value) and not (tmp_path / "run").exists()
+
+
+def test_rollback_with_two_ddp_learner_ranks(tiny_model_dir, tmp_path):
+    """A decoupled run with a 2-rank DDP learner rolls back: rank 0 restores the checkpoint, rank 1 takes
+    its state (each step checks the replicas), the restored weights are published under a new version and
+    the run finishes. The rule fires once by construction (the LR warms up past it, then runs at half)."""
+    torch.set_num_threads(1)
+    rule = {"metric": "actor/lr", "kind": "above", "threshold": 1.5e-3, "action": "rollback", "lr_scale": 0.5}
+    data = _cfg(tiny_model_dir, tmp_path / "run", [rule], eta=0, steps=5).model_dump(mode="json")
+    data["algorithm"] = {"name": "grpo"}
+    data["trainer"].update(lr=2e-3, lr_schedule="constant", warmup_steps=2, world_size=2, strategy="ddp")
+    data["checkpoint"] = {"every": 1, "keep_last": 6}
+    result = train_decoupled(build_config(data), progress=False)
+    alerts = read_alerts(tmp_path / "run")
+    assert [a["action"] for a in alerts] == ["rollback"], alerts
+    rows = read_metrics(tmp_path / "run")
+    steps = [r["step"] for r in rows if r["step"] >= 1]
+    assert len(steps) == 5 + alerts[0]["step"] and steps[-1] == 5  # the rolled-back steps ran again
+    assert all(r["staleness/step_lag"] == 0.0 for r in rows if r["step"] >= 1)  # nothing pre-rollback trained
+    assert result.steps == 5
 
 
 def test_lr_x1000_rolls_a_decoupled_run_back_and_scales_lr(tiny_model_dir, tmp_path, monkeypatch):
