@@ -52,8 +52,8 @@ class TrainerConfig(Section):
         "auto",
         description="How the learner's ranks (trainer.world_size) share the policy: single "
         "(one process), ddp (a full replica per rank, gradients all-reduced), fsdp2 (parameters, "
-        "gradients and optimiser state sharded over the ranks with torch fully_shard; turns off "
-        "shared_prefix; see docs/architectures.md). auto: ddp when world_size > 1, else single.",
+        "gradients and optimiser state sharded over the ranks with torch fully_shard; see "
+        "docs/architectures.md). auto: ddp when world_size > 1, else single.",
     )
     world_size: int = Field(
         1,
@@ -119,8 +119,8 @@ class TrainerConfig(Section):
         True,
         description="Score each run of consecutive rows with the same prompt (a group's samples, of any "
         "size) with one prompt forward whose KV cache its responses reuse; same log-probs and gradients, "
-        "less compute. Off: every row runs its own prompt. Strategy fsdp2 turns it off (every rank must "
-        "run as many forwards).",
+        "less compute. Off: every row runs its own prompt. Under fsdp2 a micro-batch with nothing to "
+        "share runs both passes too (every rank must run as many forwards).",
     )
     dedupe_rows: bool = Field(
         True,
@@ -133,7 +133,7 @@ class TrainerConfig(Section):
 
     @property
     def prefix_sharing(self) -> bool:
-        """Whether the learner scores each group's prompt once: ``shared_prefix`` unless the strategy is
-        fsdp2 (each forward all-gathers parameters, so every rank must run as many of them; prompt passes
-        per rank depend on which groups its rows come from)."""
-        return self.shared_prefix and self.strategy != "fsdp2"
+        """Whether the learner scores each group's prompt once (``shared_prefix``). Under fsdp2, where
+        every forward is a collective, a sharded model runs the prompt pass and the response pass on
+        every micro-batch, shared or not, so all ranks run as many forwards."""
+        return self.shared_prefix

@@ -31,6 +31,16 @@ def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
     return "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is sharded with FSDP2, where every forward is a collective: all ranks must run
+    as many of them (the shared-prefix path then runs its two passes even with nothing to share)."""
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.fsdp import FSDPModule  # lazily: only a sharded learner has one
+
+    return isinstance(model, FSDPModule)
+
+
 def cpu_bf16_attention_context(
     model: torch.nn.Module, device: torch.device
 ) -> contextlib.AbstractContextManager:
@@ -113,6 +123,8 @@ def response_logprobs(
         rows = slice(start, start + step)
         chunk = (prompt_ids[rows], prompt_mask[rows], response_ids[rows], response_mask[rows])
         runs = prompt_runs(chunk[0], chunk[1]) if can_share else None
+        if can_share and runs is None and is_sharded(model):  # FSDP2: every call runs the same passes
+            runs = torch.arange(chunk[0].shape[0], device=chunk[0].device)
         if runs is not None:
             lp, ent = _shared_prefix_logprobs(model, *chunk, temperature, with_entropy, runs=runs)
         elif packed:

@@ -88,6 +88,16 @@ CASES = {
         "trainer": {"micro_batch_size": 3, "fsdp": {"param_dtype": "bfloat16", "reduce_dtype": "bfloat16"}},
         "grad_rtol": 3e-2,
     },
+    # a group's rows share its prompt and the learner scores each prompt once (shared_prefix): a sharded
+    # model runs the prompt and response passes on every micro-batch, shared or not, so both ranks run as
+    # many forwards. Groups of 4, 2, 3, 3 in 2-row micro-batches: rank 0's three each hold one group, rank
+    # 1's middle one holds two groups' rows (nothing to share: one pass, were it not for the rule)
+    "prefix": {
+        "algorithm": {"name": "grpo", "beta": 0.05},
+        "trainer": {"micro_batch_size": 2, "shared_prefix": True},
+        "groups": [4, 2, 3, 3],
+        "shared_prompts": True,
+    },
     # LoRA adapters (the base frozen, sharded too) and the KL reference that is the sharded policy with its
     # adapter off, scored on the shards; published merged under the base names
     "lora": {
@@ -114,10 +124,11 @@ def _cfg(model_dir: Path, case: dict, strategy: str = "fsdp2", mode: str = "deco
 
 
 def _batch(
-    vocab: int, groups: list[int] | None = None, copies: bool = False
+    vocab: int, groups: list[int] | None = None, copies: bool = False, shared_prompts: bool = False
 ) -> tuple[RolloutBatch, torch.Tensor]:
     """``B`` rows in groups of ``N``, or groups of the ``groups`` sizes (as adaptive group size grows them).
-    ``copies``: every group's rows are copies of its first (same prompt and response: one distinct row each)."""
+    ``copies``: every group's rows are copies of its first (same prompt and response: one distinct row each).
+    ``shared_prompts``: every group's rows have its first row's prompt (as sampled groups do)."""
     sizes = torch.tensor(groups or [N] * (B // N))
     rows = int(sizes.sum())
     g = torch.Generator().manual_seed(3)
@@ -138,8 +149,12 @@ def _batch(
         finish_reasons=["length"] * rows,
     )
     scores = torch.rand(rows, generator=g)
+    first = torch.searchsorted(batch.group_ids, batch.group_ids)  # [rows] each group's first row
+    if shared_prompts:
+        batch = dataclasses.replace(
+            batch, prompt_ids=batch.prompt_ids[first], prompt_mask=batch.prompt_mask[first]
+        )
     if copies:
-        first = torch.searchsorted(batch.group_ids, batch.group_ids)  # [rows] each group's first row
         batch = dataclasses.replace(
             batch,
             prompt_ids=batch.prompt_ids[first],
@@ -213,7 +228,12 @@ def _run_case(cfg, dp: DataParallel | None, case: dict) -> dict:
     learn, grads = _learner(cfg, dp)
     if dp is None or dp.rank == 0:
         metrics = learn(
-            *_batch(learn.policy.config.vocab_size, case.get("groups"), case.get("copies", False))
+            *_batch(
+                learn.policy.config.vocab_size,
+                case.get("groups"),
+                case.get("copies", False),
+                case.get("shared_prompts", False),
+            )
         )
     else:
         inputs = learn.dp.receive()
@@ -486,7 +506,7 @@ def test_dcp_checkpoint_restores_same_and_one_process(fsdp_results, tiny_model_d
 
 def test_fsdp2_config_rules(tiny_model_dir):
     shared = _cfg(tiny_model_dir, {"algorithm": {"name": "rloo"}, "trainer": {"shared_prefix": True}})
-    assert not shared.trainer.prefix_sharing  # fsdp2 turns prefix sharing off (equal forwards per rank)
+    assert shared.trainer.prefix_sharing  # fsdp2 keeps prefix sharing (two passes per micro-batch)
     # shares that need unequal numbers of passes are run with passes that add nothing: token budgets too
     assert _cfg(tiny_model_dir, {"algorithm": {"name": "agro"}, "trainer": {"micro_batch_tokens": 32}})
     critic = {"lr": 1e-3}  # a separate value model is sharded like the policy; a shared head is refused
