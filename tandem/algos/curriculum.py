@@ -27,6 +27,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import torch
+
 from tandem.algos.registry import Registry
 
 
@@ -68,6 +70,32 @@ class PromptStats:
     def frontier(self) -> list[int]:
         """Prompts whose latest group had unequal rewards, in key order."""
         return sorted(k for k, r in self.records.items() if r.groups > 0 and r.streak == 0)
+
+    def apply(self, report: dict[str, list]) -> None:
+        """Replay what another source saw (a decoupled worker's ticket): its draws (``drawn``: keys) and
+        its scored groups (``observed``: ``[key, mean, all_equal]``), in order."""
+        self.drawn([int(k) for k in report.get("drawn", [])])
+        for key, mean, equal in report.get("observed", []):
+            self.observe(int(key), float(mean), bool(equal))
+
+    def to_table(self, size: int) -> torch.Tensor:
+        """Dense form for prompts ``0 .. size - 1``: ``[4, size]`` float64 rows ``seen``, ``groups``,
+        ``streak``, ``last_mean`` (a prompt never drawn: zeros). Exact for counts below 2**53."""
+        table = torch.zeros(4, size, dtype=torch.float64)
+        for k, r in self.records.items():
+            if 0 <= k < size:
+                table[:, k] = torch.tensor([r.seen, r.groups, r.streak, r.last_mean], dtype=torch.float64)
+        return table
+
+    @classmethod
+    def from_table(cls, table: torch.Tensor) -> PromptStats:
+        """Inverse of :meth:`to_table`: a record for every prompt drawn or scored at least once."""
+        stats = cls()
+        seen, groups, streak, last = table.tolist()
+        for k, (s, g, st, m) in enumerate(zip(seen, groups, streak, last, strict=True)):
+            if s or g:
+                stats.records[k] = PromptRecord(int(s), int(g), int(st), float(m))
+        return stats
 
     def state_dict(self) -> dict[str, Any]:
         return {"records": [[k, *asdict(r).values()] for k, r in sorted(self.records.items())]}

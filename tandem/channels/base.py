@@ -40,6 +40,9 @@ class TrajectoryMessage:
     ticket: int
     worker_id: int
     meta: dict[str, float] = field(default_factory=dict)  # worker timings and reward metrics
+    # a prompt curriculum's report of this ticket: {"drawn": [row, ...], "observed": [[row, mean, all_equal],
+    # ...]} (tandem.algos.PromptStats.apply); None without a curriculum
+    curriculum: dict[str, list] | None = None
 
     @property
     def num_samples(self) -> int:

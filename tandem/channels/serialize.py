@@ -34,6 +34,7 @@ def encode_message(msg: TrajectoryMessage) -> bytes:
         "ticket": msg.ticket,
         "worker_id": msg.worker_id,
         "meta": msg.meta,
+        "curriculum": msg.curriculum,
         **{name: getattr(b, name) for name in _LISTS},
     }
     return st_save(tensors, metadata={"tandem": json.dumps(header)})
@@ -59,6 +60,7 @@ def decode_message(data: bytes) -> TrajectoryMessage:
         ticket=int(header["ticket"]),
         worker_id=int(header["worker_id"]),
         meta={k: float(v) for k, v in header["meta"].items()},
+        curriculum=header.get("curriculum"),
     )
 
 

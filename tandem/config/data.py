@@ -56,6 +56,6 @@ class DataConfig(Section):
     )
     curriculum: CurriculumConfig = Field(
         default_factory=CurriculumConfig,
-        description="Prompt curriculum: which prompts each step draws (a decoupled worker curates from "
-        "the groups it generated).",
+        description="Prompt curriculum: which prompts each step draws (decoupled: workers pick from the "
+        "statistics the learner publishes with the weights).",
     )

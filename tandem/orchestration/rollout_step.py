@@ -39,6 +39,7 @@ from tandem.algos import (
 from tandem.config.schema import TandemConfig
 from tandem.data import PromptDataset, PromptSampler
 from tandem.data.chat import is_conversational, render_prompts, reward_inputs
+from tandem.errors import ConfigError
 from tandem.monitor import PhaseTimer
 from tandem.orchestration.adaptive_group import MoreSamples, grow_groups, join_groups
 from tandem.orchestration.reference_answers import add_references, reference_settings
@@ -158,6 +159,8 @@ class CuratedPrompts:
         self.set_curriculum(curriculum, options or CurriculumOptions())
         self._last: list[int] = []  # dataset rows of the latest draw, by position
         self._repeat: list[int] = []  # times each of them had been drawn before
+        # what was drawn and scored since take_report() (PromptStats.apply); None: not recorded
+        self.report: dict[str, list] | None = None
 
     @property
     def dataset(self) -> PromptDataset:
@@ -179,12 +182,16 @@ class CuratedPrompts:
         draw = candidate_stream(base, side)
         keys = self.select(len(base), draw, self.stats, self.options, random.Random(seed))
         self._last, self._repeat = keys, self.stats.drawn(keys)
+        if self.report is not None:
+            self.report["drawn"].extend(keys)
         return [self._dataset.rows[i] for i in keys]
 
     def observe(self, positions: list[int], means: list[float], all_equal: list[bool]) -> None:
         """Group outcomes of the latest draw: row position in it, mean score, scores all equal."""
         for pos, mean, equal in zip(positions, means, all_equal, strict=True):
             self.stats.observe(self._last[pos], mean, equal)
+            if self.report is not None:
+                self.report["observed"].append([self._last[pos], float(mean), bool(equal)])
 
     def draw_metrics(self) -> dict[str, float]:
         """``prompts/seen_before_mean`` (times the latest draw's prompts had been drawn before),
@@ -235,9 +242,10 @@ class TicketPrompts(CuratedPrompts):
     """The workers' source: batch ``k`` is the ``k``-th draw of a fresh seeded sampler (fast-forwarded);
     refill round ``r ≥ 1`` of ticket ``k`` is a draw seeded by ``(k, r)``.
 
-    A curriculum picks from these batches with the statistics of the groups this worker generated. With
-    one worker at η = 0 that is everything the colocated trainer saw, so it draws the same prompts; with
-    several, each worker knows its own groups only, and a replacement worker starts with none."""
+    A curriculum picks from these batches with the statistics the learner published with the weights
+    (:meth:`follow_stats`: every worker's groups of the batches it trained, in order), plus what this worker
+    drew and scored since. At η = 0 with one worker that is what the colocated trainer saw at the same step,
+    so it draws the same prompts."""
 
     def __init__(
         self,
@@ -251,6 +259,13 @@ class TicketPrompts(CuratedPrompts):
         super().__init__(dataset, batch_size, seed, curriculum, options)
         self._next = 0
         self.max_rounds = max_rounds
+        self.report = {"drawn": [], "observed": []}
+
+    def take_report(self) -> dict[str, list]:
+        """What this worker drew and scored since the last call, for the learner
+        (:meth:`~tandem.algos.PromptStats.apply`)."""
+        report, self.report = self.report, {"drawn": [], "observed": []}
+        return report
 
     def rows(self, step: int, round_: int) -> list[dict[str, Any]]:
         if round_ > 0:  # any worker refills a ticket from the same batch
@@ -263,6 +278,19 @@ class TicketPrompts(CuratedPrompts):
             self._next += 1
         self._next += 1
         return self._pick(self.sampler.next_indices(), step, round_)
+
+    def follow_stats(self, table: torch.Tensor | None) -> None:
+        """Take the learner's per-prompt statistics (:meth:`~tandem.algos.PromptStats.to_table`, published
+        with the weights; None: keep this worker's own)."""
+        if table is None:
+            return
+        if table.shape[-1] != len(self._dataset):
+            raise ConfigError(
+                f"the learner's prompt statistics cover {table.shape[-1]} prompts, this worker's "
+                f"training set has {len(self._dataset)}",
+                where="data.train_file",
+            )
+        self.stats = PromptStats.from_table(table)
 
     def group_offset(self, step: int, round_: int, num_rows: int) -> int:
         """Round 0: step ``step``'s ids in the colocated trainer; refill rounds get their own range."""

@@ -301,22 +301,25 @@ def test_eta0_weight_average_equals_colocated(tiny_model_dir, tmp_path, monkeypa
     assert any(not torch.equal(live_a[k], wa[k]) for k in live_a), "the average should lag the live weights"
 
 
+def _frontier_cfg(model_dir, out, mode, **extra):
+    """A frontier curriculum on 8 prompts, 4 a step, half of each batch replaying the frontier."""
+    data = _grow_cfg(model_dir, out, mode).model_dump(mode="json")
+    data["algorithm"] = {"name": "grpo"}
+    data["data"].update(train_size=8, curriculum={"kind": "frontier", "replay": 0.5})
+    data["trainer"]["total_steps"] = 5
+    for key, value in extra.items():
+        data[key].update(value)
+    return build_config(data)
+
+
 def test_eta0_frontier_curriculum_equals_colocated(tiny_model_dir, tmp_path):
-    """``data.curriculum.kind=frontier`` decoupled: the worker curates its tickets from the groups it
-    generated, which at η = 0 with one worker are the colocated run's, so it picks the same prompts and
-    the metrics and weights are the colocated run's exactly."""
+    """``data.curriculum.kind=frontier`` decoupled: the worker reports each ticket's draws and groups, the
+    learner replays them and publishes its statistics with the weights, and the worker picks from those:
+    at η = 0 with one worker the colocated run's, so it picks the same prompts and the metrics and weights
+    are the colocated run's exactly."""
     torch.set_num_threads(1)
-
-    def cfg(out, mode, **arch):
-        data = _grow_cfg(tiny_model_dir, out, mode).model_dump(mode="json")
-        data["algorithm"] = {"name": "grpo"}
-        data["data"].update(train_size=8, curriculum={"kind": "frontier", "replay": 0.5})
-        data["trainer"]["total_steps"] = 5
-        data["architecture"] = {"mode": mode, **arch}
-        return build_config(data)
-
-    colo = train(cfg(tmp_path / "colo", "colocated"), progress=False)
-    dec = train_decoupled(cfg(tmp_path / "dec", "decoupled", staleness=0, num_workers=1), progress=False)
+    colo = train(_frontier_cfg(tiny_model_dir, tmp_path / "colo", "colocated"), progress=False)
+    dec = train_decoupled(_frontier_cfg(tiny_model_dir, tmp_path / "dec", "decoupled"), progress=False)
     a, b = step_rows(colo.run_dir), step_rows(dec.run_dir)
     assert len(a) == len(b) == 5
     keys = ("reward/mean", "actor/pg_loss", "prompts/seen_before_mean", "prompts/frontier_size")
@@ -327,5 +330,36 @@ def test_eta0_frontier_curriculum_equals_colocated(tiny_model_dir, tmp_path):
     # draws one again within them
     assert any(r["prompts/first_time_frac"] < 1 for r in a[:2]), "the curriculum never acted"
     wa, wb = _weights(colo.run_dir), _weights(dec.run_dir)
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+
+
+def test_eta0_frontier_curriculum_resumes_exactly(tiny_model_dir, tmp_path):
+    """The learner checkpoints the prompt statistics: a decoupled run resumed after a crash (a fresh worker,
+    with nothing of its own) picks the prompts the uninterrupted run picks and ends with its weights."""
+    torch.set_num_threads(1)
+
+    class CrashError(Exception):
+        pass
+
+    def crash(run, step):
+        if step == 3:  # after step 3's checkpoint
+            raise CrashError
+
+    ck = {"checkpoint": {"every": 1, "keep_last": 9}}
+    whole = train_decoupled(
+        _frontier_cfg(tiny_model_dir, tmp_path / "whole", "decoupled", **ck), progress=False
+    )
+    cfg = _frontier_cfg(tiny_model_dir, tmp_path / "res", "decoupled", **ck)
+    with pytest.raises(CrashError):
+        train_decoupled(cfg, progress=False, hooks=RunHooks(on_step=crash))
+    resumed = train_decoupled(cfg, resume=True, progress=False)
+    a, b = step_rows(whole.run_dir), step_rows(resumed.run_dir)
+    assert [r["step"] for r in b] == [1, 2, 3, 4, 5]
+    for ra, rb in zip(a, b, strict=True):
+        for key in ("reward/mean", "prompts/seen_before_mean", "prompts/first_time_frac"):
+            assert ra[key] == rb[key], (ra["step"], key)
+    assert b[3]["prompts/seen_before_mean"] > 0  # the fresh worker knew the earlier steps' draws
+    wa, wb = _weights(whole.run_dir), _weights(resumed.run_dir)
     for k in wa:
         assert torch.equal(wa[k], wb[k]), k

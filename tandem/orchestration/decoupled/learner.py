@@ -22,7 +22,7 @@ import torch
 from tandem.channels.base import Delivery, TrajectoryChannel, TrajectoryMessage, WeightChannel
 from tandem.errors import TandemError
 from tandem.models.lora import publishable_entries, publishable_state_dict
-from tandem.orchestration.decoupled.controls import LearnerTemperature, control_tensors
+from tandem.orchestration.decoupled.controls import LearnerControls
 from tandem.orchestration.decoupled.ledger import TicketLedger
 from tandem.orchestration.decoupled.seams import Admission
 from tandem.orchestration.learner import LearnerStep
@@ -39,19 +39,20 @@ class ChannelWeights:
     """Weight publisher of a decoupled run: the policy's state dict goes on the weight channel (merged,
     under the base model's names, for a LoRA policy: workers hold plain models). When ``learn`` keeps no
     whole policy (an FSDP2 learner's rank 0) the tensors are gathered from the shards one at a time and
-    each is copied into the channel as it arrives (:meth:`LearnerStep.weights`). ``temperature``: the
-    learner's adaptive sampling temperature, published with every version (:mod:`.controls`)."""
+    each is copied into the channel as it arrives (:meth:`LearnerStep.weights`). ``controls``: what the
+    learner steers for its workers (sampling temperature, prompt statistics), published with every
+    version (:mod:`.controls`)."""
 
     def __init__(
         self,
         weights: WeightChannel,
         learn: LearnerStep | None = None,
-        temperature: LearnerTemperature | None = None,
+        controls: LearnerControls | None = None,
     ) -> None:
-        self.weights, self.learn, self.temperature = weights, learn, temperature
+        self.weights, self.learn, self.controls = weights, learn, controls
 
     def publish(self, policy: torch.nn.Module, version: int) -> float:
-        controls = {} if self.temperature is None else control_tensors(self.temperature.controls())
+        controls = {} if self.controls is None else self.controls.tensors()
         stream = None if self.learn is None else self.learn.weights()
         if stream is not None:  # gathered from the shards one tensor at a time (a LoRA layer's: merged)
             entries = itertools.chain(publishable_entries(policy, stream), controls.items())
@@ -76,10 +77,10 @@ class ChannelSource:
         ledger: TicketLedger,
         poll_workers: Callable[[], None],
         timeout_s: float,
-        temperature: LearnerTemperature | None = None,
+        controls: LearnerControls | None = None,
     ) -> None:
         self.channel, self.coord, self.controller, self.ledger = channel, coord, controller, ledger
-        self.temperature = temperature  # stepped on each batch taken for training, before its publish
+        self.controls = controls  # updated on each batch taken for training, before its publish
         self.poll_workers, self.timeout_s = poll_workers, timeout_s
         self.buffer: dict[int, Delivery] = {}
         self.pending_acks: list[str] = []
@@ -147,8 +148,8 @@ class ChannelSource:
             self.ledger.record_dropped(msg.ticket, msg.num_samples)
             self.coord.consume(1)
         self._taken = (msg, self.controller.lag(sample_version, version), t0)
-        if self.temperature is not None:
-            self.temperature.observe(msg.batch)
+        if self.controls is not None:
+            self.controls.observe(msg)
         return ScoredBatch(msg.batch, msg.scores, worker_metrics(msg.meta, msg.batch, msg.scores))
 
     def settle(self, scored: ScoredBatch, version: int) -> dict[str, float]:
@@ -175,15 +176,16 @@ class ChannelSource:
 
     # -- state ------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        temperature = {} if self.temperature is None else {"rollout": self.temperature.state_dict()}
-        return {"ledger": self.ledger.state_dict(), **temperature}
+        controls = {} if self.controls is None else {"rollout": self.controls.state_dict()}
+        return {"ledger": self.ledger.state_dict(), **controls}
 
     def restore(self, state: dict[str, Any], version: int, *, rollback: bool) -> None:
         """Resume: the ledger of the checkpoint. Rollback: the ledger stays (it counts what really went
         through the channel) and everything sampled before the restored weights (``version``) is stale.
-        Both: the checkpoint's sampling temperature (published with the restored weights)."""
-        if self.temperature is not None:
-            self.temperature.load_state_dict(state.get("rollout", {}))
+        Both: the checkpoint's sampling temperature and prompt statistics (published with the restored
+        weights)."""
+        if self.controls is not None:
+            self.controls.load_state_dict(state.get("rollout", {}))
         if rollback:
             self.floor = version
         else:

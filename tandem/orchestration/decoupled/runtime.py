@@ -35,7 +35,7 @@ from tandem.orchestration.alerting import check_rollback_support
 from tandem.orchestration.build import build_rollout_engine
 from tandem.orchestration.decoupled.autoscale import Autoscaler
 from tandem.orchestration.decoupled.backends import open_backend
-from tandem.orchestration.decoupled.controls import LearnerTemperature, control_tensors
+from tandem.orchestration.decoupled.controls import LearnerControls, LearnerCurriculum, LearnerTemperature
 from tandem.orchestration.decoupled.learner import ChannelSource, ChannelWeights
 from tandem.orchestration.decoupled.ledger import TicketLedger
 from tandem.orchestration.decoupled.seams import Admission, WorkerSupervisor
@@ -103,11 +103,8 @@ def train_decoupled(
     extra = load_run_checkpoint(latest, parts)["extra_state"] if latest is not None else None
     ctx = mp.get_context("spawn")
     controller = StalenessController(cfg.architecture.staleness, cfg.samples_per_step)
-    ctl = temperature_controller(cfg)  # rollout.adaptive_temperature: the learner steers it (.controls)
-    temperature = None if ctl is None else LearnerTemperature(ctl)
-    template = publishable_state_dict(parts.policy)
-    if temperature is not None:
-        template.update(control_tensors(temperature.controls()))
+    controls = learner_controls(cfg, len(parts.data.train))  # published with the weights (.controls)
+    template = {**publishable_state_dict(parts.policy), **controls.tensors()}
     backend = open_backend(cfg, controller, template, ctx)  # by runtime
     supervisor = backend.supervisor
     dp: DataParallelLearner | None = None
@@ -119,7 +116,7 @@ def train_decoupled(
             ledger=TicketLedger(),
             poll_workers=supervisor.poll,
             timeout_s=cfg.architecture.learner_timeout_s,
-            temperature=temperature,
+            controls=controls,
         )
         generator = torch.Generator().manual_seed(cfg.run.seed)
 
@@ -139,7 +136,7 @@ def train_decoupled(
         trainer = Trainer(
             learn,
             source,
-            ChannelWeights(backend.weights, learn, temperature),
+            ChannelWeights(backend.weights, learn, controls),
             evaluate=evaluate,
             group_size=cfg.rollout.group_size,
         )
@@ -199,6 +196,17 @@ def _loop_setup(run: DecoupledRun, result: RunResult, progress: bool | None, hoo
         listener=hooks.listener,
         extra_metrics=extra_metrics,
         on_step=on_step,
+    )
+
+
+def learner_controls(cfg: TandemConfig, num_prompts: int) -> LearnerControls:
+    """What the learner steers for its workers: the adaptive sampling temperature
+    (``rollout.adaptive_temperature``) and, with a prompt curriculum, the per-prompt statistics of its
+    ``num_prompts`` training prompts; either may be absent."""
+    ctl = temperature_controller(cfg)
+    return LearnerControls(
+        temperature=None if ctl is None else LearnerTemperature(ctl),
+        curriculum=LearnerCurriculum(num_prompts) if cfg.data.curriculum.kind != "uniform" else None,
     )
 
 

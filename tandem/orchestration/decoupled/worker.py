@@ -35,7 +35,7 @@ from tandem.orchestration.build import (
     build_rollout_engine,
     enforce_prompt_lengths,
 )
-from tandem.orchestration.decoupled.controls import TEMPERATURE, split_controls
+from tandem.orchestration.decoupled.controls import PROMPT_STATS, TEMPERATURE, scalar_control, split_controls
 from tandem.orchestration.decoupled.seams import Admission
 from tandem.orchestration.remote import local_models
 from tandem.orchestration.rollout_step import RolloutStep, TicketPrompts
@@ -58,7 +58,7 @@ class WorkerSpec:
     errors: Queue[str] | None = None  # one-line error strings (embedded runtime only)
 
 
-def load_newest(engine: RolloutEngine, weights: WeightChannel) -> dict[str, float] | None:
+def load_newest(engine: RolloutEngine, weights: WeightChannel) -> dict[str, torch.Tensor] | None:
     """Load weights published since the engine's version; returns the sampling controls published with
     them (:mod:`.controls`; ``{}`` when none), or None when nothing newer was published."""
     fetched = weights.fetch(engine.version)
@@ -79,7 +79,7 @@ class InFlightSync:
     def __init__(self, engine: RolloutEngine, weights: WeightChannel) -> None:
         self.engine, self.weights = engine, weights
         self.updates, self.seconds = 0, 0.0
-        self.controls: dict[str, float] = {}
+        self.controls: dict[str, torch.Tensor] = {}
 
     def __call__(self) -> None:
         t0 = time.perf_counter()
@@ -134,6 +134,14 @@ def run_worker(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
         pad_token_id=tokenizer.pad_token_id,
         steer_temperature=False,
     )
+    curated = cfg.data.curriculum.kind != "uniform"  # report each ticket's draws and groups to the learner
+
+    def follow(controls: dict[str, torch.Tensor] | None) -> None:
+        """Sample and pick prompts as the learner published with the weights (None: nothing newer)."""
+        if controls is not None:
+            rollout.follow_temperature(scalar_control(controls, TEMPERATURE))
+            prompts.follow_stats(controls.get(PROMPT_STATS))
+
     try:
         while True:
             t0 = time.perf_counter()
@@ -143,11 +151,12 @@ def run_worker(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
                 return
             timer.reset()
             with timer.phase("weight_sync"):
-                rollout.follow_temperature((load_newest(engine, spec.weights) or {}).get(TEMPERATURE))
+                follow(load_newest(engine, spec.weights))
             in_flight = InFlightSync(engine, spec.weights) if inflight else None
             scored = rollout(ticket, on_chunk=in_flight)
+            report = prompts.take_report()
             if in_flight is not None:
-                rollout.follow_temperature(in_flight.controls.get(TEMPERATURE))  # for the next batch
+                follow(in_flight.controls)  # for the next batch
             phases = {**timer.metrics(), **timer.cpu_metrics()}
             meta = {**scored.metrics, **{f"worker/{k}": v for k, v in phases.items()}}
             meta["worker/idle_ratio"] = idle / max(1e-9, time.perf_counter() - t0)
@@ -156,7 +165,12 @@ def run_worker(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
                 meta["worker/inflight_sync_s"] = in_flight.seconds
             spec.channel.put(
                 TrajectoryMessage(
-                    batch=scored.batch, scores=scored.scores, ticket=ticket, worker_id=spec.slot, meta=meta
+                    batch=scored.batch,
+                    scores=scored.scores,
+                    ticket=ticket,
+                    worker_id=spec.slot,
+                    meta=meta,
+                    curriculum=report if curated else None,
                 )
             )
             coord.done(spec.slot)

@@ -32,12 +32,17 @@ def make_message(ticket: int = 3, B: int = 4, P: int = 3, R: int = 5) -> Traject
         extras=[{"answer": "2"}, {"answer": "2"}, {"answer": "5", "x": [1, 2]}, {"answer": "5"}],
     )
     return TrajectoryMessage(
-        batch, torch.tensor([1.0, 0.0, 0.5, -1.0]), ticket, 1, {"worker/idle_ratio": 0.25}
+        batch,
+        torch.tensor([1.0, 0.0, 0.5, -1.0]),
+        ticket,
+        1,
+        {"worker/idle_ratio": 0.25},
+        curriculum={"drawn": [3, 9], "observed": [[3, 0.5, False], [9, 1.0, True]]},
     )
 
 
 def assert_same(a: TrajectoryMessage, b: TrajectoryMessage) -> None:
-    assert (a.ticket, a.worker_id, a.meta) == (b.ticket, b.worker_id, b.meta)
+    assert (a.ticket, a.worker_id, a.meta, a.curriculum) == (b.ticket, b.worker_id, b.meta, b.curriculum)
     assert torch.equal(a.scores, b.scores)
     for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "behavior_logprobs"):
         x, y = getattr(a.batch, name), getattr(b.batch, name)

@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import torch
 
-from tandem.algos import AdaptiveEntropy
+from tandem.algos import AdaptiveEntropy, PromptStats
+from tandem.channels.base import TrajectoryMessage
 from tandem.channels.weights import SharedMemoryWeights
 from tandem.models import load_causal_lm, load_tokenizer
 from tandem.orchestration.decoupled.controls import (
+    PROMPT_STATS,
     TEMPERATURE,
+    LearnerControls,
+    LearnerCurriculum,
     LearnerTemperature,
     control_tensors,
+    scalar_control,
     split_controls,
 )
 from tandem.orchestration.decoupled.learner import ChannelWeights
@@ -27,7 +32,8 @@ def _temperature(value=1.0):
 def test_split_controls_round_trip():
     state = {"w": torch.ones(2), **control_tensors({TEMPERATURE: 1.3})}
     weights, controls = split_controls(state)
-    assert list(weights) == ["w"] and controls == {TEMPERATURE: 1.3}
+    assert list(weights) == ["w"] and list(controls) == [TEMPERATURE]
+    assert scalar_control(controls, TEMPERATURE) == 1.3 and scalar_control(controls, PROMPT_STATS) is None
     assert split_controls({"w": torch.ones(2)})[1] == {}
 
 
@@ -45,28 +51,33 @@ def test_the_temperature_travels_with_the_weights_and_skips_the_engine(tiny_mode
     engine = HFEngine(load_causal_lm(tiny_model_dir), load_tokenizer(tiny_model_dir), version=0)
     policy = load_causal_lm(tiny_model_dir)
     temperature = _temperature()
-    template = {**policy.state_dict(), **control_tensors(temperature.controls())}
+    controls_out = LearnerControls(temperature=temperature, curriculum=LearnerCurriculum(5))
+    template = {**policy.state_dict(), **controls_out.tensors()}
     channel = SharedMemoryWeights(template)
     try:
         for publisher in (
-            ChannelWeights(channel, None, temperature),
-            ChannelWeights(channel, _Streaming(policy.state_dict()), temperature),
+            ChannelWeights(channel, None, controls_out),
+            ChannelWeights(channel, _Streaming(policy.state_dict()), controls_out),
         ):
             temperature.controller.value += 0.2
+            controls_out.curriculum.stats.observe(3, 0.5, False)
             version = engine.version + 1
             publisher.publish(policy, version)
             controls = load_newest(engine, channel)
-            assert controls == {TEMPERATURE: temperature.controller.value} and engine.version == version
+            assert scalar_control(controls, TEMPERATURE) == temperature.controller.value
+            assert engine.version == version
+            stats = PromptStats.from_table(controls[PROMPT_STATS])
+            assert stats.records == controls_out.curriculum.stats.records  # the learner's, whole
             assert not any(k.startswith("__tandem__") for k in engine.model.state_dict())
         assert load_newest(engine, channel) is None  # nothing newer
         # in flight: the controls of an update loaded mid-generation are kept for the next batch
         sync = InFlightSync(engine, channel)
         temperature.controller.value = 0.7
-        ChannelWeights(channel, None, temperature).publish(policy, engine.version + 1)
+        ChannelWeights(channel, None, controls_out).publish(policy, engine.version + 1)
         engine.generate(
             ["1+2="], SamplingParams(max_new_tokens=6, temperature=1.0, seed=0), on_chunk=sync, chunk_tokens=1
         )
-        assert sync.updates == 1 and sync.controls == {TEMPERATURE: 0.7}
+        assert sync.updates == 1 and scalar_control(sync.controls, TEMPERATURE) == 0.7
     finally:
         channel.unlink()
 
@@ -83,3 +94,31 @@ def test_learner_temperature_steps_on_batches_with_samples(tiny_model_dir):
     temperature.controller.value = 1.5
     temperature.load_state_dict(state)  # a resume or a rollback
     assert temperature.controls() == {TEMPERATURE: 1.1}
+
+
+def test_learner_curriculum_replays_worker_reports_and_checkpoints():
+    """The learner's statistics are the workers' reports replayed in training order; the table published
+    with the weights rebuilds them exactly, and a checkpoint restores them."""
+    reports = [
+        {"drawn": [0, 2], "observed": [[0, 1.0, True], [2, 0.25, False]]},
+        {"drawn": [2, 4, 0], "observed": [[2, 0.5, False], [4, 0.0, True], [0, 1.0, True]]},
+    ]
+    direct = PromptStats()
+    for r in reports:
+        direct.drawn(r["drawn"])
+        for key, mean, equal in r["observed"]:
+            direct.observe(key, mean, equal)
+    controls = LearnerControls(curriculum=LearnerCurriculum(5))
+    for r in reports:
+        controls.observe(TrajectoryMessage(batch=None, scores=None, ticket=0, worker_id=0, curriculum=r))
+    assert controls.curriculum.stats.records == direct.records
+    assert controls.curriculum.stats.get(0).streak == 2 and controls.curriculum.stats.frontier() == [2]
+    table = controls.tensors()[PROMPT_STATS]
+    assert table.shape == (4, 5) and PromptStats.from_table(table).records == direct.records
+    restored = LearnerControls(curriculum=LearnerCurriculum(5))
+    restored.load_state_dict(controls.state_dict())
+    assert restored.curriculum.stats.records == direct.records
+    controls.observe(
+        TrajectoryMessage(batch=None, scores=None, ticket=1, worker_id=1)
+    )  # no report: no change
+    assert controls.curriculum.stats.records == direct.records

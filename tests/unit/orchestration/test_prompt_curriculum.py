@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.algos import CurriculumOptions
+from tandem.algos import CurriculumOptions, PromptStats
 from tandem.config import load_config
 from tandem.data import PromptDataset, PromptSampler
 from tandem.errors import ConfigError
@@ -107,12 +107,13 @@ def test_ticket_source_draws_the_sequential_batches_without_a_curriculum() -> No
 
 
 def test_ticket_source_curates_as_the_sequential_source_does() -> None:
-    """Fed the same group outcomes, a worker's ticket source picks the colocated source's prompts step by
-    step (what makes η = 0 with one worker exact with a curriculum), and the curriculum did skip."""
+    """A worker's ticket source whose statistics come from the learner (its reports replayed, the table
+    published back) picks the colocated source's prompts step by step (what makes η = 0 with one worker
+    exact with a curriculum), and the curriculum did skip."""
     opts = CurriculumOptions(skip_after=1, revisit=0.1, replay=0.25, max_draws=4)
     seq = SequentialPrompts(dataset(16), batch_size=4, seed=2, curriculum="frontier", options=opts)
     tickets = TicketPrompts(dataset(16), 4, seed=2, max_rounds=1, curriculum="frontier", options=opts)
-    uniform = PromptSampler(dataset(16), batch_size=4, seed=2)
+    learner, uniform = PromptStats(), PromptSampler(dataset(16), batch_size=4, seed=2)
     differs = False
     for step in range(12):
         a, b = seq.rows(step, 0), tickets.rows(step, 0)
@@ -122,7 +123,13 @@ def test_ticket_source_curates_as_the_sequential_source_does() -> None:
         for src in (seq, tickets):
             src.observe(list(range(4)), [1.0 if s else 0.5 for s in solved], solved)
         assert seq.draw_metrics() == tickets.draw_metrics()
+        learner.apply(tickets.take_report())
+        tickets.stats = PromptStats()  # forget the worker's own: only the learner's table counts
+        tickets.follow_stats(learner.to_table(16))
+        assert tickets.stats.records == seq.stats.records
     assert differs, "the curriculum never changed a batch: the test would not exercise it"
+    with pytest.raises(ConfigError, match="cover 15 prompts, this worker's training set has 16"):
+        tickets.follow_stats(learner.to_table(15))
 
 
 def test_frontier_fills_from_the_side_stream_when_the_batch_is_solved() -> None:
