@@ -27,7 +27,7 @@ from tandem.algos.core import (
     sequence_sum,
 )
 from tandem.algos.corrections import CORRECTIONS, correction_weights
-from tandem.algos.curriculum import CURRICULA, CurriculumOptions, PromptStats
+from tandem.algos.curriculum import CURRICULA, CurriculumOptions, PromptStats, TableStats
 from tandem.algos.dapo import (
     degeneracy_metrics,
     filter_groups,
@@ -72,6 +72,7 @@ __all__ = [
     "PolicyLossInputs",
     "PolicyLossSpec",
     "PromptStats",
+    "TableStats",
     "Registry",
     "UnknownNameError",
     "WeightClipOptions",

@@ -82,20 +82,12 @@ class PromptStats:
         """Dense form for prompts ``0 .. size - 1``: ``[4, size]`` float64 rows ``seen``, ``groups``,
         ``streak``, ``last_mean`` (a prompt never drawn: zeros). Exact for counts below 2**53."""
         table = torch.zeros(4, size, dtype=torch.float64)
-        for k, r in self.records.items():
-            if 0 <= k < size:
-                table[:, k] = torch.tensor([r.seen, r.groups, r.streak, r.last_mean], dtype=torch.float64)
+        items = [(k, r) for k, r in self.records.items() if 0 <= k < size]
+        if items:
+            keys = torch.tensor([k for k, _ in items], dtype=torch.long)
+            rows = [[r.seen, r.groups, r.streak, r.last_mean] for _, r in items]
+            table[:, keys] = torch.tensor(rows, dtype=torch.float64).T
         return table
-
-    @classmethod
-    def from_table(cls, table: torch.Tensor) -> PromptStats:
-        """Inverse of :meth:`to_table`: a record for every prompt drawn or scored at least once."""
-        stats = cls()
-        seen, groups, streak, last = table.tolist()
-        for k, (s, g, st, m) in enumerate(zip(seen, groups, streak, last, strict=True)):
-            if s or g:
-                stats.records[k] = PromptRecord(int(s), int(g), int(st), float(m))
-        return stats
 
     def state_dict(self) -> dict[str, Any]:
         return {"records": [[k, *asdict(r).values()] for k, r in sorted(self.records.items())]}
@@ -104,6 +96,61 @@ class PromptStats:
         self.records = {
             int(k): PromptRecord(int(s), int(g), int(st), float(m)) for k, s, g, st, m in state["records"]
         }
+
+
+class TableStats(PromptStats):
+    """:class:`PromptStats` held as the dense ``[4, size]`` table of :meth:`PromptStats.to_table` (prompts
+    ``0 .. size - 1``): what a decoupled learner keeps and publishes with every weight version, and what a
+    worker picks from. A step touches only the keys it draws and scores, and publishing or taking the table
+    costs one copy, not a pass over per-prompt records. Same answers as the record form."""
+
+    def __init__(self, table: torch.Tensor) -> None:  # no records dict: the table is the state
+        self.table = table  # [4, size] float64: seen, groups, streak, last_mean
+
+    @classmethod
+    def empty(cls, size: int) -> TableStats:
+        return cls(torch.zeros(4, size, dtype=torch.float64))
+
+    @property
+    def records(self) -> dict[int, PromptRecord]:  # type: ignore[override]
+        """The record form (every prompt drawn or scored at least once); a pass over the table."""
+        t = self.table
+        known = torch.nonzero((t[0] != 0) | (t[1] != 0)).flatten()  # [n]
+        return {
+            k: PromptRecord(int(s), int(g), int(st), float(m))
+            for k, (s, g, st, m) in zip(known.tolist(), t[:, known].T.tolist(), strict=True)
+        }
+
+    def get(self, key: int) -> PromptRecord:
+        if not 0 <= key < self.table.shape[1]:
+            return PromptRecord()
+        s, g, st, m = self.table[:, key].tolist()
+        return PromptRecord(int(s), int(g), int(st), float(m))
+
+    def drawn(self, keys: Sequence[int]) -> list[int]:
+        before = []
+        for k in keys:  # one at a time: a key drawn twice in a batch counts its first draw
+            before.append(int(self.table[0, k]))
+            self.table[0, k] += 1
+        return before
+
+    def observe(self, key: int, mean: float, all_equal: bool) -> None:
+        t = self.table
+        t[1, key] += 1
+        t[2, key] = t[2, key] + 1 if all_equal else 0
+        t[3, key] = float(mean)
+
+    def frontier(self) -> list[int]:
+        t = self.table
+        return torch.nonzero((t[1] > 0) & (t[2] == 0)).flatten().tolist()
+
+    def to_table(self, size: int) -> torch.Tensor:
+        return self.table.clone() if size == self.table.shape[1] else super().to_table(size)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.table.zero_()
+        for k, s, g, st, m in state["records"]:
+            self.table[:, int(k)] = torch.tensor([s, g, st, m], dtype=torch.float64)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from tandem.algos import (
     AdaptiveEntropy,
     CurriculumOptions,
     PromptStats,
+    TableStats,
     degeneracy_metrics,
     group_outcomes,
     sampled_entropy,
@@ -290,7 +291,7 @@ class TicketPrompts(CuratedPrompts):
                 f"training set has {len(self._dataset)}",
                 where="data.train_file",
             )
-        self.stats = PromptStats.from_table(table)
+        self.stats = TableStats(table.clone())
 
     def group_offset(self, step: int, round_: int, num_rows: int) -> int:
         """Round 0: step ``step``'s ids in the colocated trainer; refill rounds get their own range."""

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from tandem.algos import AdaptiveEntropy, PromptStats, sampled_entropy
+from tandem.algos import AdaptiveEntropy, TableStats, sampled_entropy
 from tandem.channels.base import TrajectoryMessage
 from tandem.types import RolloutBatch
 
@@ -81,14 +81,14 @@ class LearnerCurriculum:
     :meth:`tensors` the table that goes out with the weights."""
 
     def __init__(self, num_prompts: int) -> None:
-        self.num_prompts, self.stats = num_prompts, PromptStats()
+        self.stats = TableStats.empty(num_prompts)
 
     def observe(self, report: dict[str, list] | None) -> None:
         if report:
             self.stats.apply(report)
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {PROMPT_STATS: self.stats.to_table(self.num_prompts)}
+        return {PROMPT_STATS: self.stats.table.clone()}
 
     def state_dict(self) -> dict[str, Any]:
         return {"prompt_stats": self.stats.state_dict()}

@@ -14,6 +14,7 @@ from tandem.algos import (
     CURRICULA,
     CurriculumOptions,
     PromptStats,
+    TableStats,
     degeneracy_metrics,
     filter_groups,
     group_outcomes,
@@ -128,3 +129,29 @@ def test_curricula_are_registered_and_documented() -> None:
     assert CURRICULA.names() == ["uniform", "frontier"]
     doc = (Path(__file__).resolve().parents[3] / "docs" / "algorithms.md").read_text()
     assert all(f"### `{name}`" in doc for name in CURRICULA.names())
+
+
+def test_table_stats_answer_as_the_record_form():
+    """The dense table a decoupled learner publishes gives the record form's answers under any sequence
+    of draws (repeats within a batch included) and scored groups: records, ``get``, ``frontier``, the
+    ``drawn`` counts, the frontier curriculum's picks, and the checkpoint state both ways."""
+    rng = random.Random(0)
+    records, table = PromptStats(), TableStats.empty(12)
+    opts = CurriculumOptions(skip_after=1, revisit=0.2, replay=0.5, max_draws=3)
+    for step in range(40):
+        keys = [rng.randrange(12) for _ in range(4)]
+        assert records.drawn(keys) == table.drawn(keys)
+        for k in keys:
+            mean, equal = rng.choice([(0.0, True), (1.0, True), (0.5, False), (0.25, False)])
+            records.observe(k, mean, equal)
+            table.observe(k, mean, equal)
+        assert table.records == records.records and table.frontier() == records.frontier()
+        assert all(table.get(k) == records.get(k) for k in range(-1, 13))
+        order = rng.sample(range(12), 12) * 3  # the same candidates for both
+        select = CURRICULA.get("frontier").select
+        picks = [select(4, iter(order).__next__, s, opts, random.Random(step)) for s in (records, table)]
+        assert picks[0] == picks[1]
+    assert torch.equal(records.to_table(12), table.to_table(12))
+    back = TableStats.empty(12)
+    back.load_state_dict(records.state_dict())
+    assert back.records == records.records and table.state_dict() == records.state_dict()

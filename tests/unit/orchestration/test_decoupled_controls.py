@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from tandem.algos import AdaptiveEntropy, PromptStats
+from tandem.algos import AdaptiveEntropy, PromptStats, TableStats
 from tandem.channels.base import TrajectoryMessage
 from tandem.channels.weights import SharedMemoryWeights
 from tandem.models import load_causal_lm, load_tokenizer
@@ -66,7 +66,7 @@ def test_the_temperature_travels_with_the_weights_and_skips_the_engine(tiny_mode
             controls = load_newest(engine, channel)
             assert scalar_control(controls, TEMPERATURE) == temperature.controller.value
             assert engine.version == version
-            stats = PromptStats.from_table(controls[PROMPT_STATS])
+            stats = TableStats(controls[PROMPT_STATS])
             assert stats.records == controls_out.curriculum.stats.records  # the learner's, whole
             assert not any(k.startswith("__tandem__") for k in engine.model.state_dict())
         assert load_newest(engine, channel) is None  # nothing newer
@@ -114,7 +114,7 @@ def test_learner_curriculum_replays_worker_reports_and_checkpoints():
     assert controls.curriculum.stats.records == direct.records
     assert controls.curriculum.stats.get(0).streak == 2 and controls.curriculum.stats.frontier() == [2]
     table = controls.tensors()[PROMPT_STATS]
-    assert table.shape == (4, 5) and PromptStats.from_table(table).records == direct.records
+    assert table.shape == (4, 5) and TableStats(table).records == direct.records
     restored = LearnerControls(curriculum=LearnerCurriculum(5))
     restored.load_state_dict(controls.state_dict())
     assert restored.curriculum.stats.records == direct.records
