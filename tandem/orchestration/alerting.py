@@ -13,9 +13,9 @@ engine in :mod:`tandem.monitor.alerts`); this module carries out their actions.
 
 Both architectures use the same controller on the same :class:`~tandem.orchestration.trainer.Trainer`.
 With a DDP learner (``trainer.world_size > 1``) a rollback restores rank 0 and then hands its whole state
-to the other ranks, as at start; with FSDP2 every rank would have to read its own shards of the
-checkpoint mid-run, which is not built: ``rollback`` is refused there at start
-(:func:`check_rollback_support`).
+to the other ranks, as at start; with FSDP2 every rank reads its own shards of the checkpoint and then
+takes rank 0's schedule and learner state. FSDP2 with a weight average (``trainer.ema_decay``) refuses
+``rollback`` rules at start (:func:`check_rollback_support`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from typing import Any, Protocol
 from tandem.config.schema import TandemConfig
 from tandem.errors import ConfigError, TandemError
 from tandem.monitor.alerts import Alert, AlertEngine, AlertSink, rule_label, system_metrics
-from tandem.orchestration.parts import load_run_checkpoint
 from tandem.train.checkpoint import latest_checkpoint, list_checkpoints
 
 log = logging.getLogger(__name__)
@@ -47,6 +46,10 @@ class AlertTarget(Protocol):
     pre_update: Callable[[dict[str, float]], bool] | None
     step: int
 
+    learn: Any  # the LearnerStep: its live optimiser and schedule (live_optimizer)
+
+    def load_checkpoint(self, folder: Path, parts: Any) -> dict[str, Any]: ...
+
     def restore(self, extra_state: dict[str, Any], *, rollback: bool = False) -> None: ...
 
     def sync_ranks(self) -> None: ...
@@ -54,16 +57,17 @@ class AlertTarget(Protocol):
 
 def check_rollback_support(cfg: TandemConfig) -> None:
     """ConfigError naming the first ``rollback`` rule of a run with a sharded (FSDP2) learner on several
-    ranks (either architecture)."""
-    if cfg.trainer.world_size <= 1 or cfg.trainer.strategy != "fsdp2":
+    ranks and a weight average (either architecture): the average's restart is not built there."""
+    t = cfg.trainer
+    if t.world_size <= 1 or t.strategy != "fsdp2" or t.ema_decay == 0:
         return
     for i, rule in enumerate(cfg.monitor.alerts):
         if rule.action == "rollback":
             raise ConfigError(
                 f"alert rule '{rule_label(rule)}': action 'rollback' is not supported with a sharded learner "
-                "(trainer.strategy fsdp2, trainer.world_size > 1): its ranks cannot reload their shards mid-run",
+                "(trainer.strategy fsdp2, trainer.world_size > 1) and a weight average (trainer.ema_decay)",
                 where=f"monitor.alerts[{i}].action",
-                hint="use warn, skip or stop, or trainer.strategy=ddp",
+                hint="use warn, skip or stop, trainer.ema_decay=0, or trainer.strategy=ddp",
             )
 
 
@@ -145,11 +149,11 @@ class AlertController:
             raise AlertStopError("rollback requested but no checkpoint exists", where=str(self.ckpt_root))
         scale = lr_scale if lr_scale is not None else (self._pending_scale or 1.0)
         self._pending_scale = None
-        sched = parts.scheduler
-        base = list(sched.base_lrs) if sched is not None else [g["lr"] for g in parts.optimizer.param_groups]
-        state = load_run_checkpoint(ckpt, parts)
+        optimizer, sched = self.trainer.learn.live_optimizer()
+        base = list(sched.base_lrs) if sched is not None else [g["lr"] for g in optimizer.param_groups]
+        state = self.trainer.load_checkpoint(ckpt, parts)
         self.trainer.restore(state["extra_state"], rollback=True)
-        scale_lr(parts.optimizer, sched, [b * scale for b in base])
+        scale_lr(optimizer, sched, [b * scale for b in base])
         self.trainer.sync_ranks()  # a DDP learner's other ranks take the restored state
         self.rollbacks += 1
         log.warning("rolled back to %s (step %d); LR × %g", ckpt, self.trainer.step, scale)

@@ -166,20 +166,48 @@ class LearnerStep:
         separate = critic_opt is not None and critic_opt is not self.optimizer
         return extra, ({"optimizer": critic_opt.state_dict()} if critic_opt is not None and separate else {})
 
+    def live_optimizer(self) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler | None]:
+        """The optimiser and schedule the policy update steps (FSDP2: the sharded ones, not rank 0's
+        plain pair)."""
+        if self.dp is None:
+            return self.optimizer, self.scheduler
+        _, optimizer, scheduler = self.dp.update_target(self.policy, self.optimizer, self.scheduler)
+        return optimizer, scheduler
+
     def share_replica(self) -> None:
-        """Rank 0 of a DDP learner whose state was restored mid-run (an alert's rollback): every rank takes
-        its weights, optimiser state, schedule and learner state, as at start (:meth:`take_replica`)."""
+        """Rank 0 of a learner whose state was restored mid-run (an alert's rollback): every rank takes
+        its state (:meth:`take_replica`). DDP: the weights, optimiser state, schedule and learner state, as
+        at start. FSDP2 (``dp.state_in_shards``: each rank restored its own shards): the schedule, the
+        learning rates and the learner state."""
         if self.dp is None:
             return
-        extra, critic_extra = self.replica_state()
         self.dp.send_replica()
+        if self.dp.state_in_shards:
+            optimizer, scheduler = self.live_optimizer()
+            self.dp.share_object(
+                {
+                    "learner": self.state_dict(),
+                    "lrs": [g["lr"] for g in optimizer.param_groups],
+                    "scheduler": None if scheduler is None else scheduler.state_dict(),
+                }
+            )
+            return
+        extra, critic_extra = self.replica_state()
         self.dp.broadcast_replica(self.policy, extra)
         if self.critic is not None:
             self.dp.broadcast_replica(self.critic, critic_extra)
 
     def take_replica(self) -> None:
-        """Ranks 1..M-1 of a DDP learner: become rank 0's replica (:meth:`share_replica`)."""
+        """Ranks 1..M-1: take rank 0's restored state (:meth:`share_replica`)."""
         assert self.dp is not None
+        if self.dp.state_in_shards:  # this rank's optimizer and scheduler are its sharded ones
+            state = self.dp.share_object(None)
+            if self.scheduler is not None and state["scheduler"] is not None:
+                self.scheduler.load_state_dict(state["scheduler"])
+            for group, lr in zip(self.optimizer.param_groups, state["lrs"], strict=True):
+                group["lr"] = lr
+            self.load_state_dict(state["learner"])
+            return
         extra = self.dp.broadcast_replica(self.policy)
         self.optimizer.load_state_dict(extra["optimizer"])
         if self.scheduler is not None and "scheduler" in extra:

@@ -24,13 +24,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 import torch
 
 from tandem.monitor import PhaseTimer
 from tandem.orchestration.learner import LearnerStep
+from tandem.orchestration.parts import load_run_checkpoint
 from tandem.orchestration.rollout_step import ScoredBatch, sample_rows
+from tandem.train.checkpoint import SHARDED_STATE, load_checkpoint
 from tandem.types import RolloutBatch
 
 
@@ -159,6 +162,16 @@ class Trainer:
         self.version_offset = previous + 1 - self.step if rollback else int(state.get("version_offset", 0))
         self.source.restore(state, self.version, rollback=rollback)
         self.publish()
+
+    def load_checkpoint(self, folder: Path, parts: Any) -> dict[str, Any]:
+        """Restore checkpoint ``folder`` mid-run (an alert's rollback) into ``parts``; returns its state.
+        An FSDP2 learner's ranks read their shards of the weights and AdamW state (each its own), rank 0
+        the schedule and RNG; otherwise rank 0 reads everything (:func:`load_run_checkpoint`)."""
+        dp = self.learn.dp
+        if dp is None or not dp.state_in_shards:
+            return load_run_checkpoint(folder, parts)
+        dp.restore_shards(folder / SHARDED_STATE)
+        return load_checkpoint(folder, model=None, scheduler=self.learn.live_optimizer()[1])
 
     def sync_ranks(self) -> None:
         """After a mid-run restore: a DDP learner's other ranks take rank 0's weights, optimiser state,

@@ -210,7 +210,7 @@ def _pid_alive(pid: int) -> bool:
 def load_checkpoint(
     path: str | Path,
     *,
-    model: torch.nn.Module,
+    model: torch.nn.Module | None,
     optimizer: torch.optim.Optimizer | None = None,
     scheduler: Any | None = None,
     restore_rng: bool = True,
@@ -218,6 +218,7 @@ def load_checkpoint(
     critic_optimizer: torch.optim.Optimizer | None = None,
 ) -> dict[str, Any]:
     """Restore ``model`` weights (strict), optimizer, scheduler and RNG from ``path``; return state.json.
+    ``model`` None: neither weights nor optimiser (an FSDP2 learner's ranks read those from the shards).
 
     Raises :class:`ModelError` if the folder is not a complete checkpoint, a file is missing, or the
     weights do not match the model's parameter names and shapes.
@@ -229,7 +230,10 @@ def load_checkpoint(
             where=str(folder),
             hint="use latest_checkpoint() to find the newest complete one",
         )
-    load_model_weights(folder / "model", model)
+    if model is None:
+        optimizer = critic = critic_optimizer = None
+    else:
+        load_model_weights(folder / "model", model)
     shards = folder / SHARDED_STATE
     # an FSDP2 run's critic and its optimiser are in its DCP shards, not in critic/
     critic_in_shards = critic is not None and shards.is_dir() and not (folder / CRITIC_WEIGHTS).exists()

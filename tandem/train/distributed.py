@@ -108,6 +108,9 @@ class DataParallel:
         self.rank, self.world_size, self.whole_groups = rank, world_size, whole_groups
         self.device = device or torch.device("cpu")
         self.in_step = False  # True between send/receive of a step and its end (a broken step: no clean stop)
+        # False: a rollback restores rank 0, whose whole state replaces the other ranks' (share_replica);
+        # True (FSDP2): every rank restores its own shards, then takes rank 0's schedule and learner state
+        self.state_in_shards = False
 
     # -- rows ---------------------------------------------------------------------------------------------
     def local_rows(self, mb: Experience) -> torch.Tensor:
@@ -312,9 +315,18 @@ class DataParallel:
                 dist.broadcast(buf, src=0)
                 if self.rank != 0:
                     t.copy_(buf)
-        box = [extra if self.rank == 0 else None]
+        return self.share_object(extra) or {}
+
+    def share_object(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank (pickled; small state only). Other ranks pass None."""
+        box = [obj if self.rank == 0 else None]
         dist.broadcast_object_list(box, src=0)
-        return box[0] or {}
+        return box[0]
+
+    def restore_shards(self, folder: Path) -> None:
+        """Restore every rank's training state from a checkpoint's shards (:attr:`state_in_shards`
+        learners only: FSDP2)."""
+        raise TypeError("a replicated learner restores rank 0 and hands its state over (share_replica)")
 
     def end_step(self, *models: torch.nn.Module) -> None:
         """Every rank, after each step: check the replicas (policy, and the critic when there is one) are

@@ -74,7 +74,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from tandem.models.lora import AdapterDisabled, adapted_like, is_lora
 from tandem.train.averaging import WeightAverage
-from tandem.train.distributed import DataParallel, StepInputs
+from tandem.train.distributed import REPLICA, DataParallel, StepInputs
 from tandem.train.experience import ExperienceSettings, Scorer, scoring_chunks
 from tandem.train.update import filler_row
 from tandem.types import RolloutBatch
@@ -167,6 +167,7 @@ class FullyShardedDataParallel(DataParallel):
         super().__init__(rank, world_size, whole_groups=whole_groups, device=device)
         self.module, self.optimizer, self.scheduler, self.full = module, optimizer, scheduler, full
         self.keeps_full = keeps_full
+        self.state_in_shards = True  # a rollback restores the weights and AdamW state from the DCP shards
         # trainer.ema_decay without a plain copy: every rank's shards of the weight average; a gather
         # while rank 0's is applied gathers the average (every rank applies its own)
         self.average: WeightAverage | None = None
@@ -284,12 +285,22 @@ class FullyShardedDataParallel(DataParallel):
             dist.broadcast_object_list([{"cmd": "save_shards", "folder": str(folder)}], src=0)
         save_sharded(folder, self.module, self.optimizer, critic=self._critic_pair())
 
+    def restore_shards(self, folder: Path) -> None:
+        """Rank 0, mid-run (an alert's rollback): every rank reads its shards of the policy, its AdamW
+        state (and the critic's) back from the DCP ``folder`` (ranks 1.. join from :meth:`receive`), and
+        rank 0's plain copy, where it keeps one, takes the restored weights."""
+        if self.rank == 0:
+            dist.broadcast_object_list([{"cmd": "restore_shards", "folder": str(folder)}], src=0)
+        load_sharded(folder, self.module, self.optimizer, critic=self._critic_pair())
+        if self.keeps_full:
+            gather_full(self.module, self.full)
+
     def _critic_pair(self) -> tuple[torch.nn.Module, torch.optim.Optimizer] | None:
         if self.critic is None or self.critic_optimizer is None:
             return None
         return self.critic, self.critic_optimizer
 
-    def receive(self) -> StepInputs | None:
+    def receive(self) -> StepInputs | str | None:
         while True:
             header = self._receive_header()
             if header["cmd"] == "gather":  # rank 0 reads the whole weights (publish, eval, checkpoint)
@@ -300,8 +311,10 @@ class FullyShardedDataParallel(DataParallel):
                         pass
             elif header["cmd"] == "save_shards":
                 save_sharded(header["folder"], self.module, self.optimizer, critic=self._critic_pair())
+            elif header["cmd"] == "restore_shards":
+                self.restore_shards(Path(header["folder"]))
             else:
-                return self._receive_step(header)
+                return REPLICA if header["cmd"] == REPLICA else self._receive_step(header)
 
 
 def gather_full(sharded: torch.nn.Module, full: torch.nn.Module | None) -> None:

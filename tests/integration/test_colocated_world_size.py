@@ -27,6 +27,7 @@ from run_checks import step_rows
 from tandem.config import build_config
 from tandem.errors import ConfigError
 from tandem.monitor.alerts import read_alerts
+from tandem.orchestration.alerting import AlertStopError
 from tandem.orchestration.colocated import train_colocated
 from tandem.train.checkpoint import LIVE_WEIGHTS, checkpoint_dir
 
@@ -322,9 +323,9 @@ def test_world_size_keys_are_one_setting(tiny_model_dir, tmp_path):
     assert build_config(cfg.model_dump()).architecture.learner.world_size == 2
 
 
-def test_rollback_with_two_colocated_ranks_is_refused_before_writing(tiny_model_dir, tmp_path):
+def test_rollback_with_fsdp2_and_a_weight_average_is_refused_before_writing(tiny_model_dir, tmp_path):
     rule = {"metric": "actor/kl", "kind": "above", "threshold": 1.0, "action": "rollback"}
-    cfg = _cfg(tiny_model_dir, tmp_path / "run", 2, 1, monitor={"alerts": [rule]})
+    cfg = _cfg(tiny_model_dir, tmp_path / "run", 2, 1, monitor={"alerts": [rule]}, trainer={"ema_decay": 0.9})
     with pytest.raises(ConfigError, match=r"monitor.alerts\[0\].action"):
         train_colocated(cfg)
     assert not (tmp_path / "run").exists()
@@ -366,3 +367,32 @@ def test_rollback_with_two_ddp_ranks_restores_every_rank(tiny_model_dir, tmp_pat
     }
     for k, v in final[one].items():
         torch.testing.assert_close(final[two][k], v, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_a_rollback_on_two_ranks_replays_the_same_steps(strategy, tiny_model_dir, tmp_path):
+    """The restore is exact on every rank. A rollback with ``lr_scale: 1`` at step 5 restores step 2's
+    checkpoint (weights, AdamW moments, schedule, RNG), so the replayed steps 3-5 are the first ones bit for
+    bit: step 3's gradient norm checks the weights, step 4's the moments step 3's update used, step 5's
+    the schedule every rank stepped to after it. (The rule then fires again at step 5 and, with no rollback
+    left, stops the run.) DDP: rank 0 restores and hands its state to rank 1; FSDP2: each rank reads its
+    own shards, takes rank 0's schedule, and rank 0's plain copy (the rollout engine's weights) takes the
+    restored weights."""
+    # warm-up 3e-3 * (k + 1) / 8: step 5 is the first above the threshold; checkpoints at steps 2 and 4
+    rule = {"metric": "actor/lr", "kind": "above", "threshold": 2e-3, "action": "rollback", "lr_scale": 1.0}
+    cfg = _cfg(
+        tiny_model_dir,
+        tmp_path / "run",
+        2,
+        6,
+        trainer={"strategy": strategy, "warmup_steps": 8},
+        checkpoint={"every": 2},
+        monitor={"alerts": [rule], "max_rollbacks": 1},
+    )
+    with pytest.raises(AlertStopError):
+        train_colocated(cfg)
+    rows = step_rows(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 3, 4, 5]
+    for first, again in zip(rows[2:5], rows[5:8], strict=True):
+        for key in ("reward/mean", "actor/grad_norm", "actor/lr", "actor/pg_loss"):
+            assert first[key] == again[key], (first["step"], key)

@@ -77,21 +77,23 @@ def test_rollback_with_a_sharded_learner_is_refused_up_front(tiny_model_dir, tmp
     cfg = _cfg(tiny_model_dir, tmp_path / "run", ["nan_loss", rule])
     data = cfg.model_dump(mode="json")
     data["architecture"]["learner"]["world_size"] = 2
-    data["trainer"]["strategy"] = "fsdp2"
-    with pytest.raises(ConfigError, match=r"not supported with a sharded learner") as exc:
+    data["trainer"].update(strategy="fsdp2", ema_decay=0.9)
+    with pytest.raises(ConfigError, match=r"not supported with a sharded learner .* weight average") as exc:
         train_decoupled(build_config(data), progress=False)
     assert "monitor.alerts[1].action" in str(exc.value) and not (tmp_path / "run").exists()
 
 
-def test_rollback_with_two_ddp_learner_ranks(tiny_model_dir, tmp_path):
-    """A decoupled run with a 2-rank DDP learner rolls back: rank 0 restores the checkpoint, rank 1 takes
-    its state (each step checks the replicas), the restored weights are published under a new version and
-    the run finishes. The rule fires once by construction (the LR warms up past it, then runs at half)."""
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_rollback_with_two_learner_ranks(strategy, tiny_model_dir, tmp_path):
+    """A decoupled run with a 2-rank learner rolls back (DDP: rank 0 restores the checkpoint and rank 1
+    takes its state; FSDP2: each rank reads its shards, rank 0 publishes from them), the restored weights
+    are published under a new version and the run finishes. The rule fires once by construction (the LR
+    warms up past it, then runs at half)."""
     torch.set_num_threads(1)
     rule = {"metric": "actor/lr", "kind": "above", "threshold": 1.5e-3, "action": "rollback", "lr_scale": 0.5}
     data = _cfg(tiny_model_dir, tmp_path / "run", [rule], eta=0, steps=5).model_dump(mode="json")
     data["algorithm"] = {"name": "grpo"}
-    data["trainer"].update(lr=2e-3, lr_schedule="constant", warmup_steps=2, world_size=2, strategy="ddp")
+    data["trainer"].update(lr=2e-3, lr_schedule="constant", warmup_steps=2, world_size=2, strategy=strategy)
     data["checkpoint"] = {"every": 1, "keep_last": 6}
     result = train_decoupled(build_config(data), progress=False)
     alerts = read_alerts(tmp_path / "run")
