@@ -113,6 +113,12 @@ class LearnerControls:
         if self.curriculum is not None:
             self.curriculum.observe(msg.curriculum)
 
+    def observe_dropped(self, msg: TrajectoryMessage) -> None:
+        """A batch dropped as too stale: not trained (the temperature stays), but its groups were scored,
+        so the curriculum still learns what they say about their prompts."""
+        if self.curriculum is not None:
+            self.curriculum.observe(msg.curriculum)
+
     def tensors(self) -> dict[str, torch.Tensor]:
         out = {} if self.temperature is None else control_tensors(self.temperature.controls())
         return out if self.curriculum is None else {**out, **self.curriculum.tensors()}

@@ -147,6 +147,8 @@ class ChannelSource:
                 break
             self.ledger.record_dropped(msg.ticket, msg.num_samples)
             self.coord.consume(1)
+            if self.controls is not None and sample_version >= self.floor:  # not from before a rollback
+                self.controls.observe_dropped(msg)
         self._taken = (msg, self.controller.lag(sample_version, version), t0)
         if self.controls is not None:
             self.controls.observe(msg)

@@ -4,6 +4,8 @@ next batch, and the learner's controller moves only on batches it trains."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from tandem.algos import AdaptiveEntropy, PromptStats, TableStats
@@ -122,3 +124,41 @@ def test_learner_curriculum_replays_worker_reports_and_checkpoints():
         TrajectoryMessage(batch=None, scores=None, ticket=1, worker_id=1)
     )  # no report: no change
     assert controls.curriculum.stats.records == direct.records
+
+
+def test_the_learner_replays_the_reports_of_stale_batches_too(tiny_model_dir):
+    """A batch dropped as too stale was still generated and scored: its curriculum report reaches the
+    learner's statistics (the temperature does not step on it); the trained batch's report follows."""
+    import time
+
+    from tandem.channels.queue import QueueChannel
+    from tandem.orchestration.decoupled.coordination import AdmissionState
+    from tandem.orchestration.decoupled.learner import ChannelSource
+    from tandem.orchestration.decoupled.ledger import TicketLedger
+    from tandem.orchestration.staleness import StalenessController
+
+    engine = HFEngine(load_causal_lm(tiny_model_dir), load_tokenizer(tiny_model_dir), version=0)
+    batch = engine.generate(["1+2="], SamplingParams(n=2, max_new_tokens=3, temperature=1.0, seed=0))
+    controller = StalenessController(0, 2)  # η = 0: a version-0 batch is stale for a version-1 learner
+    controls = LearnerControls(temperature=_temperature(), curriculum=LearnerCurriculum(4))
+    channel = QueueChannel()
+    source = ChannelSource(
+        channel,
+        AdmissionState.in_memory(controller),
+        controller,
+        ledger=TicketLedger(),
+        poll_workers=lambda: None,
+        timeout_s=10.0,
+        controls=controls,
+    )
+    stale = {"drawn": [1], "observed": [[1, 1.0, True]]}
+    fresh = {"drawn": [2], "observed": [[2, 0.5, False]]}
+    for ticket, version, report in ((0, 0, stale), (1, 1, fresh)):
+        b = dataclasses.replace(batch, policy_version=torch.full((batch.batch_size,), version))
+        channel.put(TrajectoryMessage(b, torch.zeros(2), ticket, 0, curriculum=report))
+    time.sleep(0.2)  # the queue's feeder thread
+    scored = source.next_batch(step=1, version=1)
+    assert int(scored.batch.policy_version[0]) == 1 and source.ledger.dropped_samples == 2
+    stats = controls.curriculum.stats
+    assert stats.get(1).streak == 1 and stats.get(2).groups == 1  # both reports, the stale one too
+    assert controls.temperature.controller.value == 1.1  # stepped once: on the trained batch only
