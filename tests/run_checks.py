@@ -83,3 +83,41 @@ def check_rollback(run_dir: Path, restored: list[tuple[Path, dict, dict]], k: in
     lrs = [r["actor/lr"] for r in read_metrics(run_dir) if r["step"] == replayed]
     assert len(lrs) == 2 and lrs[1] == pytest.approx(0.5 * lrs[0])
     return alerts
+
+
+def check_average_restored(run_dir: Path, cfg: Any) -> int:
+    """A run with a weight average (``trainer.ema_decay``, FSDP2 learner: live weights in the DCP shards)
+    that rolled back once, checkpointing every step: the replay's first step ``s`` restarted the average
+    from checkpoint ``s - 1``'s, so checkpoint ``s``'s ``model/`` (written by the replay) is checkpoint
+    ``s - 1``'s ``model/`` moved once toward step ``s``'s live weights with the decay that step logged.
+    An average not restored would have moved from the pre-rollback steps' average instead. Returns ``s``."""
+    import safetensors.torch
+    import torch
+
+    from tandem.orchestration.build import build_policy
+    from tandem.train.checkpoint import SHARDED_STATE, checkpoint_dir
+    from tandem.train.fsdp import load_sharded
+    from tandem.train.optim import build_optimizer
+
+    rows = step_rows(run_dir)
+    steps = [r["step"] for r in rows]
+    i = next(i for i in range(1, len(steps)) if steps[i] <= steps[i - 1])  # the replay's first step
+    s, decay = steps[i], rows[i]["actor/ema_decay"]
+    root = run_dir / "checkpoints"
+
+    def averaged(step: int) -> dict[str, torch.Tensor]:
+        return safetensors.torch.load_file(str(checkpoint_dir(root, step) / "model" / "model.safetensors"))
+
+    model, _ = build_policy(cfg.model, seed=0)
+    load_sharded(
+        checkpoint_dir(root, s) / SHARDED_STATE, model, build_optimizer(model, cfg.trainer), whole=True
+    )
+    live = model.state_dict()
+    before, after = averaged(s - 1), averaged(s)
+    assert before.keys() == after.keys() and before
+    for name, value in after.items():
+        torch.testing.assert_close(
+            value, torch.lerp(before[name], live[name], 1.0 - decay), rtol=1e-6, atol=1e-7
+        )
+        assert not torch.equal(value, live[name]), name  # an average, not the live weights
+    return s

@@ -14,8 +14,9 @@ engine in :mod:`tandem.monitor.alerts`); this module carries out their actions.
 Both architectures use the same controller on the same :class:`~tandem.orchestration.trainer.Trainer`.
 With a DDP learner (``trainer.world_size > 1``) a rollback restores rank 0 and then hands its whole state
 to the other ranks, as at start; with FSDP2 every rank reads its own shards of the checkpoint and then
-takes rank 0's schedule and learner state. FSDP2 with a weight average (``trainer.ema_decay``) refuses
-``rollback`` rules at start (:func:`check_rollback_support`).
+takes rank 0's schedule and learner state. A weight average (``trainer.ema_decay``) restarts from the
+checkpoint's: from its ``model/`` where rank 0 averages alone, from its shards where every rank keeps
+its shards of the average (FSDP2, decoupled).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tandem.config.schema import TandemConfig
-from tandem.errors import ConfigError, TandemError
+from tandem.errors import TandemError
 from tandem.monitor.alerts import Alert, AlertEngine, AlertSink, rule_label, system_metrics
 from tandem.train.checkpoint import latest_checkpoint, list_checkpoints
 
@@ -53,22 +54,6 @@ class AlertTarget(Protocol):
     def restore(self, extra_state: dict[str, Any], *, rollback: bool = False) -> None: ...
 
     def sync_ranks(self) -> None: ...
-
-
-def check_rollback_support(cfg: TandemConfig) -> None:
-    """ConfigError naming the first ``rollback`` rule of a run with a sharded (FSDP2) learner on several
-    ranks and a weight average (either architecture): the average's restart is not built there."""
-    t = cfg.trainer
-    if t.world_size <= 1 or t.strategy != "fsdp2" or t.ema_decay == 0:
-        return
-    for i, rule in enumerate(cfg.monitor.alerts):
-        if rule.action == "rollback":
-            raise ConfigError(
-                f"alert rule '{rule_label(rule)}': action 'rollback' is not supported with a sharded learner "
-                "(trainer.strategy fsdp2, trainer.world_size > 1) and a weight average (trainer.ema_decay)",
-                where=f"monitor.alerts[{i}].action",
-                hint="use warn, skip or stop, trainer.ema_decay=0, or trainer.strategy=ddp",
-            )
 
 
 def resolve_rules(cfg: TandemConfig) -> list[Any]:

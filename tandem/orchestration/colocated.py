@@ -20,7 +20,6 @@ import torch
 from tandem.config.schema import TandemConfig
 from tandem.models.lora import engine_state_dict
 from tandem.monitor import PhaseTimer
-from tandem.orchestration.alerting import check_rollback_support
 from tandem.orchestration.dp_learner import DataParallelLearner
 from tandem.orchestration.loop import KEY_METRICS, LoopSetup, run_loop
 from tandem.orchestration.parts import (
@@ -147,7 +146,6 @@ def train_colocated(cfg: TandemConfig, *, resume: bool = False, progress: bool |
     sequence counts, so the update equals this run on one process up to fp32 summation order. They start
     after a resume's checkpoint is loaded and receive rank 0's weights, optimiser and learner state."""
     check_run_dir(cfg, resume=resume)
-    check_rollback_support(cfg)
     parts = build_parts(local_models(cfg))  # fails on a bad model or reward before anything is written
     run_dir = prepare_run_dir(cfg, resume=resume)  # only now: a failed pre-flight leaves no folder behind
     trainer = ColocatedTrainer(parts)

@@ -437,7 +437,7 @@ def _serve(spec: RankSpec) -> None:
     learn.load_state_dict(extra["learner"])  # critic warm-up steps taken (a resumed run)
     learn.dp = dp
     while (inputs := dp.receive()) is not None:
-        if inputs == REPLICA:  # an alert rolled rank 0 back (DDP only: check_rollback_support)
+        if inputs == REPLICA:  # an alert rolled rank 0 back: take its restored state
             learn.take_replica()
             continue
         assert isinstance(inputs, StepInputs)

@@ -16,9 +16,8 @@ Per step::
 
 A checkpoint (and a best model) is skipped at a step that raised an alert when the run has a ``rollback``
 rule: it could become the rollback target, which must be healthy. Colocated and decoupled runs differ only
-in their trainer's batch source and weight publisher, so every alert action works in both (the one
-exception, rollback with an FSDP2 learner on several ranks and a weight average, is refused at start:
-:func:`~.alerting.check_rollback_support`).
+in their trainer's batch source and weight publisher, so every alert action works in both, with any
+learner strategy (one process, DDP, FSDP2) and a weight average or not.
 """
 
 from __future__ import annotations

@@ -169,6 +169,18 @@ def load_run_checkpoint(path: Path, parts: RunParts) -> dict[str, Any]:
     return state
 
 
+def restart_average(path: Path, parts: RunParts) -> None:
+    """Mid-run restore (an alert's rollback) of a learner whose rank 0 averages its plain policy alone
+    (FSDP2 colocated, where the ranks restored the live weights from their shards): ``parts.average``
+    restarts from checkpoint ``path``'s ``model/`` (the average it evaluated) and the policy keeps the
+    live weights it holds now."""
+    assert parts.average is not None
+    live = parts.average.live_weights()
+    load_model_weights(Path(path) / "model", parts.policy)
+    parts.average.restart()
+    load_live_weights(parts.policy, live)
+
+
 def save_run_checkpoint(
     ckpt_root: Path,
     step: int,

@@ -31,7 +31,7 @@ import torch
 
 from tandem.monitor import PhaseTimer
 from tandem.orchestration.learner import LearnerStep
-from tandem.orchestration.parts import load_run_checkpoint
+from tandem.orchestration.parts import load_run_checkpoint, restart_average
 from tandem.orchestration.rollout_step import ScoredBatch, sample_rows
 from tandem.train.checkpoint import SHARDED_STATE, load_checkpoint
 from tandem.types import RolloutBatch
@@ -165,13 +165,19 @@ class Trainer:
 
     def load_checkpoint(self, folder: Path, parts: Any) -> dict[str, Any]:
         """Restore checkpoint ``folder`` mid-run (an alert's rollback) into ``parts``; returns its state.
-        An FSDP2 learner's ranks read their shards of the weights and AdamW state (each its own), rank 0
-        the schedule and RNG; otherwise rank 0 reads everything (:func:`load_run_checkpoint`)."""
+        An FSDP2 learner's ranks read their shards of the weights and AdamW state (each its own; and of the
+        weight average, where they keep it as shards), rank 0 the schedule and RNG (and its own weight
+        average from ``model/``, where it averages its plain policy alone); otherwise rank 0 reads everything (:func:`load_run_checkpoint`)."""
         dp = self.learn.dp
         if dp is None or not dp.state_in_shards:
             return load_run_checkpoint(folder, parts)
-        dp.restore_shards(folder / SHARDED_STATE)
-        return load_checkpoint(folder, model=None, scheduler=self.learn.live_optimizer()[1])
+        dp.restore_shards(
+            folder / SHARDED_STATE
+        )  # with the weight average's shards, where the ranks keep them
+        state = load_checkpoint(folder, model=None, scheduler=self.learn.live_optimizer()[1])
+        if parts.average is not None and not parts.average.sharded:  # rank 0's, over its plain policy
+            restart_average(folder, parts)
+        return state
 
     def sync_ranks(self) -> None:
         """After a mid-run restore: a DDP learner's other ranks take rank 0's weights, optimiser state,

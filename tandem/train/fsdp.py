@@ -278,20 +278,22 @@ class FullyShardedDataParallel(DataParallel):
         return self.save_shards
 
     def save_shards(self, folder: Path) -> None:
-        """Rank 0: every rank writes its shards of the policy and its AdamW state into the DCP ``folder``
-        (ranks 1.. join from :meth:`receive`). The folder must be reachable by every rank (local ranks,
+        """Rank 0: every rank writes its shards of the policy and its AdamW state (and of the critic, and
+        of the weight average where the ranks keep one) into the DCP ``folder`` (ranks 1.. join from
+        :meth:`receive`). The folder must be reachable by every rank (local ranks,
         or a file system shared by the nodes)."""
         if self.rank == 0:
             dist.broadcast_object_list([{"cmd": "save_shards", "folder": str(folder)}], src=0)
-        save_sharded(folder, self.module, self.optimizer, critic=self._critic_pair())
+        save_sharded(folder, self.module, self.optimizer, critic=self._critic_pair(), average=self.average)
 
     def restore_shards(self, folder: Path) -> None:
         """Rank 0, mid-run (an alert's rollback): every rank reads its shards of the policy, its AdamW
-        state (and the critic's) back from the DCP ``folder`` (ranks 1.. join from :meth:`receive`), and
-        rank 0's plain copy, where it keeps one, takes the restored weights."""
+        state (and the critic's, and the weight average's where the ranks keep it as shards) back from
+        the DCP ``folder`` (ranks 1.. join from :meth:`receive`), and rank 0's plain copy, where it keeps
+        one, takes the restored weights."""
         if self.rank == 0:
             dist.broadcast_object_list([{"cmd": "restore_shards", "folder": str(folder)}], src=0)
-        load_sharded(folder, self.module, self.optimizer, critic=self._critic_pair())
+        load_sharded(folder, self.module, self.optimizer, critic=self._critic_pair(), average=self.average)
         if self.keeps_full:
             gather_full(self.module, self.full)
 
@@ -310,7 +312,7 @@ class FullyShardedDataParallel(DataParallel):
                     for _ in stream_full(self.module):
                         pass
             elif header["cmd"] == "save_shards":
-                save_sharded(header["folder"], self.module, self.optimizer, critic=self._critic_pair())
+                self.save_shards(Path(header["folder"]))
             elif header["cmd"] == "restore_shards":
                 self.restore_shards(Path(header["folder"]))
             else:
@@ -438,13 +440,16 @@ def save_sharded(
     optimizer: torch.optim.Optimizer,
     *,
     critic: tuple[torch.nn.Module, torch.optim.Optimizer] | None = None,
+    average: WeightAverage | None = None,
 ) -> None:
-    """Write ``model`` and ``optimizer`` (and a ``critic`` value model with its optimiser) to a DCP folder:
-    each rank writes its own shards (collective when a process group is up; a plain model writes
-    everything from one process)."""
+    """Write ``model`` and ``optimizer`` (and a ``critic`` value model with its optimiser, and a weight
+    ``average`` kept as shards beside the parameters) to a DCP folder: each rank writes its own shards
+    (collective when a process group is up; a plain model writes everything from one process)."""
     state = dict(zip(("model", "optim"), _trained_state(model, optimizer), strict=True))
     if critic is not None:
         state.update(zip(("critic", "critic_optim"), _trained_state(*critic), strict=True))
+    if average is not None:
+        state["average"] = dict(zip(average.names, average.average, strict=True))
     dcp.save(state, checkpoint_id=str(folder), no_dist=not dist.is_initialized())
 
 
@@ -455,17 +460,21 @@ def load_sharded(
     *,
     whole: bool = False,
     critic: tuple[torch.nn.Module, torch.optim.Optimizer] | None = None,
+    average: WeightAverage | None = None,
 ) -> None:
     """Read a :func:`save_sharded` folder into ``model`` and ``optimizer`` (and ``critic``'s value model and
-    optimiser, which the folder must then hold), resharding to this run's world size (a plain model without
-    a process group loads the whole tensors). ``whole``: this process alone reads every tensor whole into
-    its plain model, even with a process group up (no collective)."""
+    optimiser, and the weight ``average``'s shards, which the folder must then hold), resharding to this
+    run's world size (a plain model without a process group loads the whole tensors). ``whole``: this
+    process alone reads every tensor whole into its plain model, even with a process group up (no
+    collective)."""
     pairs = {("model", "optim"): (model, optimizer)}
     if critic is not None:
         pairs[("critic", "critic_optim")] = critic
     state: dict[str, Any] = {}
     for keys, pair in pairs.items():
         state.update(zip(keys, _trained_state(*pair), strict=True))
+    if average is not None:  # read in place into the average's own tensors (this rank's shards)
+        state["average"] = dict(zip(average.names, average.average, strict=True))
     with warnings.catch_warnings():  # reading whole in one process is what was asked for
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
         dcp.load(state, checkpoint_id=str(folder), no_dist=whole or not dist.is_initialized())
@@ -473,3 +482,5 @@ def load_sharded(
         set_state_dict(
             module, optim, model_state_dict=state[mkey], optim_state_dict=state[okey], options=TRAINED_LOAD
         )
+    if average is not None:
+        average.average = [state["average"][name] for name in average.names]

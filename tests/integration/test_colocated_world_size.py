@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 import torch
-from run_checks import step_rows
+from run_checks import check_average_restored, step_rows
 
 from tandem.config import build_config
 from tandem.errors import ConfigError
@@ -323,12 +323,28 @@ def test_world_size_keys_are_one_setting(tiny_model_dir, tmp_path):
     assert build_config(cfg.model_dump()).architecture.learner.world_size == 2
 
 
-def test_rollback_with_fsdp2_and_a_weight_average_is_refused_before_writing(tiny_model_dir, tmp_path):
-    rule = {"metric": "actor/kl", "kind": "above", "threshold": 1.0, "action": "rollback"}
-    cfg = _cfg(tiny_model_dir, tmp_path / "run", 2, 1, monitor={"alerts": [rule]}, trainer={"ema_decay": 0.9})
-    with pytest.raises(ConfigError, match=r"monitor.alerts\[0\].action"):
+def test_rollback_with_fsdp2_restores_the_weight_average(tiny_model_dir, tmp_path):
+    """FSDP2 on two ranks with a weight average: colocated, rank 0 averages its plain copy alone. A
+    rollback at step 5 (``lr_scale: 1``) restores step 3's checkpoint: the ranks their shards of the live
+    weights, rank 0 the average from ``model/`` (check_average_restored), and the replayed steps take the
+    same decay as the first ones (the average's update count comes back too)."""
+    rule = {"metric": "actor/lr", "kind": "above", "threshold": 2e-3, "action": "rollback", "lr_scale": 1.0}
+    cfg = _cfg(
+        tiny_model_dir,
+        tmp_path / "run",
+        2,
+        6,
+        trainer={"warmup_steps": 8, "ema_decay": 0.9},
+        checkpoint={"every": 1},
+        monitor={"alerts": [rule], "max_rollbacks": 1},
+    )
+    with pytest.raises(AlertStopError):
         train_colocated(cfg)
-    assert not (tmp_path / "run").exists()
+    rows = step_rows(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 4, 5]
+    assert [r["actor/ema_decay"] for r in rows[3:5]] == [r["actor/ema_decay"] for r in rows[5:7]]
+    assert [r["actor/grad_norm"] for r in rows[3:5]] == [r["actor/grad_norm"] for r in rows[5:7]]
+    assert check_average_restored(tmp_path / "run", cfg) == 4
 
 
 def test_rollback_with_two_ddp_ranks_restores_every_rank(tiny_model_dir, tmp_path):

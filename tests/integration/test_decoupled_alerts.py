@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from run_checks import check_rollback, inject_lr_spike_and_spy_rollback
+from run_checks import check_average_restored, check_rollback, inject_lr_spike_and_spy_rollback
 
 from tandem.config import build_config
-from tandem.errors import ConfigError
 from tandem.monitor import read_metrics
 from tandem.monitor.alerts import read_alerts
 from tandem.orchestration.alerting import AlertStopError
@@ -72,15 +71,25 @@ def test_staleness_alerts_fire_and_stop_a_decoupled_run(tiny_model_dir, tmp_path
     ]
 
 
-def test_rollback_with_a_sharded_learner_is_refused_up_front(tiny_model_dir, tmp_path):
-    rule = {"metric": "actor/kl", "kind": "above", "threshold": 1.0, "action": "rollback"}
-    cfg = _cfg(tiny_model_dir, tmp_path / "run", ["nan_loss", rule])
-    data = cfg.model_dump(mode="json")
-    data["architecture"]["learner"]["world_size"] = 2
-    data["trainer"].update(strategy="fsdp2", ema_decay=0.9)
-    with pytest.raises(ConfigError, match=r"not supported with a sharded learner .* weight average") as exc:
-        train_decoupled(build_config(data), progress=False)
-    assert "monitor.alerts[1].action" in str(exc.value) and not (tmp_path / "run").exists()
+def test_rollback_with_fsdp2_restores_the_weight_average(tiny_model_dir, tmp_path):
+    """Decoupled, an FSDP2 learner on two ranks with a weight average: every rank keeps its shards of the
+    average, which a run checkpoint's DCP folder holds beside the weights. The rule fires once, at step 5
+    (the LR warms up past it, then runs at half); the rollback restores step 3's checkpoint and every rank
+    reads its shards of the average back (check_average_restored on the replayed step 4)."""
+    torch.set_num_threads(1)
+    rule = {"metric": "actor/lr", "kind": "above", "threshold": 1.3e-3, "action": "rollback", "lr_scale": 0.5}
+    data = _cfg(tiny_model_dir, tmp_path / "run", [rule], eta=0, steps=6).model_dump(mode="json")
+    data["algorithm"] = {"name": "grpo"}
+    data["trainer"].update(
+        lr=2e-3, lr_schedule="constant", warmup_steps=8, world_size=2, strategy="fsdp2", ema_decay=0.9
+    )
+    data["checkpoint"] = {"every": 1, "keep_last": 9}
+    cfg = build_config(data)
+    result = train_decoupled(cfg, progress=False)
+    alerts = read_alerts(tmp_path / "run")
+    assert [(a["action"], a["step"]) for a in alerts] == [("rollback", 5)], alerts
+    assert check_average_restored(tmp_path / "run", cfg) == 4
+    assert result.steps == 6
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])

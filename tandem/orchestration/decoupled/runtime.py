@@ -31,7 +31,6 @@ from tandem.config.schema import TandemConfig
 from tandem.models.lora import engine_state_dict, publishable_state_dict
 from tandem.monitor import PhaseTimer
 from tandem.monitor.metrics import MetricsListener
-from tandem.orchestration.alerting import check_rollback_support
 from tandem.orchestration.build import build_rollout_engine
 from tandem.orchestration.decoupled.autoscale import Autoscaler
 from tandem.orchestration.decoupled.backends import open_backend
@@ -90,7 +89,6 @@ def train_decoupled(
 ) -> RunResult:
     """Train with the decoupled architecture; same run folder and result as the colocated ``train``."""
     hooks = hooks or RunHooks()
-    check_rollback_support(cfg)
     ch = cfg.architecture.channel
     check_channel(ch.backend, ch.options, cfg.architecture.runtime)  # before any work: name, options, runtime
     check_run_dir(cfg, resume=resume)
