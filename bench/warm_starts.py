@@ -20,6 +20,7 @@ add2-mid       ``add: 37+58=``                              128x4, seed 31, 200-
 sub2-mid       ``sub: 37-58=``                              128x4, seed 33, 200-step chunks, lr 3e-3, wd 0.1
 add3-mid       ``add: 371+589=``                            128x4, seed 32, 300-step chunks, lr 3e-3, wd 0.1
 countdown-mid  ``countdown``'s files and model, SFT continued  seed 34, 150-step chunks, lr 3e-3
+add2-qwen      ``add: 37+58=``                              Qwen2/BPE 128x4, seed 36, as add2-mid
 =============  ===========================================  ====================================
 
 The first four (``--strength weak``) are weaker than the outside model of issue 17 (35 % held-out
@@ -117,6 +118,24 @@ WARM_STARTS: dict[str, WarmStart] = {
         ),
         WarmStart(
             "countdown-mid", "countdown", 1, 34, 150, 3e-3, 4096, 12, (), 0.27, 1800, "mid", "countdown"
+        ),
+        # another architecture and tokenizer: Qwen2 (q/k/v biases, tied embeddings), byte-level BPE with one
+        # token per digit, built like add2-mid
+        WarmStart(
+            "add2-qwen",
+            "add",
+            2,
+            36,
+            200,
+            3e-3,
+            4096,
+            6,
+            ("--arch", "qwen2", "--tokenizer", "bpe"),
+            0.27,
+            2400,
+            "mid",
+            sft_wd=0.1,
+            ceiling=0.40,
         ),
     )
 }
