@@ -142,6 +142,17 @@ def learner_step(
     )
 
 
+def restart_average(path: Path, parts: RunParts) -> None:
+    """``parts.average`` restarts from checkpoint ``path``'s ``model/`` (the average it evaluated) while the
+    policy keeps the live weights it holds now: an FSDP2 checkpoint's, restored from its DCP shards (at a
+    resume, or by an alert's rollback where rank 0 averages its plain policy alone)."""
+    assert parts.average is not None
+    live = parts.average.live_weights()
+    load_model_weights(Path(path) / "model", parts.policy)
+    parts.average.restart()
+    load_live_weights(parts.policy, live)
+
+
 def load_run_checkpoint(path: Path, parts: RunParts) -> dict[str, Any]:
     """Restore policy, critic, their optimisers, the scheduler and RNG from checkpoint ``path``. A
     checkpoint with live weights beside its ``model/`` (``trainer.ema_decay``; FSDP2: or in its DCP shards)
@@ -158,27 +169,15 @@ def load_run_checkpoint(path: Path, parts: RunParts) -> dict[str, Any]:
     live = load_live_state(path)
     if parts.average is not None:  # model/ holds the average (or, from a run without one, the weights)
         if (Path(path) / SHARDED_STATE).is_dir():  # FSDP2: the policy holds the shards' live weights
-            live = live or parts.average.live_weights()
-            load_model_weights(Path(path) / "model", parts.policy)
-        parts.average.restart()
+            restart_average(path, parts)
+        else:
+            parts.average.restart()
     if live is not None:
         try:
             load_live_weights(parts.policy, live)
         except ValueError as err:
             raise ModelError(str(err), where=str(Path(path) / LIVE_WEIGHTS)) from err
     return state
-
-
-def restart_average(path: Path, parts: RunParts) -> None:
-    """Mid-run restore (an alert's rollback) of a learner whose rank 0 averages its plain policy alone
-    (FSDP2 colocated, where the ranks restored the live weights from their shards): ``parts.average``
-    restarts from checkpoint ``path``'s ``model/`` (the average it evaluated) and the policy keeps the
-    live weights it holds now."""
-    assert parts.average is not None
-    live = parts.average.live_weights()
-    load_model_weights(Path(path) / "model", parts.policy)
-    parts.average.restart()
-    load_live_weights(parts.policy, live)
 
 
 def save_run_checkpoint(

@@ -167,13 +167,13 @@ class Trainer:
         """Restore checkpoint ``folder`` mid-run (an alert's rollback) into ``parts``; returns its state.
         An FSDP2 learner's ranks read their shards of the weights and AdamW state (each its own; and of the
         weight average, where they keep it as shards), rank 0 the schedule and RNG (and its own weight
-        average from ``model/``, where it averages its plain policy alone); otherwise rank 0 reads everything (:func:`load_run_checkpoint`)."""
+        average from ``model/``, where it averages its plain policy alone); otherwise rank 0 reads
+        everything (:func:`load_run_checkpoint`)."""
         dp = self.learn.dp
         if dp is None or not dp.state_in_shards:
             return load_run_checkpoint(folder, parts)
-        dp.restore_shards(
-            folder / SHARDED_STATE
-        )  # with the weight average's shards, where the ranks keep them
+        # every rank its shards (of the weight average too, where the ranks keep it as shards)
+        dp.restore_shards(folder / SHARDED_STATE)
         state = load_checkpoint(folder, model=None, scheduler=self.learn.live_optimizer()[1])
         if parts.average is not None and not parts.average.sharded:  # rank 0's, over its plain policy
             restart_average(folder, parts)
