@@ -90,10 +90,12 @@ def check_average_restored(run_dir: Path, cfg: Any) -> int:
     that rolled back once, checkpointing every step: the replay's first step ``s`` restarted the average
     from checkpoint ``s - 1``'s, so checkpoint ``s``'s ``model/`` (written by the replay) is checkpoint
     ``s - 1``'s ``model/`` moved once toward step ``s``'s live weights with the decay that step logged.
-    An average not restored would have moved from the pre-rollback steps' average instead. Returns ``s``."""
+    An average not restored would have moved from the pre-rollback steps' average instead. With a LoRA
+    policy (``model.lora``) the average and ``model/`` cover the adapter only. Returns ``s``."""
     import safetensors.torch
     import torch
 
+    from tandem.models.lora import adapter_state_dict, is_lora
     from tandem.orchestration.build import build_policy
     from tandem.train.checkpoint import SHARDED_STATE, checkpoint_dir
     from tandem.train.fsdp import load_sharded
@@ -105,14 +107,17 @@ def check_average_restored(run_dir: Path, cfg: Any) -> int:
     s, decay = steps[i], rows[i]["actor/ema_decay"]
     root = run_dir / "checkpoints"
 
-    def averaged(step: int) -> dict[str, torch.Tensor]:
-        return safetensors.torch.load_file(str(checkpoint_dir(root, step) / "model" / "model.safetensors"))
-
     model, _ = build_policy(cfg.model, seed=0)
     load_sharded(
         checkpoint_dir(root, s) / SHARDED_STATE, model, build_optimizer(model, cfg.trainer), whole=True
     )
-    live = model.state_dict()
+    lora = is_lora(model)
+    live = adapter_state_dict(model) if lora else model.state_dict()
+    saved = "adapter_model.safetensors" if lora else "model.safetensors"
+
+    def averaged(step: int) -> dict[str, torch.Tensor]:
+        return safetensors.torch.load_file(str(checkpoint_dir(root, step) / "model" / saved))
+
     before, after = averaged(s - 1), averaged(s)
     assert before.keys() == after.keys() and before
     for name, value in after.items():

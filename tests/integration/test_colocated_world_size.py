@@ -323,11 +323,13 @@ def test_world_size_keys_are_one_setting(tiny_model_dir, tmp_path):
     assert build_config(cfg.model_dump()).architecture.learner.world_size == 2
 
 
-def test_rollback_with_fsdp2_restores_the_weight_average(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_rollback_with_fsdp2_restores_the_weight_average(lora, tiny_model_dir, tmp_path):
     """FSDP2 on two ranks with a weight average: colocated, rank 0 averages its plain copy alone. A
     rollback at step 5 (``lr_scale: 1``) restores step 3's checkpoint: the ranks their shards of the live
     weights, rank 0 the average from ``model/`` (check_average_restored), and the replayed steps take the
-    same decay as the first ones (the average's update count comes back too)."""
+    same decay as the first ones (the average's update count comes back too). With LoRA the shards and
+    the average hold the adapter only, and the replayed steps still repeat bit for bit."""
     rule = {"metric": "actor/lr", "kind": "above", "threshold": 2e-3, "action": "rollback", "lr_scale": 1.0}
     cfg = _cfg(
         tiny_model_dir,
@@ -337,6 +339,7 @@ def test_rollback_with_fsdp2_restores_the_weight_average(tiny_model_dir, tmp_pat
         trainer={"warmup_steps": 8, "ema_decay": 0.9},
         checkpoint={"every": 1},
         monitor={"alerts": [rule], "max_rollbacks": 1},
+        **({"model": {"lora": {"r": 4, "alpha": 8.0}}} if lora else {}),
     )
     with pytest.raises(AlertStopError):
         train_colocated(cfg)

@@ -71,11 +71,13 @@ def test_staleness_alerts_fire_and_stop_a_decoupled_run(tiny_model_dir, tmp_path
     ]
 
 
-def test_rollback_with_fsdp2_restores_the_weight_average(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_rollback_with_fsdp2_restores_the_weight_average(lora, tiny_model_dir, tmp_path):
     """Decoupled, an FSDP2 learner on two ranks with a weight average: every rank keeps its shards of the
     average, which a run checkpoint's DCP folder holds beside the weights. The rule fires once, at step 5
     (the LR warms up past it, then runs at half); the rollback restores step 3's checkpoint and every rank
-    reads its shards of the average back (check_average_restored on the replayed step 4)."""
+    reads its shards of the average back (check_average_restored on the replayed step 4). With LoRA the
+    shards and the average hold the adapter only."""
     torch.set_num_threads(1)
     rule = {"metric": "actor/lr", "kind": "above", "threshold": 1.3e-3, "action": "rollback", "lr_scale": 0.5}
     data = _cfg(tiny_model_dir, tmp_path / "run", [rule], eta=0, steps=6).model_dump(mode="json")
@@ -84,6 +86,8 @@ def test_rollback_with_fsdp2_restores_the_weight_average(tiny_model_dir, tmp_pat
         lr=2e-3, lr_schedule="constant", warmup_steps=8, world_size=2, strategy="fsdp2", ema_decay=0.9
     )
     data["checkpoint"] = {"every": 1, "keep_last": 9}
+    if lora:
+        data["model"]["lora"] = {"r": 4, "alpha": 8.0}
     cfg = build_config(data)
     result = train_decoupled(cfg, progress=False)
     alerts = read_alerts(tmp_path / "run")
