@@ -37,19 +37,44 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Set each dotted key in a nested dict (creating sections as needed)."""
+    """Set each dotted key in a nested dict (creating sections as needed). A numeric part indexes a list
+    (``reward.functions.0.weight=2``, as in Hydra); an index past the list's end is an error, not a new
+    item, so a typo cannot add a half-filled entry."""
     for text in overrides:
         path, value = parse_override(text)
-        node = data
-        for part in path[:-1]:
+        node: Any = data
+        for i, part in enumerate(path):
+            last = i == len(path) - 1
+            if isinstance(node, list):
+                index = _list_index(node, part, text, ".".join(path[:i]))
+                if last:
+                    node[index] = value
+                else:
+                    node = node[index]
+                continue
+            if last:
+                node[part] = value
+                continue
             nxt = node.get(part)
             if nxt is None:
                 nxt = node[part] = {}
-            if not isinstance(nxt, dict):
+            if not isinstance(nxt, (dict, list)):
                 raise ConfigError(f"override '{text}': '{part}' is not a section")
             node = nxt
-        node[path[-1]] = value
     return data
+
+
+def _list_index(items: list[Any], part: str, text: str, where: str) -> int:
+    """``part`` as an index into the list at ``where`` (negative counts from the end, as in Python)."""
+    try:
+        index = int(part)
+    except ValueError:
+        raise ConfigError(
+            f"override '{text}': '{where}' is a list; index it by number (e.g. {where}.0)"
+        ) from None
+    if not -len(items) <= index < len(items):
+        raise ConfigError(f"override '{text}': '{where}' has {len(items)} items, no index {index}")
+    return index
 
 
 def read_yaml(path: str | Path) -> tuple[dict[str, Any], dict[str, int]]:

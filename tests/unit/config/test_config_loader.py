@@ -3,6 +3,7 @@ that name the key and ``file:line``, the shipped configs, ``tandem config show``
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,29 @@ def test_overrides_create_missing_sections_and_replace_values():
     data = {"trainer": {"lr": 1.0}}
     apply_overrides(data, ["checkpoint.every=5", "trainer.lr=2", "a.b.c=x", "trainer.lr=3"])
     assert data == {"trainer": {"lr": 3}, "checkpoint": {"every": 5}, "a": {"b": {"c": "x"}}}
+
+
+def test_numeric_override_parts_index_lists_as_in_hydra():
+    data = {"reward": {"functions": [{"path": "a:f"}, {"path": "b:g", "weight": 1}]}}
+    apply_overrides(data, ["reward.functions.1.weight=0.5", "reward.functions.-2.name=first", "x.0=y"])
+    assert data["reward"]["functions"] == [{"path": "a:f", "name": "first"}, {"path": "b:g", "weight": 0.5}]
+    assert data["x"] == {"0": "y"}  # a new section's numeric key is a key, not an index
+    apply_overrides(data, ["reward.functions.0={path: c:h}"])
+    assert data["reward"]["functions"][0] == {"path": "c:h"}
+
+
+@pytest.mark.parametrize(
+    ("override", "fragment"),
+    [
+        ("reward.functions.2.name=x", "'reward.functions' has 2 items, no index 2"),
+        ("reward.functions.name=x", "'reward.functions' is a list; index it by number"),
+        ("reward.functions.0.path.deep=x", "'path' is not a section"),
+    ],
+)
+def test_bad_list_override_is_a_one_line_error(override, fragment):
+    data = {"reward": {"functions": [{"path": "a:f"}, {"path": "b:g"}]}}
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        apply_overrides(data, [override])
 
 
 @pytest.mark.parametrize(
