@@ -77,6 +77,11 @@ class PromptDataset:
         return list(seen)
 
     @property
+    def extra_columns(self) -> list[str]:
+        """:attr:`columns` without ``prompt``: what reward functions receive as keyword lists."""
+        return self.columns[1:]
+
+    @property
     def prompts(self) -> list[str | list[dict[str, str]]]:
         """The ``prompt`` of every row."""
         return [row["prompt"] for row in self.rows]

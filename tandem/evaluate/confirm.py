@@ -51,7 +51,10 @@ def check_confirm_file(cfg: Any, path: Path, why_not: str | None) -> None:
             where="--confirm-file",
             hint="leave --confirm-file out: new test prompts of the task are drawn",
         )
-    data = eval_data(cfg, eval_file=str(path), require_rewards=True)
+    try:  # a reward function needing a column the file lacks is refused here, naming the option
+        data = eval_data(cfg, eval_file=str(path), require_rewards=True)
+    except ConfigError as err:
+        raise ConfigError(str(err), where="--confirm-file") from None
     row = data.rows[0]  # scored once now: a column the reward functions need fails here, not after the sweep
     assert data.rewards is not None  # require_rewards
     try:

@@ -156,16 +156,20 @@ def eval_data(
     rows = ds.rows[:size] if size else ds.rows
     has_fns = reward is not None or (config is not None and bool(config.reward.functions))
     rewards = _file_rewards(config, reward) if has_fns or require_rewards else None
+    if rewards is not None:
+        rewards.check_columns(ds.extra_columns, source=ds.source)
     return EvalData(rows, rewards, ds.source, **gen)
 
 
 def _file_rewards(config: TandemConfig | None, reward: str | None) -> RewardSet:
     if reward is not None:
-        fn = load_callable(reward)
-        return RewardSet([RewardFunction(name=getattr(fn, "__name__", reward), fn=fn, weight=1.0)])
+        fn = load_callable(reward, key="--reward")
+        name = getattr(fn, "__name__", reward)
+        return RewardSet([RewardFunction(name=name, fn=fn, weight=1.0, source=reward)])
     if config is not None and config.reward.functions:
         fns = [
-            RewardFunction.from_spec(s.path, name=s.name, weight=s.weight) for s in config.reward.functions
+            RewardFunction.from_spec(s.path, name=s.name, weight=s.weight, key=f"reward.functions.{i}.path")
+            for i, s in enumerate(config.reward.functions)
         ]
         return RewardSet(fns, on_error=config.reward.on_error)
     raise ConfigError(

@@ -220,10 +220,10 @@ def build_rewards(cfg: RewardConfig, task: Task | None) -> RewardSet:
         fns.append(RewardFunction(name=task.name, fn=task.reward, weight=1.0))
     if cfg.format_regex is not None:
         fns.append(RewardFunction(name="format", fn=format_regex(cfg.format_regex), weight=cfg.format_weight))
-    for spec in cfg.functions:
-        fn = load_callable(spec.path)
+    for i, spec in enumerate(cfg.functions):
+        fn = load_callable(spec.path, key=f"reward.functions.{i}.path")
         name = spec.name or getattr(fn, "__name__", spec.path)
-        fns.append(RewardFunction(name=name, fn=fn, weight=spec.weight))
+        fns.append(RewardFunction(name=name, fn=fn, weight=spec.weight, source=spec.path))
     if cfg.model is not None:
         from tandem.train.rm import build_reward_model_reward
 

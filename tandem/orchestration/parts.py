@@ -89,6 +89,9 @@ def build_parts(cfg: TandemConfig) -> RunParts:
     teacher = build_teacher(cfg, tokenizer)  # before the data: a tokenizer mismatch fails first
     data = enforce_prompt_lengths(build_data(cfg.data, seed=cfg.run.seed), tokenizer, cfg.data)
     rewards = build_rewards(cfg.reward, data.task)
+    for ds in (data.train, data.eval):  # pre-flight: a function needing a column no row has
+        if ds is not None:
+            rewards.check_columns(ds.extra_columns, source=ds.source)
     env_factory(cfg.env)  # pre-flight: a bad env section fails before the run folder is written
     engine = build_rollout_engine(cfg, model=policy, tokenizer=tokenizer)
     reference_settings(cfg, engine, data.train, tokenizer.pad_token_id)  # pre-flight: engine and column

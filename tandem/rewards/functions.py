@@ -2,7 +2,11 @@
 
 A reward function is ``f(prompts, completions, **columns) -> list[float | None]``; extra dataset columns
 arrive as keyword lists. ``None`` means "not applicable": the value contributes nothing to the sample's
-score. :class:`RewardSet` calls every function once per batch, checks what comes back, and returns the
+score. As in TRL, ``prompts`` and ``completions`` are passed by name, so ``f(completions, **kwargs)`` and
+``f(completions, solution, **kwargs)`` work (:class:`Binding`); a function that names them otherwise takes
+them by position. A function without ``**kwargs`` gets only the columns it names, and
+:meth:`RewardSet.check_columns` refuses, before a run starts, one that needs an argument no column
+provides. :class:`RewardSet` calls every function once per batch, checks what comes back, and returns the
 weighted sum as a ``[B]`` tensor plus per-function values and metrics.
 
 Bad outputs (wrong length, NaN/inf, non-numbers) always raise :class:`~tandem.errors.RewardError`. A
@@ -13,10 +17,11 @@ retried one sample at a time, the samples that still raise get 0 from that funct
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import numbers
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -31,15 +36,64 @@ logger = logging.getLogger(__name__)
 RewardFn = Callable[..., Sequence[float | None]]
 OnError = Literal["raise", "skip"]
 _RESERVED = ("prompts", "completions")
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+_NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+@dataclass(frozen=True)
+class Binding:
+    """How a reward function takes its arguments, read once from its signature.
+
+    ``by_name``: ``prompts=`` and ``completions=`` as keywords (TRL's call; the function names either of
+    them, or takes keywords only), else as the first two positional arguments. ``accepted``: the keyword
+    names it takes (None: any, it has ``**kwargs``). ``required``: the names it needs besides the prompts
+    and completions (no default)."""
+
+    by_name: bool = False
+    accepted: frozenset[str] | None = None
+    required: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, fn: Callable[..., Any]) -> Binding:
+        try:
+            params = list(inspect.signature(fn).parameters.values())
+        except (TypeError, ValueError):  # no signature to read (some builtins): the documented call
+            return cls()
+        names = {p.name for p in params if p.kind in _NAMED}
+        positional = [p for p in params if p.kind in _POSITIONAL]
+        varargs = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
+        by_name = bool(names & set(_RESERVED)) or (len(positional) < 2 and not varargs)
+        skipped = set(_RESERVED) if by_name else {p.name for p in positional[:2]}
+        required = tuple(
+            p.name
+            for p in params
+            if p.kind in _NAMED and p.default is inspect.Parameter.empty and p.name not in skipped
+        )
+        any_keyword = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+        accepted = None if any_keyword else frozenset(names if by_name else names - skipped)
+        return cls(by_name=by_name, accepted=accepted, required=required)
+
+    def call(
+        self, fn: Callable[..., Any], prompts: list[Any], completions: list[Any], columns: Mapping[str, Any]
+    ) -> Any:
+        """``fn`` on one batch; keywords it does not take are left out (``f(completions)`` gets no
+        ``prompts=``)."""
+        kwargs = {"prompts": prompts, "completions": completions, **columns} if self.by_name else columns
+        if self.accepted is not None:
+            kwargs = {k: v for k, v in kwargs.items() if k in self.accepted}
+        return fn(**kwargs) if self.by_name else fn(prompts, completions, **kwargs)
 
 
 @dataclass(frozen=True)
 class RewardFunction:
-    """A named reward callable and its weight in the total score."""
+    """A named reward callable and its weight in the total score. ``source``: where it came from (the
+    config's ``path``), named in errors instead of the callable's module."""
 
     name: str
     fn: RewardFn
     weight: float = 1.0
+    source: str | None = None
+    binding: Binding = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name:
@@ -50,6 +104,7 @@ class RewardFunction:
             raise ConfigError(f"reward '{self.name}' weight must be a number, got {self.weight!r}")
         if not math.isfinite(self.weight):
             raise ConfigError(f"reward '{self.name}' weight must be finite, got {self.weight}")
+        object.__setattr__(self, "binding", Binding.of(self.fn))
 
     @classmethod
     def from_spec(
@@ -63,12 +118,16 @@ class RewardFunction:
     ) -> RewardFunction:
         """Load ``module:function`` or ``file.py:function``; the name defaults to the attribute name."""
         fn = load_callable(spec, key=key, base_dir=base_dir)
-        return cls(name=name or spec.rpartition(":")[2].split(".")[-1], fn=fn, weight=weight)
+        return cls(name=name or spec.rpartition(":")[2].split(".")[-1], fn=fn, weight=weight, source=spec)
 
     @property
     def origin(self) -> str:
-        """``module:qualname`` of the callable, named in error messages."""
-        return callable_origin(self.fn)
+        """Where the callable came from, named in error messages: ``source``, else ``module:qualname``."""
+        return self.source or callable_origin(self.fn)
+
+    def __call__(self, prompts: list[Any], completions: list[Any], columns: Mapping[str, Any]) -> Any:
+        """The function's raw output on a batch, with the arguments it takes (:class:`Binding`)."""
+        return self.binding.call(self.fn, prompts, completions, columns)
 
 
 @dataclass
@@ -98,6 +157,19 @@ class RewardSet:
             raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         self.functions = list(functions)
         self.on_error: OnError = on_error
+
+    def check_columns(self, columns: Collection[str], *, source: str = "the dataset") -> None:
+        """Refuse, before anything runs, a function that needs an argument none of ``columns`` (the
+        dataset's extra columns) provides: a one-line ConfigError naming the function and the columns."""
+        for rf in self.functions:
+            missing = [n for n in rf.binding.required if n not in columns]
+            if missing:
+                have = ", ".join(sorted(columns)) or "none besides 'prompt'"
+                raise ConfigError(
+                    f"reward '{rf.name}' ({rf.origin}) needs {_quoted(missing)}, which no column of "
+                    f"{source} provides (its columns: {have})",
+                    hint="add the column, give the argument a default, or take **kwargs",
+                )
 
     def __call__(
         self, prompts: list[str], completions: list[str], columns: Mapping[str, Sequence[Any]] | None = None
@@ -135,7 +207,7 @@ class RewardSet:
         """Values of one function for the batch, and a [B] bool mask of samples where it raised."""
         size = len(completions)
         try:
-            out = rf.fn(prompts, completions, **columns)
+            out = rf(prompts, completions, columns)
         except Exception as err:
             if self.on_error == "raise":
                 raise _raised(rf, err) from err
@@ -148,7 +220,7 @@ class RewardSet:
         for i in range(size):
             cols = {k: [v[i]] for k, v in columns.items()}
             try:
-                out = rf.fn([prompts[i]], [completions[i]], **cols)
+                out = rf([prompts[i]], [completions[i]], cols)
             except Exception as err:
                 first_error = first_error or err
                 values.append(0.0)
@@ -165,6 +237,10 @@ class RewardSet:
                 failed[0],
             )
         return values, errors
+
+
+def _quoted(names: Sequence[str]) -> str:
+    return ("argument " if len(names) == 1 else "arguments ") + ", ".join(f"'{n}'" for n in names)
 
 
 def _check_batch(prompts: list[str], completions: list[str], columns: dict[str, Sequence[Any]]) -> int:

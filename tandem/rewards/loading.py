@@ -25,9 +25,9 @@ def load_callable(
 ) -> Callable[..., Any]:
     """The callable named by ``spec``.
 
-    ``key`` (e.g. ``"reward.functions[0].path"``) is named in errors. A relative file path is resolved
-    against ``base_dir`` (e.g. the config file's folder), else the working directory. The attribute may be
-    dotted (``module:Class.method``).
+    ``key`` (e.g. ``"reward.functions.0.path"``, as an override names it) is named in errors. A relative file
+    path is resolved against ``base_dir`` (e.g. the config file's folder), else the working directory. The
+    attribute may be dotted (``module:Class.method``).
     """
     if not isinstance(spec, str) or spec.count(":") < 1:
         raise ConfigError(f"reward function spec {spec!r} has no ':'", where=key, hint=_FORMAT_HINT)

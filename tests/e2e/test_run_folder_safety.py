@@ -98,3 +98,19 @@ def test_run_overwrite_refuses_a_run_folder_holding_the_model(tmp_path, tiny_mod
     result = _train(_config(tmp_path, model, overwrite=True))
     assert result.exit_code == 2 and f"{run} is (or holds) the source folder {model}" in result.output
     assert (model / "config.json").is_file() and (run / "config.yaml").read_text() == "run: {}\n"
+
+
+def test_run_whose_reward_needs_an_absent_column_fails_preflight_and_writes_nothing(tmp_path, tiny_model_dir):
+    rewards = tmp_path / "trl_rewards.py"
+    rewards.write_text(
+        "def accuracy(completions, solution, **kwargs):\n"
+        "    return [float(c.strip() == s) for c, s in zip(completions, solution)]\n"
+        "def by_answer(completions, answer, **kwargs):  # TRL's shape: no 'prompts' parameter\n"
+        "    return [float(c.strip() == a) for c, a in zip(completions, answer)]\n"
+    )
+    result = _train(_config(tmp_path, tiny_model_dir, f"{rewards}:accuracy"))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert f"reward 'accuracy' ({rewards}:accuracy) needs argument 'solution'" in result.output
+    assert not (tmp_path / "run").exists()
+    result = _train(_config(tmp_path, tiny_model_dir), f"reward.functions=[{{path: '{rewards}:by_answer'}}]")
+    assert result.exit_code == 0, result.output

@@ -226,8 +226,15 @@ def test_bad_confirm_file_is_one_line_before_anything_trains(tiny_model_dir, tmp
     assert res.exit_code == 2 and "no reward.functions" in res.output and not out.exists()
     needs = _file_config(tmp_path, tiny_model_dir, "bad_rewards.py:starts_with_answer")
     res = CliRunner().invoke(app, ["tune", str(needs), "--confirm-file", str(good), "--out", str(out)])
-    assert res.exit_code == 2 and f"--confirm-file {good}:1: reward 'starts_with_answer' raised" in res.output
+    assert res.exit_code == 2 and "--confirm-file: reward 'starts_with_answer'" in res.output
+    assert f"needs argument 'answer', which no column of {good} provides" in res.output
     assert len(res.output.strip().splitlines()) == 1 and not out.exists()  # the file has no answer column
+    scorer = tmp_path / "scorer.py"  # a function that cannot score the file's rows: found by scoring one
+    scorer.write_text("def f(prompts, completions, **kw):\n    raise ValueError('no')\n")
+    raises = _file_config(tmp_path, tiny_model_dir, f"{scorer}:f")
+    res = CliRunner().invoke(app, ["tune", str(raises), "--confirm-file", str(good), "--out", str(out)])
+    assert res.exit_code == 2 and f"--confirm-file {good}:1: reward 'f' raised ValueError" in res.output
+    assert not out.exists()
 
 
 def test_tune_bad_space_and_small_budget_are_one_line(tiny_model_dir, tmp_path) -> None:

@@ -226,3 +226,87 @@ def test_overlong_shaping_delegates_to_dapo():
 def test_overlong_shaping_bad_settings(kwargs, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         overlong_shaping(torch.tensor([1]), **kwargs)
+
+
+# -- how a function takes its arguments (TRL calls by keyword) -------------------------------------------
+
+
+def test_trl_style_function_without_prompts_gets_completions_by_name():
+    seen = {}
+
+    def accuracy(completions, solution, **kwargs):  # TRL's documented shape
+        seen.update(kwargs)
+        return [float(c == s) for c, s in zip(completions, solution, strict=True)]
+
+    rs = RewardSet([RewardFunction("acc", accuracy)])
+    out = rs(PROMPTS, ["x", "no", "zzz"], {"solution": ["x", "yy", "zzz"], "other": [1, 2, 3]})
+    assert out.scores.tolist() == [1.0, 0.0, 1.0]
+    assert seen == {"prompts": PROMPTS, "other": [1, 2, 3]}  # prompts arrive among the keywords, as in TRL
+
+
+def test_function_without_kwargs_gets_only_the_columns_it_names():
+    def exact(prompts, completions, answer):
+        return [float(c == a) for c, a in zip(completions, answer, strict=True)]
+
+    rs = RewardSet([RewardFunction("exact", exact)])
+    out = rs(PROMPTS, COMPLETIONS, {"answer": ["x", "y", "zzz"], "difficulty": [1, 2, 3]})
+    assert out.scores.tolist() == [1.0, 0.0, 1.0]
+
+
+def test_function_naming_only_completions_gets_no_prompts():
+    def nonempty(completions):
+        return [float(bool(c)) for c in completions]
+
+    assert RewardSet([RewardFunction("n", nonempty)])(PROMPTS, ["a", "", "b"]).scores.tolist() == [1, 0, 1]
+
+
+def test_function_with_other_parameter_names_takes_them_by_position():
+    class Scorer:
+        def __call__(self, ps, cs, *, bonus=None):
+            return [len(c) + (b or 0.0) for c, b in zip(cs, bonus or [None] * len(cs), strict=True)]
+
+    out = RewardSet([RewardFunction("len", Scorer())])(PROMPTS, COMPLETIONS, {"bonus": [1.0] * 3})
+    assert out.scores.tolist() == [2.0, 3.0, 4.0]
+    out = RewardSet([RewardFunction("len", lambda p, c: [0.5] * len(c))])(
+        PROMPTS, COMPLETIONS, {"x": [1] * 3}
+    )
+    assert out.scores.tolist() == [0.5] * 3
+
+
+def test_keyword_binding_also_holds_when_retrying_sample_by_sample():
+    def flaky(completions, answer, **kwargs):
+        if len(completions) > 1:
+            raise ValueError("batch too large")
+        return [float(completions[0] == answer[0])]
+
+    rs = RewardSet([RewardFunction("f", flaky)], on_error="skip")
+    out = rs(PROMPTS, COMPLETIONS, {"answer": ["x", "no", "zzz"]})
+    assert out.scores.tolist() == [1.0, 0.0, 1.0] and out.metrics["reward/errors"] == 0.0
+
+
+def test_check_columns_refuses_a_function_needing_an_absent_column():
+    def needs(completions, solution, *, level, hint=None, **kwargs):
+        return [0.0] * len(completions)
+
+    rs = RewardSet([RewardFunction("acc", needs, source="rewards.py:needs")])
+    rs.check_columns(["solution", "level"])  # present: nothing to say
+    with pytest.raises(ConfigError) as err:
+        rs.check_columns(["answer", "level"], source="train.jsonl")
+    msg = str(err.value)
+    assert "reward 'acc' (rewards.py:needs) needs argument 'solution'" in msg
+    assert "train.jsonl" in msg and "(its columns: answer, level)" in msg and "\n" not in msg
+    with pytest.raises(ConfigError, match="needs arguments 'solution', 'level'.*none besides 'prompt'"):
+        rs.check_columns([])
+
+
+def test_check_columns_accepts_the_documented_signatures():
+    fns = [length_reward, const([1.0] * 3), lambda p, c: [0.0] * len(c), get_task("arith").reward]
+    RewardSet([RewardFunction(f"f{i}", fn) for i, fn in enumerate(fns)]).check_columns([])
+
+
+def test_errors_name_the_configured_source():
+    def boom(prompts, completions, **columns):
+        raise ValueError("bad")
+
+    with pytest.raises(RewardError, match=r"\(my/rewards\.py:boom\)$"):
+        RewardSet([RewardFunction("b", boom, source="my/rewards.py:boom")])(PROMPTS, COMPLETIONS)
