@@ -72,6 +72,10 @@ class RolloutBatch:
         keys = sorted({k for e in self.extras for k in e})
         return {k: [e.get(k) for e in self.extras] for k in keys}
 
+    def completion_ids(self) -> list[list[int]]:
+        """Each sample's generated token ids (its ``response_mask``ed tokens), TRL's ``completion_ids``."""
+        return [row[mask].tolist() for row, mask in zip(self.response_ids, self.response_mask, strict=True)]
+
     def select(self, index: torch.Tensor | list[int]) -> RolloutBatch:
         """Rows ``index`` of every field (tensors and lists alike)."""
         return _select(self, index)

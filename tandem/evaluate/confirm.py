@@ -58,7 +58,8 @@ def check_confirm_file(cfg: Any, path: Path, why_not: str | None) -> None:
     row = data.rows[0]  # scored once now: a column the reward functions need fails here, not after the sweep
     assert data.rewards is not None  # require_rewards
     try:
-        data.rewards([row["prompt"]], [""], {k: [v] for k, v in row.items() if k != "prompt"})
+        columns = {k: [v] for k, v in row.items() if k != "prompt"}
+        data.rewards([row["prompt"]], [""], columns, completion_ids=[[]])
     except RewardError as err:
         raise RewardError(str(err), where=f"--confirm-file {path}:1") from err
 

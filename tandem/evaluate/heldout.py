@@ -54,7 +54,8 @@ def generate_scored(
         inputs = (batch.prompts, batch.completions)
         if any(is_conversational(p) for p in prompts):  # rewards see messages, as in TRL
             inputs = reward_inputs([prompts[int(g)] for g in batch.group_ids], batch.completions)
-        scores.append(rewards(*inputs, batch.columns()).scores.float())
+        ids = batch.completion_ids()
+        scores.append(rewards(*inputs, batch.columns(), completion_ids=ids).scores.float())
         lengths.append(batch.response_lengths.float())
         truncated.append(torch.tensor([f == "length" for f in batch.finish_reasons], dtype=torch.bool))
         if on_progress is not None:

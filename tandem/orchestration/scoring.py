@@ -33,7 +33,7 @@ def score_rollout(
     ``inputs``: the ``(prompts, completions)`` the reward functions see instead of the batch's texts, one
     per sample (conversational data: messages, see :func:`tandem.data.chat.reward_inputs`)."""
     prompts, completions = inputs if inputs is not None else (rollout.prompts, rollout.completions)
-    result = rewards(prompts, completions, rollout.columns())
+    result = rewards(prompts, completions, rollout.columns(), completion_ids=rollout.completion_ids())
     scores = result.scores.float()
     metrics = dict(result.metrics)
     if overlong is not None:

@@ -4,7 +4,8 @@ A reward function is ``f(prompts, completions, **columns) -> list[float | None]`
 arrive as keyword lists. ``None`` means "not applicable": the value contributes nothing to the sample's
 score. As in TRL, ``prompts`` and ``completions`` are passed by name, so ``f(completions, **kwargs)`` and
 ``f(completions, solution, **kwargs)`` work (:class:`Binding`); a function that names them otherwise takes
-them by position. A function without ``**kwargs`` gets only the columns it names, and
+them by position. Where the caller has them, the samples' token ids arrive as ``completion_ids=`` (as in
+TRL). A function without ``**kwargs`` gets only the columns it names, and
 :meth:`RewardSet.check_columns` refuses, before a run starts, one that needs an argument no column
 provides. :class:`RewardSet` calls every function once per batch, checks what comes back, and returns the
 weighted sum as a ``[B]`` tensor plus per-function values and metrics.
@@ -36,6 +37,7 @@ logger = logging.getLogger(__name__)
 RewardFn = Callable[..., Sequence[float | None]]
 OnError = Literal["raise", "skip"]
 _RESERVED = ("prompts", "completions")
+COMPLETION_IDS = "completion_ids"  # TRL's keyword for the samples' token ids
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 _NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 
@@ -74,10 +76,17 @@ class Binding:
         return cls(by_name=by_name, accepted=accepted, required=required)
 
     def call(
-        self, fn: Callable[..., Any], prompts: list[Any], completions: list[Any], columns: Mapping[str, Any]
+        self,
+        fn: Callable[..., Any],
+        prompts: list[Any],
+        completions: list[Any],
+        columns: Mapping[str, Any],
+        completion_ids: list[list[int]] | None = None,
     ) -> Any:
         """``fn`` on one batch; keywords it does not take are left out (``f(completions)`` gets no
         ``prompts=``)."""
+        if completion_ids is not None:
+            columns = {**columns, COMPLETION_IDS: completion_ids}
         kwargs = {"prompts": prompts, "completions": completions, **columns} if self.by_name else columns
         if self.accepted is not None:
             kwargs = {k: v for k, v in kwargs.items() if k in self.accepted}
@@ -125,9 +134,15 @@ class RewardFunction:
         """Where the callable came from, named in error messages: ``source``, else ``module:qualname``."""
         return self.source or callable_origin(self.fn)
 
-    def __call__(self, prompts: list[Any], completions: list[Any], columns: Mapping[str, Any]) -> Any:
+    def __call__(
+        self,
+        prompts: list[Any],
+        completions: list[Any],
+        columns: Mapping[str, Any],
+        completion_ids: list[list[int]] | None = None,
+    ) -> Any:
         """The function's raw output on a batch, with the arguments it takes (:class:`Binding`)."""
-        return self.binding.call(self.fn, prompts, completions, columns)
+        return self.binding.call(self.fn, prompts, completions, columns, completion_ids)
 
 
 @dataclass
@@ -158,11 +173,15 @@ class RewardSet:
         self.functions = list(functions)
         self.on_error: OnError = on_error
 
-    def check_columns(self, columns: Collection[str], *, source: str = "the dataset") -> None:
+    def check_columns(
+        self, columns: Collection[str], *, source: str = "the dataset", token_ids: bool = True
+    ) -> None:
         """Refuse, before anything runs, a function that needs an argument none of ``columns`` (the
-        dataset's extra columns) provides: a one-line ConfigError naming the function and the columns."""
+        dataset's extra columns) provides — nor ``completion_ids``, where the caller passes them
+        (``token_ids``): a one-line ConfigError naming the function and the columns."""
+        given = {*columns, COMPLETION_IDS} if token_ids else set(columns)
         for rf in self.functions:
-            missing = [n for n in rf.binding.required if n not in columns]
+            missing = [n for n in rf.binding.required if n not in given]
             if missing:
                 have = ", ".join(sorted(columns)) or "none besides 'prompt'"
                 raise ConfigError(
@@ -172,18 +191,26 @@ class RewardSet:
                 )
 
     def __call__(
-        self, prompts: list[str], completions: list[str], columns: Mapping[str, Sequence[Any]] | None = None
+        self,
+        prompts: list[str],
+        completions: list[str],
+        columns: Mapping[str, Sequence[Any]] | None = None,
+        *,
+        completion_ids: list[list[int]] | None = None,
     ) -> RewardResult:
-        """Score a batch. ``columns`` maps extra dataset column names to one value per completion."""
+        """Score a batch. ``columns`` maps extra dataset column names to one value per completion;
+        ``completion_ids``: each completion's token ids, for functions that take them."""
         columns = dict(columns or {})
         size = _check_batch(prompts, completions, columns)
+        if completion_ids is not None and len(completion_ids) != size:
+            raise ValueError(f"got {len(completion_ids)} completion_ids for {size} completions")
         total = torch.zeros(size, dtype=torch.float64)
         applicable = torch.zeros(size, dtype=torch.bool)
         failed = torch.zeros(size, dtype=torch.bool)
         per_function: dict[str, torch.Tensor] = {}
         metrics: dict[str, float] = {}
         for rf in self.functions:
-            values, errors = self._evaluate(rf, prompts, completions, columns)
+            values, errors = self._evaluate(rf, prompts, completions, columns, completion_ids)
             raw = torch.tensor([math.nan if v is None else v for v in values], dtype=torch.float64)
             used = ~torch.isnan(raw)
             total += torch.where(used, raw * rf.weight, 0.0)
@@ -203,11 +230,12 @@ class RewardSet:
         prompts: list[str],
         completions: list[str],
         columns: dict[str, Sequence[Any]],
+        completion_ids: list[list[int]] | None = None,
     ) -> tuple[list[float | None], torch.Tensor]:
         """Values of one function for the batch, and a [B] bool mask of samples where it raised."""
         size = len(completions)
         try:
-            out = rf(prompts, completions, columns)
+            out = rf(prompts, completions, columns, completion_ids)
         except Exception as err:
             if self.on_error == "raise":
                 raise _raised(rf, err) from err
@@ -220,7 +248,8 @@ class RewardSet:
         for i in range(size):
             cols = {k: [v[i]] for k, v in columns.items()}
             try:
-                out = rf([prompts[i]], [completions[i]], cols)
+                ids = None if completion_ids is None else [completion_ids[i]]
+                out = rf([prompts[i]], [completions[i]], cols, ids)
             except Exception as err:
                 first_error = first_error or err
                 values.append(0.0)
@@ -248,7 +277,7 @@ def _check_batch(prompts: list[str], completions: list[str], columns: dict[str, 
     if len(prompts) != size:
         raise ValueError(f"got {len(prompts)} prompts for {size} completions")
     for name, values in columns.items():
-        if name in _RESERVED:
+        if name in (*_RESERVED, COMPLETION_IDS):
             raise RewardError(
                 f"dataset column '{name}' clashes with the reward argument of the same name", hint="rename it"
             )

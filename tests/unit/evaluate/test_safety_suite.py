@@ -71,6 +71,7 @@ class ScriptedEngine:
             prompts=[p for p, o in zip(prompts, outs, strict=True) for _ in o],
             completions=completions,
             columns=lambda: {k: [r[k] for r in rows] for k in rows[0]},
+            completion_ids=lambda: [[ord(ch) for ch in c] for c in completions],
             response_lengths=torch.tensor([len(c) for c in completions]),
             finish_reasons=["stop"] * len(completions),
         )

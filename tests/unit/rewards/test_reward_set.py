@@ -310,3 +310,49 @@ def test_errors_name_the_configured_source():
 
     with pytest.raises(RewardError, match=r"\(my/rewards\.py:boom\)$"):
         RewardSet([RewardFunction("b", boom, source="my/rewards.py:boom")])(PROMPTS, COMPLETIONS)
+
+
+def test_completion_ids_reach_the_functions_that_take_them():
+    seen = {}
+
+    def by_tokens(completions, completion_ids, **kwargs):
+        return [float(len(ids)) for ids in completion_ids]
+
+    def spy(prompts, completions, **kwargs):
+        seen.update(kwargs)
+        return [0.0] * len(completions)
+
+    def plain(prompts, completions):
+        return [1.0] * len(completions)
+
+    rs = RewardSet([RewardFunction("t", by_tokens), RewardFunction("s", spy), RewardFunction("p", plain)])
+    ids = [[5], [6, 7], [8, 9, 10]]
+    out = rs(PROMPTS, COMPLETIONS, {"answer": [1, 2, 3]}, completion_ids=ids)
+    assert out.per_function["t"].tolist() == [1.0, 2.0, 3.0] and out.scores.tolist() == [2.0, 3.0, 4.0]
+    assert seen == {"answer": [1, 2, 3], "completion_ids": ids}  # **kwargs gets them, as in TRL
+    with pytest.raises(ValueError, match="2 completion_ids for 3 completions"):
+        rs(PROMPTS, COMPLETIONS, completion_ids=ids[:2])
+    with pytest.raises(RewardError, match="'completion_ids' clashes"):
+        rs(PROMPTS, COMPLETIONS, {"completion_ids": ids})
+
+
+def test_completion_ids_are_sliced_when_retrying_sample_by_sample():
+    def flaky(completions, completion_ids, **kwargs):
+        if len(completions) > 1:
+            raise ValueError("batch too large")
+        return [float(completion_ids[0][0])]
+
+    out = RewardSet([RewardFunction("f", flaky)], on_error="skip")(
+        PROMPTS, COMPLETIONS, completion_ids=[[4], [5], [6]]
+    )
+    assert out.scores.tolist() == [4.0, 5.0, 6.0]
+
+
+def test_check_columns_counts_completion_ids_only_where_they_are_passed():
+    def by_tokens(completions, completion_ids):
+        return [0.0] * len(completions)
+
+    rs = RewardSet([RewardFunction("t", by_tokens)])
+    rs.check_columns([])
+    with pytest.raises(ConfigError, match="needs argument 'completion_ids'"):
+        rs.check_columns([], token_ids=False)
