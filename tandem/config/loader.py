@@ -5,12 +5,14 @@ Errors are one line naming the key and, where the key came from the file, ``file
 
 from __future__ import annotations
 
+import difflib
 import re
+import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from tandem.config.schema import CrossFieldError, TandemConfig
 from tandem.config.yaml_guard import load_yaml
@@ -101,25 +103,78 @@ def read_yaml(path: str | Path) -> tuple[dict[str, Any], dict[str, int]]:
 
 
 def build_config(
-    data: dict[str, Any], *, source: str = "<config>", lines: dict[str, int] | None = None
+    data: dict[str, Any],
+    *,
+    source: str = "<config>",
+    lines: dict[str, int] | None = None,
+    overrides: list[str] | None = None,
 ) -> TandemConfig:
-    """Validate a nested dict; turn the first pydantic error into a one-line :class:`ConfigError`."""
-    lines = lines or {}
+    """Validate a nested dict; the first pydantic error becomes a one-line :class:`ConfigError`
+    (:func:`config_error`)."""
     try:
         return TandemConfig.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = [str(p) for p in err["loc"] if not isinstance(p, int)]
-        key = ".".join(loc)
-        cause = err.get("ctx", {}).get("error")
-        if isinstance(cause, CrossFieldError):
-            key, msg = cause.key, str(cause)
-        else:
-            msg = err["msg"].removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
-                msg = "unknown key"
-        where = key_location(source, lines, key)
-        raise ConfigError(f"{key}: {msg}" if key else msg, where=where) from None
+        raise config_error(exc, TandemConfig, source=source, lines=lines, overrides=overrides) from None
+
+
+def config_error(
+    exc: ValidationError,
+    root: type[BaseModel],
+    *,
+    source: str,
+    lines: dict[str, int] | None = None,
+    overrides: list[str] | None = None,
+) -> ConfigError:
+    """The first error of validating ``root`` as one line ``WHERE: key: message``: WHERE is the
+    command-line override that set the key (from ``overrides``), else the key's ``file:line`` in
+    ``source``; an unknown key says which key of its section it is close to."""
+    err = exc.errors()[0]
+    loc = [str(p) for p in err["loc"] if not isinstance(p, int)]
+    key = ".".join(loc)
+    cause = err.get("ctx", {}).get("error")
+    if isinstance(cause, CrossFieldError):
+        key, msg = cause.key, str(cause)
+    else:
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key" + _did_you_mean(root, loc)
+    unknown = err["type"] == "extra_forbidden"  # an unknown section: the override under it set it
+    where = _override_of(overrides or [], key, unknown) or key_location(source, lines or {}, key)
+    return ConfigError(f"{key}: {msg}" if key else msg, where=where)
+
+
+def _did_you_mean(root: type[BaseModel], loc: list[str]) -> str:
+    """`` (did you mean 'lr'?)`` when the unknown last part of ``loc`` is close to a key of its section."""
+    model: type[BaseModel] | None = root
+    for part in loc[:-1]:
+        field = model.model_fields.get(part) if model is not None else None
+        model = _section_type(field.annotation) if field is not None else None
+    if model is None or not loc:
+        return ""
+    close = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _section_type(annotation: Any) -> type[BaseModel] | None:
+    """The config section class inside ``annotation`` (``X``, ``X | None``, ``list[X]``), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _section_type(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _override_of(overrides: list[str], key: str, unknown: bool) -> str | None:
+    """``override 'TEXT'`` for the last command-line override that set ``key`` or a section above it, or,
+    for an ``unknown`` key, a key below it (list indexes left out, as in the validation error's key)."""
+    for text in reversed(overrides):
+        path = [p for p in text.partition("=")[0].strip().split(".") if not p.lstrip("-").isdigit()]
+        set_key = ".".join(path)
+        if key == set_key or key.startswith(set_key + ".") or (unknown and set_key.startswith(key + ".")):
+            return f"override '{text}'"
+    return None
 
 
 def key_location(source: str, lines: dict[str, int], key: str) -> str:
@@ -137,7 +192,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> TandemC
     """Load ``path`` (YAML), apply dotted ``overrides`` and validate."""
     data, lines = read_yaml(path)
     apply_overrides(data, list(overrides or []))
-    return build_config(data, source=str(path), lines=lines)
+    return build_config(data, source=str(path), lines=lines, overrides=list(overrides or []))
 
 
 def config_to_yaml(cfg: TandemConfig) -> str:

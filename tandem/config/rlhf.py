@@ -14,9 +14,8 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tandem.algos import PREFERENCE_LOSSES
-from tandem.config.loader import apply_overrides, key_location, read_yaml
+from tandem.config.loader import apply_overrides, config_error, read_yaml
 from tandem.config.model import LoraConfig
-from tandem.errors import ConfigError
 
 
 class _Flat(BaseModel):
@@ -185,9 +184,4 @@ def load_command_config(cls: type[C], path: str | Path, overrides: list[str] | N
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        key = ".".join(str(p) for p in err["loc"] if not isinstance(p, int))
-        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
-        raise ConfigError(
-            f"{key}: {msg}" if key else msg, where=key_location(str(path), lines, key)
-        ) from None
+        raise config_error(exc, cls, source=str(path), lines=lines, overrides=overrides) from None

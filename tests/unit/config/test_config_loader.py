@@ -232,15 +232,18 @@ def test_custom_requires_every_choice(cfg_file):
 
 
 def test_group_estimator_with_one_sample_names_rollout_n(cfg_file):
-    message = _error(cfg_file, "rollout.n=1")
-    assert message.startswith(f"{cfg_file}:{_line_of(cfg_file, '  n: 4')}: rollout.n:")
+    message = _error(cfg_file, "rollout.n=1")  # the value in effect came from the command line
+    assert message.startswith("override 'rollout.n=1': rollout.n:")
+    assert _error(cfg_file, "rollout.n=1", "trainer.lr=0.1").startswith("override 'rollout.n=1'")
+    cfg_file.write_text(BASE.replace("  n: 4", "  n: 1"))
+    assert _error(cfg_file).startswith(f"{cfg_file}:{_line_of(cfg_file, '  n: 1')}: rollout.n:")
     assert "rollout.n >= 2" in message
 
 
 def test_mini_batch_must_divide_the_batch(cfg_file):
     message = _error(cfg_file, "trainer.mini_batch_size=5")
     assert "trainer.mini_batch_size" in message and "does not divide the batch of 16" in message
-    assert f"{cfg_file}:{_line_of(cfg_file, 'trainer:')}" in message
+    assert message.startswith("override 'trainer.mini_batch_size=5': ")
 
 
 def test_micro_batch_must_divide_the_mini_batch(cfg_file):
@@ -271,20 +274,33 @@ def test_kl_in_reward_needs_a_token_reward_estimator(cfg_file):
 
 
 @pytest.mark.parametrize(
-    ("insert_after", "line", "key"),
+    ("insert_after", "line", "key", "hint"),
     [
-        ("  prompts_per_step: 4", "  shuffle: true", "data.shuffle"),
-        ("trainer:", "  learning_rate: 0.1", "trainer.learning_rate"),
-        ("  name: grpo", "  kl: {kind: k3, wher: loss}", "algorithm.kl.wher"),
-        ("run:", "  nme: x", "run.nme"),
+        ("  prompts_per_step: 4", "  shuffle: true", "data.shuffle", ""),
+        ("trainer:", "  learning_rate: 0.1", "trainer.learning_rate", ""),
+        ("  name: grpo", "  kl: {kind: k3, wher: loss}", "algorithm.kl.wher", " (did you mean 'where'?)"),
+        ("run:", "  nme: x", "run.nme", " (did you mean 'name'?)"),
     ],
 )
-def test_unknown_key_names_file_line_and_key(cfg_file, insert_after, line, key):
+def test_unknown_key_names_file_line_and_key(cfg_file, insert_after, line, key, hint):
     lines = BASE.splitlines()
     lines.insert(lines.index(insert_after) + 1, line)
     cfg_file.write_text("\n".join(lines) + "\n")
     message = _error(cfg_file)
-    assert message == f"{cfg_file}:{_line_of(cfg_file, line)}: {key}: unknown key"
+    assert message == f"{cfg_file}:{_line_of(cfg_file, line)}: {key}: unknown key{hint}"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("trainer.lrr=1", "override 'trainer.lrr=1': trainer.lrr: unknown key (did you mean 'lr'?)"),
+        ("traner.lr=1", "override 'traner.lr=1': traner: unknown key (did you mean 'trainer'?)"),
+        ("critic={lrr: 1}", "override 'critic={lrr: 1}': critic.lrr: unknown key (did you mean 'lr'?)"),
+        ("trainer.zzz=1", "override 'trainer.zzz=1': trainer.zzz: unknown key"),
+    ],
+)
+def test_unknown_key_from_an_override_names_the_override_and_a_close_key(cfg_file, override, message):
+    assert _error(cfg_file, override) == message
 
 
 def test_unknown_top_level_section(cfg_file):

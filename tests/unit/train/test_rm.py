@@ -114,8 +114,14 @@ def test_shipped_command_configs_load_and_bad_keys_name_file_and_line(tmp_path):
     assert load_command_config(LabelConfig, configs / "rlaif_dpo.yaml").judge == "rule"
     bad = tmp_path / "rm.yaml"
     bad.write_text("model: m\nout_dir: o\ndata:\n  train_file: t\n  tain_file: x\n")
-    with pytest.raises(ConfigError, match=rf"^{bad}:5: data.tain_file: unknown key$"):
+    with pytest.raises(
+        ConfigError, match=rf"^{bad}:5: data.tain_file: unknown key \(did you mean .train_file.\?\)$"
+    ):
         load_command_config(RMConfig, bad)
+    with pytest.raises(
+        ConfigError, match=r"^override 'bta=0.2': bta: unknown key \(did you mean 'beta'\?\)$"
+    ):
+        load_command_config(DPOConfig, configs / "dpo.yaml", ["bta=0.2"])
 
 
 def test_save_reward_model_refuses_an_unrelated_folder_and_its_source(trained_rm, tmp_path, tiny_model_dir):
