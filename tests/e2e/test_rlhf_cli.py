@@ -125,7 +125,7 @@ def test_rm_then_reward_model_in_an_rl_config(prefs, tiny_model_dir, tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any("reward_model" in k for k in rows[-1]), sorted(rows[-1])
     result = invoke("rm", cfg, "epochs=0")
-    assert result.exit_code == 2 and "epochs" in result.output and "rm.yaml" in result.output
+    assert result.exit_code == 2 and "override 'epochs=0': epochs:" in result.output
 
 
 def test_dpo_cli_caches_reference(prefs, tiny_model_dir, tmp_path):

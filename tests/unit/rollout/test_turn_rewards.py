@@ -123,7 +123,7 @@ def test_turn_rewards_config_is_checked():
     assert episode_settings(EnvConfig(name="calculator", turn_rewards="per_turn")).turn_rewards == "per_turn"
     assert episode_settings(EnvConfig(name="calculator")).turn_rewards == "sum"
     with pytest.raises(
-        ConfigError, match=r"agent_calculator.yaml:\d+: env.turn_rewards: .*'sum' or 'per_turn'"
+        ConfigError, match=r"^override 'env.turn_rewards=each': env.turn_rewards: .*'sum' or 'per_turn'"
     ):
         load_config(REPO / "configs" / "agent_calculator.yaml", ["env.turn_rewards=each"])
     with pytest.raises(ConfigError, match="env.turn_rewards.*unknown turn_rewards 'each'"):
