@@ -29,3 +29,30 @@ def constant_batch(gids: list[int], completions: list[str] | None = None, **fiel
         extras=[{} for _ in range(B)],
     )
     return replace(batch, **fields)
+
+
+def sampled_batch(
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    lengths: torch.Tensor,
+    R: int,
+    n: int,
+    g: torch.Generator,
+    finish_reasons: list[str] | None = None,
+) -> RolloutBatch:
+    """Groups of ``n`` rows with the given prompts ``[B, P]`` and response ``lengths`` ``[B]`` (of ``R``
+    slots): random response tokens (4..39) and behaviour log-probs drawn from ``g``, in that order."""
+    B = len(lengths)
+    mask = torch.arange(R)[None, :] < lengths[:, None]  # [B, R]
+    return RolloutBatch(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        response_ids=torch.randint(4, 40, (B, R), generator=g) * mask,
+        response_mask=mask,
+        behavior_logprobs=-torch.rand(B, R, generator=g) * mask,
+        group_ids=torch.arange(B) // n,
+        policy_version=torch.zeros(B, dtype=torch.long),
+        prompts=["p"] * B,
+        completions=["c"] * B,
+        finish_reasons=finish_reasons or ["stop"] * B,
+    )

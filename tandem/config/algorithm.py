@@ -140,6 +140,12 @@ class AlgorithmConfig(Section):
     sft_min_score: float = Field(
         1.0, description="Sequence reward at or above which a sample counts as successful for sft_coef."
     )
+    mask_truncated: bool = Field(
+        False,
+        description="Leave samples cut off before they finished (finish reason 'length': rollout.max_new_tokens "
+        "reached, or an episode out of turns) out of the loss and its token counts (DAPO's overlong filtering, "
+        "TRL's mask_truncated_completions); their rewards still count in their group's baseline.",
+    )
     dynamic_sampling: bool | None = Field(
         None, description="DAPO: drop groups whose rewards are all equal, resample to fill."
     )

@@ -5,6 +5,7 @@ The estimator is looked up by name in the algorithm library; one signature serve
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -45,6 +46,7 @@ class ExperienceSettings:
     reward_weight: float = 0.0  # opd: weight of the task reward beside the teacher term
     pass_k: int = 2  # the passk estimator's k
     needs_baseline: bool = False  # the estimator needs the greedy rows' scores (remax; registry metadata)
+    mask_truncated: bool = False  # truncated samples (finish reason "length") leave the loss
 
     @classmethod
     def from_config(
@@ -77,6 +79,7 @@ class ExperienceSettings:
             reward_weight=algo.opd.reward_weight,
             pass_k=algo.pass_k,
             needs_baseline="baseline_scores" in ADVANTAGE_ESTIMATORS.get(algo.advantage).requires,
+            mask_truncated=algo.mask_truncated,
         )
 
 
@@ -225,6 +228,9 @@ def make_experience(
         token_rewards=token_rewards,
         values=values,
     )
+    if s.mask_truncated:
+        exp, metrics["actor/truncated_masked_frac"] = without_truncated(exp)
+        mask = exp.rollout.response_mask
     valid = mask.sum().clamp(min=1)
     metrics["actor/advantage_mean"] = float((advantages * mask).sum() / valid)
     metrics["actor/advantage_abs"] = float((advantages.abs() * mask).sum() / valid)
@@ -232,3 +238,31 @@ def make_experience(
         metrics["critic/values_mean"] = float((values * mask).sum() / valid)
         metrics["critic/explained_var"] = explained_variance(values, returns, mask)
     return exp, metrics
+
+
+def without_truncated(exp: Experience) -> tuple[Experience, float]:
+    """``exp`` with its truncated samples (finish reason ``"length"``) out of the loss: their response
+    mask and every ``[B, R]`` tensor zeroed (the update's token and sequence counts then leave them out too),
+    after their scores served the group statistics. Returns it and the share of samples masked."""
+    r = exp.rollout
+    cut = torch.tensor(
+        [f == "length" for f in r.finish_reasons], dtype=torch.bool, device=r.response_mask.device
+    )
+    if not bool(cut.any()):
+        return exp, 0.0
+    keep = r.response_mask & ~cut.unsqueeze(1)  # [B, R]
+
+    def masked(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else torch.where(keep, t, torch.zeros_like(t))
+
+    rollout = dataclasses.replace(
+        r,
+        response_mask=keep,
+        behavior_logprobs=masked(r.behavior_logprobs),
+        turn_rewards=masked(r.turn_rewards),
+    )
+    fields = ("old_logprobs", "advantages", "returns", "ref_logprobs", "token_rewards", "values")
+    return (
+        dataclasses.replace(exp, rollout=rollout, **{f: masked(getattr(exp, f)) for f in fields}),
+        float(cut.float().mean()),
+    )

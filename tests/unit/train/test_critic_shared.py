@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from rollout_batches import sampled_batch
 
 from tandem.config import build_config
 from tandem.config.schema import AlgorithmConfig, CriticConfig, TrainerConfig
@@ -27,19 +28,7 @@ def _grouped_rollout(B=4, n=2, P=3, R=5, seed=0) -> RolloutBatch:
     prompt_mask[:n, 0] = False  # first group left padded by one
     prompt = prompt * prompt_mask
     lengths = torch.randint(2, R + 1, (B,), generator=g)
-    mask = torch.arange(R)[None, :] < lengths[:, None]  # [B, R]
-    return RolloutBatch(
-        prompt_ids=prompt,
-        prompt_mask=prompt_mask,
-        response_ids=torch.randint(4, 40, (B, R), generator=g) * mask,
-        response_mask=mask,
-        behavior_logprobs=-torch.rand(B, R, generator=g) * mask,
-        group_ids=torch.arange(B) // n,
-        policy_version=torch.zeros(B, dtype=torch.long),
-        prompts=["p"] * B,
-        completions=["c"] * B,
-        finish_reasons=["stop"] * B,
-    )
+    return sampled_batch(prompt, prompt_mask, lengths, R, n, g)
 
 
 def _head(tiny_model_dir) -> tuple[torch.nn.Module, SharedValueHead]:

@@ -8,13 +8,14 @@ import math
 import pytest
 import torch
 from grad_capture import capture_grads
+from rollout_batches import sampled_batch
 
 from tandem.algos import zero_advantage_groups
 from tandem.config.schema import AlgorithmConfig, TrainerConfig
 from tandem.models import load_causal_lm
 from tandem.train.optim import build_optimizer
 from tandem.train.update import UpdateSettings, policy_update
-from tandem.types import Experience, RolloutBatch
+from tandem.types import Experience
 
 
 def test_zero_advantage_groups_takes_whole_groups_and_ignores_padding():
@@ -38,21 +39,10 @@ def _experience(B=12, n=4, P=3, R=5, seed=0, inert=(1,)) -> Experience:
     """Groups of ``n`` rows; the groups in ``inert`` have all-equal scores, hence zero GRPO advantages."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(1, R + 1, (B,), generator=g)
-    mask = torch.arange(R)[None, :] < lengths[:, None]
     groups = torch.arange(B) // n
     prompts = torch.randint(4, 40, (B // n, P), generator=g).repeat_interleave(n, dim=0)
-    rollout = RolloutBatch(
-        prompt_ids=prompts,
-        prompt_mask=torch.ones(B, P, dtype=torch.bool),
-        response_ids=torch.randint(4, 40, (B, R), generator=g) * mask,
-        response_mask=mask,
-        behavior_logprobs=-torch.rand(B, R, generator=g) * mask,
-        group_ids=groups,
-        policy_version=torch.zeros(B, dtype=torch.long),
-        prompts=["p"] * B,
-        completions=["c"] * B,
-        finish_reasons=["stop"] * B,
-    )
+    rollout = sampled_batch(prompts, torch.ones(B, P, dtype=torch.bool), lengths, R, n, g)
+    mask = rollout.response_mask
     per_row = torch.randn(B, generator=g)
     for k in inert:
         per_row[groups == k] = 0.0
