@@ -36,7 +36,7 @@ from tandem.algos.dapo import (
     zero_advantage_groups,
 )
 from tandem.algos.distill import topk_forward_kl
-from tandem.algos.entropy import AdaptiveEntropy, sampled_entropy
+from tandem.algos.entropy import AdaptiveEntropy, high_entropy_mask, sampled_entropy
 from tandem.algos.imitation import reference_nll, success_mask, success_nll, success_tokens
 from tandem.algos.kl import KL_ESTIMATORS, AdaptiveKL, FixedKL, kl_penalty
 from tandem.algos.mismatch import logprob_mismatch
@@ -90,6 +90,7 @@ __all__ = [
     "gae_scan",
     "group_outcomes",
     "group_stats",
+    "high_entropy_mask",
     "kl_penalty",
     "last_token_mask",
     "logprob_mismatch",

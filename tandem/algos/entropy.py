@@ -16,6 +16,10 @@ The same rule steers the sampling temperature (``rollout.adaptive_temperature``,
 ``[min_temperature, max_temperature]``): entropy rises monotonically with the temperature, so a policy that
 sharpens below the target is sampled hotter, and one above it cooler. There ``H`` is measured on the rollout
 side (:func:`sampled_entropy`), so the controller needs nothing from the learner.
+
+:func:`high_entropy_mask` is the other use of the token entropy: the policy gradient only on the "forking"
+tokens where the policy is uncertain (``algorithm.top_entropy_quantile``; Wang et al., 2025, "Beyond the
+80/20 Rule").
 """
 
 from __future__ import annotations
@@ -59,3 +63,17 @@ def sampled_entropy(behavior_logprobs: torch.Tensor, response_mask: torch.Tensor
     ``[B, R]`` float and ``[B, R]`` bool -> a float (0.0 for a rollout without tokens)."""
     n = int(response_mask.sum())
     return 0.0 if n == 0 else float(-(behavior_logprobs.float() * response_mask).sum() / n)
+
+
+def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
+    """The valid tokens whose entropy is in the top ``quantile`` fraction of ``mask``'s tokens: at or above
+    the ``1 - quantile`` quantile of their entropies (ties at the threshold are kept, so slightly more than
+    the fraction may be). ``quantile`` in (0, 1]; 1 keeps every valid token. ``entropy`` ``[B, R]`` float,
+    ``mask`` ``[B, R]`` bool -> ``[B, R]`` bool (False wherever ``mask`` is)."""
+    if not 0 < quantile <= 1:
+        raise ValueError(f"quantile must be in (0, 1], got {quantile}")
+    valid = entropy[mask]
+    if quantile == 1 or valid.numel() == 0:
+        return mask.clone()
+    threshold = torch.quantile(valid.float(), 1.0 - quantile)
+    return mask & (entropy >= threshold)

@@ -130,6 +130,16 @@ class AlgorithmConfig(Section):
     entropy_coef_max: float = Field(
         0.05, gt=0, description="Largest adaptive entropy coefficient (with entropy_target)."
     )
+    top_entropy_quantile: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="Policy gradient only on the top ρ fraction of each micro-batch's response tokens by "
+        "entropy (the policy's uncertain 'forking' tokens; 0.2 in Wang et al. 2025, 'Beyond the 80/20 Rule'; "
+        "TRL's top_entropy_quantile); the other tokens' advantages are 0. KL, entropy bonus and SFT terms keep "
+        "every token, and so do the loss's token counts. 1 = every token. Needs a policy loss that is a "
+        "multiple of the advantage (not agro).",
+    )
     sft_coef: float = Field(
         0.0,
         ge=0,

@@ -308,8 +308,22 @@ def _check_adaptive_group(cfg: CheckedConfig) -> None:
 
 
 def _check_entropy_target(cfg: CheckedConfig) -> None:
-    """``algorithm.entropy_target``: the adaptive coefficient starts within its bounds."""
+    """``algorithm.entropy_target``: the adaptive coefficient starts within its bounds;
+    ``algorithm.top_entropy_quantile`` < 1 works by zeroing advantages, so the loss must be a multiple
+    of them."""
+    from tandem.algos import POLICY_LOSSES
+
     a = cfg.algorithm
+    if (
+        a.top_entropy_quantile < 1
+        and a.policy_loss
+        and not POLICY_LOSSES.get(a.policy_loss).inert_at_zero_advantage
+    ):
+        raise CrossFieldError(
+            "algorithm.top_entropy_quantile",
+            f"policy loss '{a.policy_loss}' is not a multiple of the advantage, so zeroing the advantages of "
+            "low-entropy tokens would not leave them out; use 1 or a loss such as ppo_clip",
+        )
     if a.entropy_target is None:
         return
     if a.entropy_coef < 0:

@@ -27,6 +27,7 @@ import torch
 from tandem.algos import (
     POLICY_LOSSES,
     aggregate,
+    high_entropy_mask,
     logprob_mismatch,
     policy_loss,
     reference_nll,
@@ -74,6 +75,7 @@ class UpdateSettings:
     sft_min_score: float = 1.0
     reference_coef: float = 0.0  # NLL on rollout.reference_answers rows (mode=imitate); 0 = off
     skip_zero_advantage: bool = False  # leave zero-advantage groups out (resolved: only where exact)
+    top_entropy_quantile: float = 1.0  # policy gradient only on this top fraction of tokens by entropy
 
     @classmethod
     def from_config(
@@ -124,6 +126,7 @@ class UpdateSettings:
             and algo.entropy_target is None
             and algo.sft_coef == 0
             and reference_coef == 0,  # the reference rows sit in zero-advantage groups
+            top_entropy_quantile=algo.top_entropy_quantile,
         )
 
     @property
@@ -447,11 +450,16 @@ def _micro_backward(
         )
     logprobs = logprobs.float()
     old = m.old_logprobs if m.old_logprobs is not None else logprobs.detach()
+    advantages, kept = m.advantages, {}
+    if s.top_entropy_quantile < 1:  # the policy gradient on the uncertain tokens only
+        forking = high_entropy_mask(entropy.detach().float(), mask, s.top_entropy_quantile)  # [b, R]
+        advantages = advantages * forking
+        kept = {"actor/entropy_kept_frac": float(forking.sum()) / max(1, int(mask.sum()))}
     loss, metrics = policy_loss(
         s.loss_name,
         logprobs=logprobs,
         old_logprobs=old,
-        advantages=m.advantages,
+        advantages=advantages,
         response_mask=mask,
         behavior_logprobs=r.behavior_logprobs,
         ref_logprobs=m.ref_logprobs,
@@ -502,6 +510,7 @@ def _micro_backward(
         found = distinct_rows(r.prompt_ids, r.prompt_mask, r.response_ids, mask)
         out["actor/distinct_frac"] = (len(found[0]) if found is not None else r.batch_size) / r.batch_size
     out.update(sft)
+    out.update(kept)
     if m.old_logprobs is None:  # this forward is the policy before the update: the engine's yardstick
         tokens = metric_tokens or mini_tokens
         out.update(_mismatch_shares(logprobs.detach(), r.behavior_logprobs, mask, tokens, share))
