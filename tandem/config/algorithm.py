@@ -41,6 +41,21 @@ class KLConfig(Section):
     horizon: int = Field(
         10000, ge=1, description="Adaptive controller: horizon in samples (larger = slower)."
     )
+    ref_sync_steps: int = Field(
+        0,
+        ge=0,
+        description="Move the reference towards the policy every N learner steps (0 = a fixed reference): "
+        "ref <- a*policy + (1-a)*ref with a = kl.ref_sync_alpha (TR-DPO's soft update, TRL's sync_ref_model "
+        "and ref_model_sync_steps; a = 1 is ProRL's reset). Needs algorithm.beta > 0, a full (not LoRA) "
+        "policy and one learner rank; run checkpoints keep the moved reference.",
+    )
+    ref_sync_alpha: float = Field(
+        0.6,
+        gt=0,
+        le=1,
+        description="Share of the policy in each reference move (with kl.ref_sync_steps; TRL's "
+        "ref_model_mixup_alpha, 0.6 there too; 1 = copy the policy).",
+    )
 
 
 class OPDConfig(Section):

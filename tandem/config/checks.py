@@ -338,6 +338,24 @@ def _check_entropy_target(cfg: CheckedConfig) -> None:
         )
 
 
+def _check_ref_sync(cfg: CheckedConfig) -> None:
+    """``algorithm.kl.ref_sync_steps``: a separate reference model to move, on one learner rank (each DDP or
+    FSDP2 rank would move its own copy; a LoRA policy's reference is its own base)."""
+    if not cfg.algorithm.kl.ref_sync_steps:
+        return
+    key = "algorithm.kl.ref_sync_steps"
+    if cfg.algorithm.beta <= 0:
+        raise CrossFieldError(key, "moves the KL reference, but algorithm.beta is 0 (no reference is loaded)")
+    if cfg.model.lora.enabled:
+        raise CrossFieldError(
+            key, "a LoRA policy's reference is its base with the adapter off, which cannot move; use 0"
+        )
+    if cfg.trainer.world_size > 1:
+        raise CrossFieldError(
+            key, f"is supported on one learner rank (trainer.world_size is {cfg.trainer.world_size}); use 0"
+        )
+
+
 def _check_adaptive_temperature(cfg: CheckedConfig) -> None:
     """``rollout.adaptive_temperature``: it starts at ``rollout.temperature``, inside its bounds."""
     at, r = cfg.rollout.adaptive_temperature, cfg.rollout
@@ -397,6 +415,7 @@ def check_config(cfg: CheckedConfig) -> None:
     """Cross-field checks, each naming the key to change."""
     _check_algorithm(cfg)
     _check_entropy_target(cfg)
+    _check_ref_sync(cfg)
     _check_adaptive_temperature(cfg)
     _check_greedy_in_group(cfg)
     _check_reference_answers(cfg)

@@ -29,6 +29,7 @@ from tandem.train.averaging import WeightAverage
 from tandem.train.critic import CriticSettings, critic_update, shared_value
 from tandem.train.distributed import DataParallel, StepInputs
 from tandem.train.experience import ExperienceSettings, critic_values, make_experience, scoring_logprobs
+from tandem.train.reference_sync import mix_into
 from tandem.train.update import SharedValue, UpdateSettings, policy_update
 from tandem.types import RolloutBatch, batch_temperature
 
@@ -64,6 +65,7 @@ class LearnerStep:
     shared_value: SharedValue | None = None  # critic.shared_backbone: the head trains in the policy update
     teacher: torch.nn.Module | None = None  # on-policy distillation: scores the sampled tokens (frozen)
     average: WeightAverage | None = None  # trainer.ema_decay: moved after each policy update
+    ref_sync: tuple[int, float] | None = None  # algorithm.kl.ref_sync_steps / ref_sync_alpha
 
     @classmethod
     def from_config(
@@ -108,6 +110,8 @@ class LearnerStep:
             else FixedKL(cfg.algorithm.beta)
         )
         critic_settings = None
+        kl_cfg = cfg.algorithm.kl
+        ref_sync = (kl_cfg.ref_sync_steps, kl_cfg.ref_sync_alpha) if kl_cfg.ref_sync_steps else None
         if critic is not None and cfg.critic is not None and cfg.critic.shared_backbone:
             critic_optimizer = optimizer  # the head is a param group of the policy optimiser
         if critic is not None:
@@ -136,6 +140,7 @@ class LearnerStep:
             ),
             teacher=teacher,
             average=average,
+            ref_sync=ref_sync,
             entropy_ctl=(
                 AdaptiveEntropy(a.entropy_coef, a.entropy_target, a.entropy_coef_step, a.entropy_coef_max)
                 if (a := cfg.algorithm).entropy_target is not None
@@ -328,6 +333,13 @@ class LearnerStep:
         if self.average is not None and not self.in_critic_warmup:  # after end_step: FSDP2 rank 0's
             metrics["actor/ema_decay"] = self.average.update()  # whole copy holds this step's weights
         self.steps_done += 1
+        if (
+            self.ref_sync is not None
+            and self.ref_model is not None
+            and self.steps_done % self.ref_sync[0] == 0
+        ):
+            mix_into(self.ref_model, self.policy, self.ref_sync[1])  # after the step: towards its weights
+            metrics["actor/ref_synced"] = 1.0
         if self.kl_ctl is not None:
             metrics["actor/kl_coef"] = self.kl_ctl.value  # the β this step used
             if "actor/kl_ref" in metrics:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from tandem.config.schema import TandemConfig
-from tandem.errors import ModelError
+from tandem.errors import ConfigError, ModelError
 from tandem.evaluate import evaluate_prompts
 from tandem.monitor import PhaseTimer
 from tandem.orchestration.build import (
@@ -42,13 +42,16 @@ from tandem.rollout.episodes import mean_stats
 from tandem.train.averaging import WeightAverage, load_live_weights
 from tandem.train.checkpoint import (
     LIVE_WEIGHTS,
+    REFERENCE_WEIGHTS,
     SHARDED_STATE,
     load_checkpoint,
     load_live_state,
     load_model_weights,
+    load_reference_state,
     save_checkpoint,
 )
 from tandem.train.optim import build_optimizer, build_scheduler
+from tandem.train.reference_sync import parameter_mismatch, reference_weights
 from tandem.utils.seed import seed_everything
 
 
@@ -97,11 +100,19 @@ def build_parts(cfg: TandemConfig) -> RunParts:
     reference_settings(cfg, engine, data.train, tokenizer.pad_token_id)  # pre-flight: engine and column
     optimizer = build_optimizer(policy, cfg.trainer)
     critic, critic_optimizer = build_critic(cfg, seed=cfg.run.seed, policy=policy, optimizer=optimizer)
+    ref_model = build_reference(cfg.model, cfg.algorithm.beta, policy=policy)
+    if cfg.algorithm.kl.ref_sync_steps and ref_model is not None:  # pre-flight: a reference that can follow
+        why = parameter_mismatch(ref_model, policy)
+        if why:
+            raise ConfigError(
+                f"algorithm.kl.ref_sync_steps needs a reference of the policy's architecture: {why}",
+                where="model.ref_path",
+            )
     return RunParts(
         cfg=cfg,
         policy=policy,
         tokenizer=tokenizer,
-        ref_model=build_reference(cfg.model, cfg.algorithm.beta, policy=policy),
+        ref_model=ref_model,
         engine=engine,
         data=data,
         rewards=rewards,
@@ -170,6 +181,12 @@ def load_run_checkpoint(path: Path, parts: RunParts) -> dict[str, Any]:
         critic_optimizer=parts.critic_optimizer,
     )
     live = load_live_state(path)
+    reference = load_reference_state(path)
+    if reference is not None and parts.ref_model is not None:  # algorithm.kl.ref_sync_steps
+        try:
+            load_live_weights(parts.ref_model, reference, what="reference weight", of="the reference")
+        except ValueError as err:
+            raise ModelError(str(err), where=str(Path(path) / REFERENCE_WEIGHTS)) from err
     if parts.average is not None:  # model/ holds the average (or, from a run without one, the weights)
         if (Path(path) / SHARDED_STATE).is_dir():  # FSDP2: the policy holds the shards' live weights
             restart_average(path, parts)
@@ -212,6 +229,11 @@ def save_run_checkpoint(
             sharded=sharded,
             # sharded: the DCP shards hold the live weights
             live_weights=None if average is None or average.sharded else average.live_weights(),
+            reference_weights=(
+                reference_weights(parts.ref_model)
+                if cfg.algorithm.kl.ref_sync_steps and parts.ref_model is not None
+                else None
+            ),
         )
     mirror_checkpoint(cfg, folder)  # checkpoint.remote_dir: a copy in object storage
     return folder

@@ -118,16 +118,23 @@ class WeightAverage:
 
 
 @torch.no_grad()
-def load_live_weights(module: torch.nn.Module, live: dict[str, torch.Tensor]) -> None:
-    """Put a checkpoint's live weights (:meth:`WeightAverage.live_weights`) into ``module``'s parameters of
-    the same names; ValueError names the first that is missing, extra or of another shape."""
+def load_live_weights(
+    module: torch.nn.Module,
+    live: dict[str, torch.Tensor],
+    *,
+    what: str = "live weight",
+    of: str = "the policy",
+) -> None:
+    """Put a checkpoint's live weights (:meth:`WeightAverage.live_weights`; or other named weights, ``what``
+    of module ``of`` in errors) into ``module``'s parameters of the same names; ValueError names the first
+    that is missing, extra or of another shape."""
     own = dict(module.named_parameters())
     for name, tensor in live.items():
         if name not in own:
-            raise ValueError(f"live weight {name!r} is not a parameter of the policy")
+            raise ValueError(f"{what} {name!r} is not a parameter of {of}")
         if own[name].shape != tensor.shape:
             raise ValueError(
-                f"live weight {name!r} has shape {tuple(tensor.shape)}, the policy's {tuple(own[name].shape)}"
+                f"{what} {name!r} has shape {tuple(tensor.shape)}, {of}'s {tuple(own[name].shape)}"
             )
     for name, tensor in live.items():
         own[name].copy_(tensor)

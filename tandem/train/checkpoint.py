@@ -53,6 +53,7 @@ COMPLETE_MARKER = "COMPLETE"
 CRITIC_WEIGHTS = "critic/model.safetensors"
 CRITIC_OPTIMIZER = "critic/optimizer.pt"
 LIVE_WEIGHTS = "live.safetensors"  # trainer.ema_decay: the live weights beside model/'s average
+REFERENCE_WEIGHTS = "reference.safetensors"  # algorithm.kl.ref_sync_steps: the moved KL reference
 SHARDED_STATE = "sharded"  # a DCP folder of the policy and optimiser state (FSDP2 learners)
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 # Hidden folders a save or prune leaves when its process dies mid-way (see atomic_dir, prune_checkpoints).
@@ -85,6 +86,7 @@ def save_checkpoint(
     critic_optimizer: torch.optim.Optimizer | None = None,
     sharded: Callable[[Path], None] | None = None,
     live_weights: Mapping[str, torch.Tensor] | None = None,
+    reference_weights: Mapping[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write a complete checkpoint for ``step`` atomically and prune old ones; return its folder.
 
@@ -98,6 +100,8 @@ def save_checkpoint(
     place of ``optimizer.pt`` and ``critic/`` (an FSDP2 learner's ranks each write their shards;
     ``optimizer`` is then not read). ``live_weights``: when ``model`` holds a
     weight average, the live weights it stands in for (``live.safetensors``; :func:`load_live_state`).
+    ``reference_weights``: a KL reference that moves with the policy (``reference.safetensors``;
+    :func:`load_reference_state`).
     """
     if step < 0:
         raise ValueError(f"step must be ≥ 0, got {step}")
@@ -110,6 +114,8 @@ def save_checkpoint(
         _save_model(tmp / "model", model, tokenizer)
         if live_weights is not None:
             safetensors.torch.save_file(dict(live_weights), str(tmp / LIVE_WEIGHTS))
+        if reference_weights is not None:
+            safetensors.torch.save_file(dict(reference_weights), str(tmp / REFERENCE_WEIGHTS))
         if sharded is None:
             torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         else:
@@ -262,13 +268,21 @@ def load_checkpoint(
 def load_live_state(path: str | Path) -> dict[str, torch.Tensor] | None:
     """A checkpoint's live weights (``live.safetensors``, written with a weight average as ``model/``), or
     None when it has none."""
-    file = Path(path) / LIVE_WEIGHTS
+    return _optional_weights(Path(path) / LIVE_WEIGHTS, "the live weights")
+
+
+def load_reference_state(path: str | Path) -> dict[str, torch.Tensor] | None:
+    """A checkpoint's moved KL reference (``reference.safetensors``), or None when it has none."""
+    return _optional_weights(Path(path) / REFERENCE_WEIGHTS, "the reference weights")
+
+
+def _optional_weights(file: Path, what: str) -> dict[str, torch.Tensor] | None:
     if not file.is_file():
         return None
     try:
         return safetensors.torch.load_file(str(file), device="cpu")
     except Exception as err:  # a truncated or foreign file: say which
-        raise ModelError(f"cannot read the live weights: {err}", where=str(file)) from err
+        raise ModelError(f"cannot read {what}: {err}", where=str(file)) from err
 
 
 def load_model_weights(model_dir: str | Path, model: torch.nn.Module) -> None:

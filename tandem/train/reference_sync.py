@@ -1,0 +1,46 @@
+"""Moving the KL reference towards the policy (``algorithm.kl.ref_sync_steps``, ``algorithm.kl.ref_sync_alpha``).
+
+A fixed reference holds a long run near its start: the KL term grows as the policy improves and ends by
+fighting the reward. TR-DPO (Gorbatovski et al., 2024) moves the reference every ``N`` steps with a soft
+update, ``ref ← α·policy + (1 − α)·ref`` (TRL's ``sync_ref_model``, ``ref_model_sync_steps``,
+``ref_model_mixup_alpha``); ProRL (Liu et al., 2025) resets it outright (α = 1) so the KL anchors to a
+recent policy rather than the initial one. The moved reference is state a resume must restore: run
+checkpoints keep it (``reference.safetensors``, :func:`reference_weights`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def parameter_mismatch(reference: torch.nn.Module, policy: torch.nn.Module) -> str | None:
+    """Why ``reference`` cannot be moved towards ``policy`` (parameters of other names or shapes), or
+    None when every parameter has its counterpart."""
+    ref, pol = dict(reference.named_parameters()), dict(policy.named_parameters())
+    if ref.keys() != pol.keys():
+        name = sorted(ref.keys() ^ pol.keys())[0]
+        return f"parameter {name!r} is in one model only"
+    for name, p in ref.items():
+        if p.shape != pol[name].shape:
+            return f"parameter {name!r} has shape {tuple(p.shape)} in the reference, {tuple(pol[name].shape)} in the policy"
+    return None
+
+
+@torch.no_grad()
+def mix_into(reference: torch.nn.Module, policy: torch.nn.Module, alpha: float) -> None:
+    """``ref ← α·policy + (1 − α)·ref`` for every parameter, in place (``α`` in (0, 1]; 1 copies).
+    Tied parameters are moved once (``named_parameters`` lists a shared tensor once)."""
+    if not 0 < alpha <= 1:
+        raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+    pol = dict(policy.named_parameters())
+    for name, p in reference.named_parameters():
+        source = pol[name].detach().to(p.dtype)
+        if alpha == 1:
+            p.copy_(source)
+        else:
+            p.lerp_(source, alpha)
+
+
+def reference_weights(reference: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The reference's parameters by name (each shared tensor once), contiguous CPU copies to save."""
+    return {n: p.detach().to("cpu").contiguous().clone() for n, p in reference.named_parameters()}
