@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from bigram_models import answer_chain, bigram_model
 
+from tandem.errors import ConfigError
 from tandem.evaluate.abtest import ABSettings, compare_models, run_abtest
 from tandem.evaluate.judges import VerifierJudge
 from tandem.evaluate.stats import sign_test
@@ -138,3 +139,20 @@ def test_a_task_draw_can_leave_out_the_prompts_a_choice_was_made_on() -> None:
     plain = [r["prompt"] for r in eval_data(None, task="arith", size=40, seed=1).rows]
     less = eval_data(None, task="arith", size=40, seed=1, exclude=set(plain[:10]))
     assert [r["prompt"] for r in less.rows][:30] == plain[10:]  # excluded ones skipped, the draw goes on
+
+
+def by_token_count(completions, completion_ids, **columns):
+    """A TRL-style function reading the token ids, which abtest's comparisons do not pass."""
+    return [float(len(ids) < 3) for ids in completion_ids]
+
+
+def test_a_verifier_needing_token_ids_is_refused_before_sampling(models):
+    with pytest.raises(ConfigError, match="needs argument 'completion_ids'"):
+        run_abtest(
+            models["a"],
+            models["b"],
+            "verifier",
+            GREEDY,
+            eval_file=str(models["file"]),
+            reward=f"{Path(__file__)}:by_token_count",
+        )
