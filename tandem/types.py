@@ -72,9 +72,19 @@ class RolloutBatch:
         keys = sorted({k for e in self.extras for k in e})
         return {k: [e.get(k) for e in self.extras] for k in keys}
 
+    @property
+    def truncated(self) -> torch.Tensor:  # [B] bool
+        """Samples cut off before they finished (finish reason ``"length"``)."""
+        return torch.tensor([f == "length" for f in self.finish_reasons], dtype=torch.bool)
+
     def completion_ids(self) -> list[list[int]]:
-        """Each sample's generated token ids (its ``response_mask``ed tokens), TRL's ``completion_ids``."""
-        return [row[mask].tolist() for row, mask in zip(self.response_ids, self.response_mask, strict=True)]
+        """Each sample's generated token ids (its ``response_mask``ed tokens), TRL's ``completion_ids``.
+        Two ``tolist`` calls, not one per row: this runs on every step's scoring."""
+        masks = self.response_mask.tolist()
+        return [
+            [t for t, keep in zip(row, m, strict=True) if keep]
+            for row, m in zip(self.response_ids.tolist(), masks, strict=True)
+        ]
 
     def select(self, index: torch.Tensor | list[int]) -> RolloutBatch:
         """Rows ``index`` of every field (tensors and lists alike)."""

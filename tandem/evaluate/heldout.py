@@ -57,7 +57,7 @@ def generate_scored(
         ids = batch.completion_ids()
         scores.append(rewards(*inputs, batch.columns(), completion_ids=ids).scores.float())
         lengths.append(batch.response_lengths.float())
-        truncated.append(torch.tensor([f == "length" for f in batch.finish_reasons], dtype=torch.bool))
+        truncated.append(batch.truncated)
         if on_progress is not None:
             on_progress(min(start + batch_size, len(rows)), len(rows))
     if not batches:

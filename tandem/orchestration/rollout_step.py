@@ -546,6 +546,6 @@ def rollout_metrics(batch: RolloutBatch, gen_seconds: float) -> dict[str, float]
     return {
         "response/length_mean": float(lengths.mean()),
         "response/length_max": float(lengths.max()),
-        "response/clip_ratio": sum(r == "length" for r in batch.finish_reasons) / batch.batch_size,
+        "response/clip_ratio": float(batch.truncated.sum()) / batch.batch_size,
         "perf/gen_tokens_per_s": float(lengths.sum()) / max(1e-9, gen_seconds),
     }

@@ -245,9 +245,7 @@ def without_truncated(exp: Experience) -> tuple[Experience, float]:
     mask and every ``[B, R]`` tensor zeroed (the update's token and sequence counts then leave them out too),
     after their scores served the group statistics. Returns it and the share of samples masked."""
     r = exp.rollout
-    cut = torch.tensor(
-        [f == "length" for f in r.finish_reasons], dtype=torch.bool, device=r.response_mask.device
-    )
+    cut = r.truncated.to(r.response_mask.device)  # [B]
     if not bool(cut.any()):
         return exp, 0.0
     keep = r.response_mask & ~cut.unsqueeze(1)  # [B, R]

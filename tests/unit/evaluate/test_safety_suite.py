@@ -74,6 +74,7 @@ class ScriptedEngine:
             completion_ids=lambda: [[ord(ch) for ch in c] for c in completions],
             response_lengths=torch.tensor([len(c) for c in completions]),
             finish_reasons=["stop"] * len(completions),
+            truncated=torch.zeros(len(completions), dtype=torch.bool),
         )
 
 
