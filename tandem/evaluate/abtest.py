@@ -134,10 +134,8 @@ def run_abtest(
         seed=settings.seed,
         require_rewards=judge_spec == "verifier",
         exclude=exclude_prompts,
+        token_ids=judge_spec != "verifier",  # the verifier's comparisons pass text, no token ids
     )
-    if judge_spec == "verifier" and data.rewards is not None:  # its comparisons pass text, no token ids
-        columns = sorted({k for row in data.rows for k in row} - {"prompt"})
-        data.rewards.check_columns(columns, source=data.source, token_ids=False)
     judge = build_judge(judge_spec, data.rewards)
     engines = [target_engine(t, data.max_prompt_len, engine=engine, options=engine_options) for t in (ta, tb)]
     try:

@@ -113,13 +113,15 @@ def eval_data(
     seed: int | None = None,
     require_rewards: bool = True,
     exclude: Collection[str] = (),
+    token_ids: bool = True,
 ) -> EvalData:
     """Held-out prompts: explicit ``task``/``eval_file`` options win, else the run config's data section.
 
     For a task the verifier scores; for a file, ``reward`` (``module:function``) or the config's functions
     (with ``require_rewards=False`` a file may come without one: ``rewards`` is then None). A task's rows
     leave out the prompts in ``exclude`` (e.g. the held-out set a choice was made on): the first ``size``
-    of the test split's draw that are not in it.
+    of the test split's draw that are not in it. A file's reward functions must find the arguments they need
+    among its columns (and ``completion_ids``, where the caller scores with them: ``token_ids``).
     """
     data = config.data if config is not None else None
     task = task or (data.task if data and not eval_file else None)
@@ -157,7 +159,7 @@ def eval_data(
     has_fns = reward is not None or (config is not None and bool(config.reward.functions))
     rewards = _file_rewards(config, reward) if has_fns or require_rewards else None
     if rewards is not None:
-        rewards.check_columns(ds.extra_columns, source=ds.source)
+        rewards.check_columns(ds.extra_columns, source=ds.source, token_ids=token_ids)
     return EvalData(rows, rewards, ds.source, **gen)
 
 
