@@ -307,9 +307,8 @@ def _check_adaptive_group(cfg: CheckedConfig) -> None:
         )
 
 
-def _check_entropy_target(cfg: CheckedConfig) -> None:
-    """``algorithm.entropy_target``: the adaptive coefficient starts within its bounds;
-    ``algorithm.top_entropy_quantile`` < 1 works by zeroing advantages, so the loss must be a multiple
+def _check_top_entropy_quantile(cfg: CheckedConfig) -> None:
+    """``algorithm.top_entropy_quantile`` < 1 works by zeroing advantages, so the loss must be a multiple
     of them."""
     from tandem.algos import POLICY_LOSSES
 
@@ -324,6 +323,11 @@ def _check_entropy_target(cfg: CheckedConfig) -> None:
             f"policy loss '{a.policy_loss}' is not a multiple of the advantage, so zeroing the advantages of "
             "low-entropy tokens would not leave them out; use 1 or a loss such as ppo_clip",
         )
+
+
+def _check_entropy_target(cfg: CheckedConfig) -> None:
+    """``algorithm.entropy_target``: the adaptive coefficient starts within its bounds."""
+    a = cfg.algorithm
     if a.entropy_target is None:
         return
     if a.entropy_coef < 0:
@@ -415,6 +419,7 @@ def check_config(cfg: CheckedConfig) -> None:
     """Cross-field checks, each naming the key to change."""
     _check_algorithm(cfg)
     _check_entropy_target(cfg)
+    _check_top_entropy_quantile(cfg)
     _check_ref_sync(cfg)
     _check_adaptive_temperature(cfg)
     _check_greedy_in_group(cfg)
