@@ -18,7 +18,7 @@ are averaged (a LoRA policy's adapters, not its frozen base), in float32 or thei
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -117,6 +117,24 @@ class WeightAverage:
         self.average = [self._copy(p) for p in self.params]
 
 
+def weights_mismatch(
+    module: torch.nn.Module,
+    weights: Mapping[str, torch.Tensor],
+    *,
+    what: str = "live weight",
+    of: str = "the policy",
+) -> str | None:
+    """Why ``weights`` cannot go into ``module``'s parameters of the same names (the first that is not a
+    parameter of it, or of another shape; ``what`` of module ``of`` in the message), or None."""
+    own = dict(module.named_parameters())
+    for name, tensor in weights.items():
+        if name not in own:
+            return f"{what} {name!r} is not a parameter of {of}"
+        if own[name].shape != tensor.shape:
+            return f"{what} {name!r} has shape {tuple(tensor.shape)}, {of}'s {tuple(own[name].shape)}"
+    return None
+
+
 @torch.no_grad()
 def load_live_weights(
     module: torch.nn.Module,
@@ -127,14 +145,10 @@ def load_live_weights(
 ) -> None:
     """Put a checkpoint's live weights (:meth:`WeightAverage.live_weights`; or other named weights, ``what``
     of module ``of`` in errors) into ``module``'s parameters of the same names; ValueError names the first
-    that is missing, extra or of another shape."""
+    that is missing, extra or of another shape (:func:`weights_mismatch`)."""
+    why = weights_mismatch(module, live, what=what, of=of)
+    if why:
+        raise ValueError(why)
     own = dict(module.named_parameters())
-    for name, tensor in live.items():
-        if name not in own:
-            raise ValueError(f"{what} {name!r} is not a parameter of {of}")
-        if own[name].shape != tensor.shape:
-            raise ValueError(
-                f"{what} {name!r} has shape {tuple(tensor.shape)}, {of}'s {tuple(own[name].shape)}"
-            )
     for name, tensor in live.items():
         own[name].copy_(tensor)

@@ -12,18 +12,17 @@ from __future__ import annotations
 
 import torch
 
+from tandem.train.averaging import weights_mismatch
+
 
 def parameter_mismatch(reference: torch.nn.Module, policy: torch.nn.Module) -> str | None:
     """Why ``reference`` cannot be moved towards ``policy`` (parameters of other names or shapes), or
     None when every parameter has its counterpart."""
-    ref, pol = dict(reference.named_parameters()), dict(policy.named_parameters())
-    if ref.keys() != pol.keys():
-        name = sorted(ref.keys() ^ pol.keys())[0]
-        return f"parameter {name!r} is in one model only"
-    for name, p in ref.items():
-        if p.shape != pol[name].shape:
-            return f"parameter {name!r} has shape {tuple(p.shape)} in the reference, {tuple(pol[name].shape)} in the policy"
-    return None
+    pol = dict(policy.named_parameters())
+    extra = sorted(n for n, _ in reference.named_parameters() if n not in pol)
+    if extra:
+        return f"reference parameter {extra[0]!r} is not a parameter of the policy"
+    return weights_mismatch(reference, pol, what="policy parameter", of="the reference")
 
 
 @torch.no_grad()
