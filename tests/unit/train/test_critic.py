@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from rollout_batches import sampled_batch
 
 from tandem.algos import AdaptiveKL
 from tandem.config import build_config
@@ -18,24 +19,12 @@ from tandem.types import RolloutBatch
 def _rollout(B=4, P=3, R=5, seed=0, left_pad=0) -> RolloutBatch:
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(1, R + 1, (B,), generator=g)
-    mask = torch.arange(R)[None, :] < lengths[:, None]  # [B, R]
     prompt = torch.randint(4, 40, (B, P), generator=g)  # [B, P]
     prompt_mask = torch.ones(B, P, dtype=torch.bool)
     if left_pad:
         prompt = torch.cat([torch.zeros(B, left_pad, dtype=torch.long), prompt], dim=1)
         prompt_mask = torch.cat([torch.zeros(B, left_pad, dtype=torch.bool), prompt_mask], dim=1)
-    return RolloutBatch(
-        prompt_ids=prompt,
-        prompt_mask=prompt_mask,
-        response_ids=torch.randint(4, 40, (B, R), generator=g) * mask,
-        response_mask=mask,
-        behavior_logprobs=-torch.rand(B, R, generator=g) * mask,
-        group_ids=torch.arange(B) // 2,
-        policy_version=torch.zeros(B, dtype=torch.long),
-        prompts=["p"] * B,
-        completions=["c"] * B,
-        finish_reasons=["stop"] * B,
-    )
+    return sampled_batch(prompt, prompt_mask, lengths, R, 2, g)
 
 
 def _exp_settings(**algo) -> ExperienceSettings:
