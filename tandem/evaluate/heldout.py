@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from tandem.data.chat import is_conversational, render_prompts, reward_inputs
-from tandem.rewards import RewardSet
+from tandem.rewards import RewardSet, TrainerState
 from tandem.rollout.base import RolloutEngine, SamplingParams
 from tandem.types import RolloutBatch
 
@@ -38,10 +38,12 @@ def generate_scored(
     *,
     batch_size: int = 64,
     on_progress: ProgressFn | None = None,
+    state: TrainerState | None = None,
 ) -> ScoredRollouts:
     """Generate ``params.n`` answers for each row in chunks of ``batch_size`` prompts and score them.
 
-    ``on_progress(done_prompts, total_prompts)`` is called after every chunk (progress bars).
+    ``on_progress(done_prompts, total_prompts)`` is called after every chunk (progress bars); ``state``:
+    the reward functions' ``trainer_state`` (a training run's held-out evaluation; None outside one).
     """
     batches, scores, lengths, truncated = [], [], [], []
     for start in range(0, len(rows), batch_size):
@@ -55,7 +57,8 @@ def generate_scored(
         if any(is_conversational(p) for p in prompts):  # rewards see messages, as in TRL
             inputs = reward_inputs([prompts[int(g)] for g in batch.group_ids], batch.completions)
         ids = batch.completion_ids()
-        scores.append(rewards(*inputs, batch.columns(), completion_ids=ids).scores.float())
+        result = rewards(*inputs, batch.columns(), completion_ids=ids, trainer_state=state)
+        scores.append(result.scores.float())
         lengths.append(batch.response_lengths.float())
         truncated.append(batch.truncated)
         if on_progress is not None:
@@ -79,11 +82,12 @@ def evaluate_prompts(
     *,
     batch_size: int = 64,
     prefix: str = "eval",
+    state: TrainerState | None = None,
 ) -> dict[str, float]:
     """Greedy (or sampled, per ``params``) answers to ``rows``; accuracy = share of samples whose score
     reaches the maximum 1.0, plus mean reward, response length and the number of prompts (the noise of
     the accuracy depends on it)."""
-    out = generate_scored(engine, rows, rewards, params, batch_size=batch_size)
+    out = generate_scored(engine, rows, rewards, params, batch_size=batch_size, state=state)
     if out.scores.numel() == 0:
         return {}
     return {

@@ -123,7 +123,7 @@ class ColocatedTrainer(Trainer):
         with evaluated_weights(self.parts) as averaged:
             if averaged:
                 self.publish()
-            metrics = evaluate_heldout(self.parts)
+            metrics = evaluate_heldout(self.parts, self.step)
         if averaged:
             self.publish()
         return metrics

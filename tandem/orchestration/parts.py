@@ -35,6 +35,7 @@ from tandem.orchestration.build import (
 from tandem.orchestration.learner import LearnerStep
 from tandem.orchestration.reference_answers import reference_settings
 from tandem.orchestration.remote import mirror_checkpoint
+from tandem.orchestration.scoring import trainer_state
 from tandem.rewards import RewardSet
 from tandem.rollout.base import RolloutEngine, SamplingParams
 from tandem.rollout.environments import env_factory, episode_runner
@@ -239,16 +240,18 @@ def save_run_checkpoint(
     return folder
 
 
-def evaluate_heldout(parts: RunParts) -> dict[str, float]:
-    """Greedy accuracy of ``parts.engine`` on the held-out prompts (``{}`` without any)."""
+def evaluate_heldout(parts: RunParts, step: int | None = None) -> dict[str, float]:
+    """Greedy accuracy of ``parts.engine`` on the held-out prompts (``{}`` without any); ``step``: the
+    steps trained so far, which the reward functions see as ``trainer_state`` (None: they get None)."""
     ev = parts.data.eval
     if ev is None or len(ev) == 0:
         return {}
     r = parts.cfg.rollout
     params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=0.0, n=1, stop=list(r.stop))
+    state = None if step is None else trainer_state(parts.cfg, step, len(parts.data.train))
     if parts.cfg.env is None:
-        return evaluate_prompts(parts.engine, ev.rows, parts.eval_rewards, params)
+        return evaluate_prompts(parts.engine, ev.rows, parts.eval_rewards, params, state=state)
     runner = episode_runner(parts.cfg.env, parts.engine)  # held-out episodes, scored on the final answer
     runner.log = []
-    metrics = evaluate_prompts(runner, ev.rows, parts.eval_rewards, params)
+    metrics = evaluate_prompts(runner, ev.rows, parts.eval_rewards, params, state=state)
     return {**metrics, **{f"eval/{k}": v for k, v in mean_stats(runner.log).items()}}

@@ -44,8 +44,8 @@ from tandem.errors import ConfigError
 from tandem.monitor import PhaseTimer
 from tandem.orchestration.adaptive_group import MoreSamples, grow_groups, join_groups
 from tandem.orchestration.reference_answers import add_references, reference_settings
-from tandem.orchestration.scoring import OverlongShaping, collect_dynamic, score_rollout
-from tandem.rewards import RewardSet
+from tandem.orchestration.scoring import OverlongShaping, collect_dynamic, score_rollout, trainer_state
+from tandem.rewards import RewardSet, TrainerState
 from tandem.rollout.base import ChunkCallback, RolloutEngine, SamplingParams, ScoresCompletions
 from tandem.rollout.environments import episode_runner
 from tandem.types import RolloutBatch
@@ -326,6 +326,7 @@ class RolloutStep:
         self.overlong = overlong_shaping(cfg)
         self.episodes = episode_runner(cfg.env, engine)  # every sample is an episode (single-turn: one step)
         self._drawn: tuple[list[dict[str, Any]], int] = ([], 0)  # the latest draw's rows, first group id
+        self._state: TrainerState | None = None  # the reward functions' trainer_state of the step being run
         self.temperature = temperature_controller(cfg)
         self.reference = reference_settings(cfg, engine, prompts.dataset, pad_token_id)
         cur = cfg.data.curriculum
@@ -390,7 +391,7 @@ class RolloutStep:
             per_sample = [prompts[int(g) - offset] for g in batch.group_ids]
             inputs = reward_inputs(per_sample, batch.completions)
         with self.timer.phase("reward"):
-            return score_rollout(batch, self.rewards, self.overlong, inputs=inputs)
+            return score_rollout(batch, self.rewards, self.overlong, inputs=inputs, state=self._state)
 
     def _add_references(self, scored: ScoredBatch) -> ScoredBatch:
         """``rollout.reference_answers``: the prompt file's answer joins each group no sample solved."""
@@ -469,6 +470,7 @@ class RolloutStep:
 
     def __call__(self, step: int, on_chunk: ChunkCallback | None = None) -> ScoredBatch:
         """Step ``step``'s scored batch; ``on_chunk`` is the engine's in-flight weight-update hook."""
+        self._state = trainer_state(self.cfg, step, len(self.prompts.dataset))
         scored = self._step(step, on_chunk)
         if self.temperature is not None:  # the temperature this step used, then the next step's
             entropy = sampled_entropy(scored.batch.behavior_logprobs, scored.batch.response_mask)

@@ -10,7 +10,8 @@ from typing import Any
 import torch
 
 from tandem.algos import filter_groups
-from tandem.rewards import RewardSet, overlong_shaping
+from tandem.config.schema import TandemConfig
+from tandem.rewards import RewardSet, TrainerState, overlong_shaping
 from tandem.types import RolloutBatch, concat_rollouts
 
 
@@ -21,19 +22,29 @@ class OverlongShaping:
     factor: float
 
 
+def trainer_state(cfg: TandemConfig, step: int, train_rows: int) -> TrainerState:
+    """The run's progress that reward functions see as ``trainer_state`` when step ``step``'s batch (or
+    the held-out evaluation after ``step`` steps) is scored; ``train_rows``: prompts in the training file."""
+    drawn = step * cfg.data.prompts_per_step
+    return TrainerState(step, cfg.trainer.total_steps, drawn / train_rows if train_rows else 0.0)
+
+
 def score_rollout(
     rollout: RolloutBatch,
     rewards: RewardSet,
     overlong: OverlongShaping | None = None,
     *,
     inputs: tuple[list[Any], list[Any]] | None = None,
+    state: TrainerState | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Sequence scores ``[B]`` and reward metrics (``reward/<fn>/mean``, ``reward/overlong_mean``, ...).
 
     ``inputs``: the ``(prompts, completions)`` the reward functions see instead of the batch's texts, one
-    per sample (conversational data: messages, see :func:`tandem.data.chat.reward_inputs`)."""
+    per sample (conversational data: messages, see :func:`tandem.data.chat.reward_inputs`); ``state``: the
+    functions' ``trainer_state`` (:func:`trainer_state`)."""
     prompts, completions = inputs if inputs is not None else (rollout.prompts, rollout.completions)
-    result = rewards(prompts, completions, rollout.columns(), completion_ids=rollout.completion_ids())
+    ids = rollout.completion_ids()
+    result = rewards(prompts, completions, rollout.columns(), completion_ids=ids, trainer_state=state)
     scores = result.scores.float()
     metrics = dict(result.metrics)
     if overlong is not None:

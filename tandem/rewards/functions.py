@@ -5,10 +5,12 @@ arrive as keyword lists. ``None`` means "not applicable": the value contributes 
 score. As in TRL, ``prompts`` and ``completions`` are passed by name, so ``f(completions, **kwargs)`` and
 ``f(completions, solution, **kwargs)`` work (:class:`Binding`); a function that names them otherwise takes
 them by position. Where the caller has them, the samples' token ids arrive as ``completion_ids=`` (as in
-TRL). A function without ``**kwargs`` gets only the columns it names, and
-:meth:`RewardSet.check_columns` refuses, before a run starts, one that needs an argument no column
-provides. :class:`RewardSet` calls every function once per batch, checks what comes back, and returns the
-weighted sum as a ``[B]`` tensor plus per-function values and metrics.
+TRL), and the run's progress as ``trainer_state=`` (:class:`TrainerState`, TRL's ``global_step``,
+``max_steps`` and ``epoch``; None outside a training run). A function without ``**kwargs`` gets only the
+columns it names, and :meth:`RewardSet.check_columns` refuses, before a run starts, one that needs an
+argument no column provides. :class:`RewardSet` calls every function once per batch, checks what comes
+back, and returns the weighted sum as a ``[B]`` tensor plus per-function values and metrics. ``async def``
+functions (a judge behind an HTTP API) run concurrently with each other, as in TRL.
 
 Bad outputs (wrong length, NaN/inf, non-numbers) always raise :class:`~tandem.errors.RewardError`. A
 function that *raises* stops the step with ``on_error="raise"``; with ``on_error="skip"`` the batch is
@@ -18,11 +20,13 @@ retried one sample at a time, the samples that still raise get 0 from that funct
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import math
 import numbers
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -38,8 +42,19 @@ RewardFn = Callable[..., Sequence[float | None]]
 OnError = Literal["raise", "skip"]
 _RESERVED = ("prompts", "completions")
 COMPLETION_IDS = "completion_ids"  # TRL's keyword for the samples' token ids
+TRAINER_STATE = "trainer_state"  # TRL's keyword for the run's progress
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 _NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    """The run's progress when a batch is scored, passed as ``trainer_state=`` (the fields of TRL's
+    ``TrainerState`` that reward schedules read: ``if trainer_state.global_step < 100: ...``)."""
+
+    global_step: int  # optimiser steps done before this batch's update (0 for the first batch)
+    max_steps: int  # trainer.total_steps
+    epoch: float  # training prompts drawn before this batch / prompts in the training file
 
 
 @dataclass(frozen=True)
@@ -81,12 +96,13 @@ class Binding:
         prompts: list[Any],
         completions: list[Any],
         columns: Mapping[str, Any],
-        completion_ids: list[list[int]] | None = None,
+        passed: Mapping[str, Any] | None = None,
     ) -> Any:
-        """``fn`` on one batch; keywords it does not take are left out (``f(completions)`` gets no
-        ``prompts=``)."""
-        if completion_ids is not None:
-            columns = {**columns, COMPLETION_IDS: completion_ids}
+        """``fn`` on one batch; ``passed``: what the caller adds to the columns (``completion_ids``,
+        ``trainer_state``). Keywords it does not take are left out (``f(completions)`` gets no
+        ``prompts=``). An ``async def`` function returns its coroutine."""
+        if passed:
+            columns = {**columns, **passed}
         kwargs = {"prompts": prompts, "completions": completions, **columns} if self.by_name else columns
         if self.accepted is not None:
             kwargs = {k: v for k, v in kwargs.items() if k in self.accepted}
@@ -139,10 +155,11 @@ class RewardFunction:
         prompts: list[Any],
         completions: list[Any],
         columns: Mapping[str, Any],
-        completion_ids: list[list[int]] | None = None,
+        passed: Mapping[str, Any] | None = None,
     ) -> Any:
-        """The function's raw output on a batch, with the arguments it takes (:class:`Binding`)."""
-        return self.binding.call(self.fn, prompts, completions, columns, completion_ids)
+        """The function's raw output on a batch (an awaitable for an ``async def`` one), with the
+        arguments it takes (:class:`Binding`)."""
+        return self.binding.call(self.fn, prompts, completions, columns, passed)
 
 
 @dataclass
@@ -178,8 +195,9 @@ class RewardSet:
     ) -> None:
         """Refuse, before anything runs, a function that needs an argument none of ``columns`` (the
         dataset's extra columns) provides — nor ``completion_ids``, where the caller passes them
-        (``token_ids``): a one-line ConfigError naming the function and the columns."""
-        given = {*columns, COMPLETION_IDS} if token_ids else set(columns)
+        (``token_ids``), nor ``trainer_state`` (always passed, None outside training): a one-line
+        ConfigError naming the function and the columns."""
+        given = {*columns, TRAINER_STATE, *((COMPLETION_IDS,) if token_ids else ())}
         for rf in self.functions:
             missing = [n for n in rf.binding.required if n not in given]
             if missing:
@@ -197,20 +215,28 @@ class RewardSet:
         columns: Mapping[str, Sequence[Any]] | None = None,
         *,
         completion_ids: list[list[int]] | None = None,
+        trainer_state: TrainerState | None = None,
     ) -> RewardResult:
         """Score a batch. ``columns`` maps extra dataset column names to one value per completion;
-        ``completion_ids``: each completion's token ids, for functions that take them."""
+        ``completion_ids``: each completion's token ids, for functions that take them; ``trainer_state``:
+        the run's progress (None outside training)."""
         columns = dict(columns or {})
         size = _check_batch(prompts, completions, columns)
         if completion_ids is not None and len(completion_ids) != size:
             raise ValueError(f"got {len(completion_ids)} completion_ids for {size} completions")
+        shared: dict[str, Any] = {TRAINER_STATE: trainer_state}
+        if completion_ids is not None:
+            shared[COMPLETION_IDS] = completion_ids
+        outputs = _gathered(
+            [_attempt(lambda rf=rf: rf(prompts, completions, columns, shared)) for rf in self.functions]
+        )
         total = torch.zeros(size, dtype=torch.float64)
         applicable = torch.zeros(size, dtype=torch.bool)
         failed = torch.zeros(size, dtype=torch.bool)
         per_function: dict[str, torch.Tensor] = {}
         metrics: dict[str, float] = {}
-        for rf in self.functions:
-            values, errors = self._evaluate(rf, prompts, completions, columns, completion_ids)
+        for rf, out in zip(self.functions, outputs, strict=True):
+            values, errors = self._evaluate(rf, out, prompts, completions, columns, shared)
             raw = torch.tensor([math.nan if v is None else v for v in values], dtype=torch.float64)
             used = ~torch.isnan(raw)
             total += torch.where(used, raw * rf.weight, 0.0)
@@ -227,45 +253,87 @@ class RewardSet:
     def _evaluate(
         self,
         rf: RewardFunction,
+        out: Any,
         prompts: list[str],
         completions: list[str],
         columns: dict[str, Sequence[Any]],
-        completion_ids: list[list[int]] | None = None,
+        shared: dict[str, Any],
     ) -> tuple[list[float | None], torch.Tensor]:
-        """Values of one function for the batch, and a [B] bool mask of samples where it raised."""
+        """Values of one function for the batch from its output ``out`` (or the exception it raised), and
+        a [B] bool mask of samples where it raised."""
         size = len(completions)
-        try:
-            out = rf(prompts, completions, columns, completion_ids)
-        except Exception as err:
-            if self.on_error == "raise":
-                raise _raised(rf, err) from err
-            logger.warning("%s; retrying sample by sample", _raised(rf, err))
-        else:
+        if not isinstance(out, Exception):
             return _checked(rf, out, size), torch.zeros(size, dtype=torch.bool)
+        if self.on_error == "raise":
+            raise _raised(rf, out) from out
+        logger.warning("%s; retrying sample by sample", _raised(rf, out))
+        ids = shared.get(COMPLETION_IDS)
+
+        def one(i: int) -> Callable[[], Any]:
+            cols = {k: [v[i]] for k, v in columns.items()}
+            passed = {**shared, **({} if ids is None else {COMPLETION_IDS: [ids[i]]})}
+            return lambda: rf([prompts[i]], [completions[i]], cols, passed)
+
+        outs = _gathered([_attempt(one(i)) for i in range(size)])
         values: list[float | None] = []
         errors = torch.zeros(size, dtype=torch.bool)
-        first_error: BaseException | None = None
-        for i in range(size):
-            cols = {k: [v[i]] for k, v in columns.items()}
-            try:
-                ids = None if completion_ids is None else [completion_ids[i]]
-                out = rf([prompts[i]], [completions[i]], cols, ids)
-            except Exception as err:
-                first_error = first_error or err
+        for i, single in enumerate(outs):
+            if isinstance(single, Exception):
                 values.append(0.0)
                 errors[i] = True
-                continue
-            values.append(_checked(rf, out, 1)[0])
-        if first_error is not None:
+            else:
+                values.append(_checked(rf, single, 1)[0])
+        if bool(errors.any()):
             failed = errors.nonzero().flatten().tolist()
+            first = outs[failed[0]]
+            assert isinstance(first, Exception)
             logger.warning(
                 "%s on %d of %d samples (first: index %d); they score 0 from it",
-                _raised(rf, first_error),
+                _raised(rf, first),
                 len(failed),
                 size,
                 failed[0],
             )
         return values, errors
+
+
+def _attempt(call: Callable[[], Any]) -> Any:
+    """``call()``'s result (a coroutine for an ``async def`` function), or the Exception it raised."""
+    try:
+        return call()
+    except Exception as err:
+        return err
+
+
+def _gathered(outputs: list[Any]) -> list[Any]:
+    """``outputs`` with every awaitable among them awaited, all concurrently in one event loop (an
+    exception in place of the value of one that raised). In a thread that already runs a loop (a
+    notebook, an async server) the loop runs in a helper thread."""
+    pending = [i for i, out in enumerate(outputs) if inspect.isawaitable(out)]
+    if not pending:
+        return outputs
+
+    async def gather() -> list[Any]:
+        return await asyncio.gather(*(_awaited(outputs[i]) for i in pending))
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        done = asyncio.run(gather())
+    else:
+        with ThreadPoolExecutor(1) as pool:
+            done = pool.submit(asyncio.run, gather()).result()
+    resolved = list(outputs)
+    for i, value in zip(pending, done, strict=True):
+        resolved[i] = value
+    return resolved
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    try:
+        return await awaitable
+    except Exception as err:
+        return err
 
 
 def _quoted(names: Sequence[str]) -> str:
@@ -277,7 +345,7 @@ def _check_batch(prompts: list[str], completions: list[str], columns: dict[str, 
     if len(prompts) != size:
         raise ValueError(f"got {len(prompts)} prompts for {size} completions")
     for name, values in columns.items():
-        if name in (*_RESERVED, COMPLETION_IDS):
+        if name in (*_RESERVED, COMPLETION_IDS, TRAINER_STATE):
             raise RewardError(
                 f"dataset column '{name}' clashes with the reward argument of the same name", hint="rename it"
             )

@@ -262,9 +262,9 @@ def test_eta0_weight_average_equals_colocated(tiny_model_dir, tmp_path, monkeypa
     evaluated: dict[str, list[dict[str, torch.Tensor]]] = {"colo": [], "dec": []}
 
     def spy(label, real):
-        def evaluate(parts):  # the weights each held-out evaluation generates with
+        def evaluate(parts, step=None):  # the weights each held-out evaluation generates with
             evaluated[label].append({k: v.clone() for k, v in parts.engine.model.state_dict().items()})
-            return real(parts)
+            return real(parts, step)
 
         return evaluate
 

@@ -128,7 +128,7 @@ def train_decoupled(
                 if policy is not parts.policy and getattr(engine, "model", None) is parts.policy:
                     engine = build_rollout_engine(cfg, model=policy, tokenizer=parts.tokenizer)
                 engine.update_weights(engine_state_dict(engine, policy), trainer.version)
-                return evaluate_heldout(replace(parts, engine=engine))
+                return evaluate_heldout(replace(parts, engine=engine), trainer.step)
 
         learn = learner_step(cfg, parts, timer=PhaseTimer(), generator=generator)
         trainer = Trainer(

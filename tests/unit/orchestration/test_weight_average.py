@@ -60,9 +60,9 @@ def test_evaluation_sees_the_average_and_rollouts_keep_the_live_weights(
     seen: list[dict[str, torch.Tensor]] = []
     real = colocated.evaluate_heldout
 
-    def spy(p):
+    def spy(p, step=None):
         seen.append(_trainable(p.engine.model))  # the weights the evaluation generates with
-        return real(p)
+        return real(p, step)
 
     monkeypatch.setattr(colocated, "evaluate_heldout", spy)
     result = trainer.evaluate()

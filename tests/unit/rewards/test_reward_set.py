@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import re
@@ -14,7 +15,14 @@ from hypothesis import strategies as st
 
 from tandem.algos.dapo import overlong_penalty
 from tandem.errors import ConfigError, RewardError
-from tandem.rewards import RewardFunction, RewardSet, format_regex, get_task, overlong_shaping
+from tandem.rewards import (
+    RewardFunction,
+    RewardSet,
+    TrainerState,
+    format_regex,
+    get_task,
+    overlong_shaping,
+)
 
 PROMPTS = ["a", "b", "c"]
 COMPLETIONS = ["x", "yy", "zzz"]
@@ -49,7 +57,7 @@ def test_weighted_sum_and_columns_are_passed():
     out = rs(PROMPTS, COMPLETIONS, {"answer": ["1", "2", "3"]})
     assert out.scores.dtype == torch.float32 and out.scores.shape == (3,)
     assert out.scores.tolist() == [1.5, 3.5, 5.5]
-    assert seen == {"answer": ["1", "2", "3"]}
+    assert seen == {"answer": ["1", "2", "3"], "trainer_state": None}  # None: outside a training run
     assert out.per_function["len"].tolist() == [1.0, 2.0, 3.0]
     assert out.metrics["reward/len/mean"] == 2.0 and out.metrics["reward/spy/mean"] == 0.5
     assert out.metrics["reward/errors"] == 0.0 and out.metrics["reward/none_count"] == 0.0
@@ -241,7 +249,8 @@ def test_trl_style_function_without_prompts_gets_completions_by_name():
     rs = RewardSet([RewardFunction("acc", accuracy)])
     out = rs(PROMPTS, ["x", "no", "zzz"], {"solution": ["x", "yy", "zzz"], "other": [1, 2, 3]})
     assert out.scores.tolist() == [1.0, 0.0, 1.0]
-    assert seen == {"prompts": PROMPTS, "other": [1, 2, 3]}  # prompts arrive among the keywords, as in TRL
+    # prompts (and trainer_state) arrive among the keywords, as in TRL
+    assert seen == {"prompts": PROMPTS, "other": [1, 2, 3], "trainer_state": None}
 
 
 def test_function_without_kwargs_gets_only_the_columns_it_names():
@@ -329,7 +338,7 @@ def test_completion_ids_reach_the_functions_that_take_them():
     ids = [[5], [6, 7], [8, 9, 10]]
     out = rs(PROMPTS, COMPLETIONS, {"answer": [1, 2, 3]}, completion_ids=ids)
     assert out.per_function["t"].tolist() == [1.0, 2.0, 3.0] and out.scores.tolist() == [2.0, 3.0, 4.0]
-    assert seen == {"answer": [1, 2, 3], "completion_ids": ids}  # **kwargs gets them, as in TRL
+    assert seen == {"answer": [1, 2, 3], "completion_ids": ids, "trainer_state": None}  # as in TRL
     with pytest.raises(ValueError, match="2 completion_ids for 3 completions"):
         rs(PROMPTS, COMPLETIONS, completion_ids=ids[:2])
     with pytest.raises(RewardError, match="'completion_ids' clashes"):
@@ -356,3 +365,75 @@ def test_check_columns_counts_completion_ids_only_where_they_are_passed():
     rs.check_columns([])
     with pytest.raises(ConfigError, match="needs argument 'completion_ids'"):
         rs.check_columns([], token_ids=False)
+
+
+def test_trainer_state_reaches_the_functions_that_name_it():
+    def warmup(completions, trainer_state, **kwargs):  # a schedule, as TRL users write one
+        return [0.0 if trainer_state.global_step < 10 else 1.0] * len(completions)
+
+    def plain(prompts, completions):  # does not take it: not passed
+        return [1.0] * len(completions)
+
+    rs = RewardSet([RewardFunction("w", warmup), RewardFunction("p", plain)])
+    rs.check_columns([])  # always passed: nothing to refuse
+    early, late = TrainerState(3, 100, 0.1), TrainerState(12, 100, 0.4)
+    assert rs(PROMPTS, COMPLETIONS, trainer_state=early).scores.tolist() == [1.0, 1.0, 1.0]
+    assert rs(PROMPTS, COMPLETIONS, trainer_state=late).scores.tolist() == [2.0, 2.0, 2.0]
+    with pytest.raises(RewardError, match="'trainer_state' clashes"):
+        rs(PROMPTS, COMPLETIONS, {"trainer_state": [1, 2, 3]})
+
+
+def test_async_functions_run_concurrently_and_are_checked():
+    """Two judges that each wait for the other to have started: run one after the other, the first would
+    wait forever (here: 10 s, then fail)."""
+    started: dict[str, asyncio.Event] = {}
+
+    def judge(name, other, values):
+        async def score(prompts, completions, **kwargs):
+            started.setdefault(name, asyncio.Event()).set()
+            await asyncio.wait_for(started.setdefault(other, asyncio.Event()).wait(), 10)
+            return values(completions)
+
+        return score
+
+    rs = RewardSet(
+        [
+            RewardFunction("a", judge("a", "b", lambda cs: [float(len(c)) for c in cs])),
+            RewardFunction("b", judge("b", "a", lambda cs: [None, 1.0, None])),
+            RewardFunction("l", length_reward),
+        ]
+    )
+    out = rs(PROMPTS, COMPLETIONS)
+    assert out.scores.tolist() == [2.0, 5.0, 6.0]
+    assert out.per_function["b"].isnan().tolist() == [True, False, True]
+
+    async def wrong_length(completions, **kwargs):
+        return [1.0]
+
+    with pytest.raises(RewardError, match="'bad' returned 1 values for 3 completions"):
+        RewardSet([RewardFunction("bad", wrong_length)])(PROMPTS, COMPLETIONS)
+
+
+def test_async_functions_that_raise():
+    async def picky_async(completions, **kwargs):
+        if "yy" in completions:
+            raise ValueError("cannot score 'yy'")
+        return [1.0] * len(completions)
+
+    with pytest.raises(RewardError, match=r"reward 'p' raised ValueError: cannot score 'yy'"):
+        RewardSet([RewardFunction("p", picky_async)])(PROMPTS, COMPLETIONS)
+    out = RewardSet([RewardFunction("p", picky_async)], on_error="skip")(PROMPTS, COMPLETIONS)
+    assert out.scores.tolist() == [1.0, 0.0, 1.0] and out.metrics["reward/errors"] == 1.0
+
+
+def test_async_functions_inside_a_running_event_loop():
+    """A notebook or an async server already runs a loop in this thread: scoring still works."""
+
+    async def judge(completions, **kwargs):
+        await asyncio.sleep(0)
+        return [1.0] * len(completions)
+
+    async def main():
+        return RewardSet([RewardFunction("j", judge)])(PROMPTS, COMPLETIONS)
+
+    assert asyncio.run(main()).scores.tolist() == [1.0, 1.0, 1.0]
