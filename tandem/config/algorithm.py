@@ -46,8 +46,8 @@ class KLConfig(Section):
         ge=0,
         description="Move the reference towards the policy every N learner steps (0 = a fixed reference): "
         "ref <- a*policy + (1-a)*ref with a = kl.ref_sync_alpha (TR-DPO's soft update, TRL's sync_ref_model "
-        "and ref_model_sync_steps; a = 1 is ProRL's reset). Needs algorithm.beta > 0, a full (not LoRA) "
-        "policy and one learner rank; run checkpoints keep the moved reference.",
+        "and ref_model_sync_steps; a = 1 is ProRL's reset). Needs algorithm.beta > 0 and a full (not LoRA) "
+        "policy; every learner rank (ddp, fsdp2) moves its copy; run checkpoints keep the moved reference.",
     )
     ref_sync_alpha: float = Field(
         0.6,

@@ -343,8 +343,8 @@ def _check_entropy_target(cfg: CheckedConfig) -> None:
 
 
 def _check_ref_sync(cfg: CheckedConfig) -> None:
-    """``algorithm.kl.ref_sync_steps``: a separate reference model to move, on one learner rank (each DDP or
-    FSDP2 rank would move its own copy; a LoRA policy's reference is its own base)."""
+    """``algorithm.kl.ref_sync_steps``: a separate reference model to move (a LoRA policy's reference is
+    its own base). Every DDP or FSDP2 rank moves its whole copy alike."""
     if not cfg.algorithm.kl.ref_sync_steps:
         return
     key = "algorithm.kl.ref_sync_steps"
@@ -353,10 +353,6 @@ def _check_ref_sync(cfg: CheckedConfig) -> None:
     if cfg.model.lora.enabled:
         raise CrossFieldError(
             key, "a LoRA policy's reference is its base with the adapter off, which cannot move; use 0"
-        )
-    if cfg.trainer.world_size > 1:
-        raise CrossFieldError(
-            key, f"is supported on one learner rank (trainer.world_size is {cfg.trainer.world_size}); use 0"
         )
 
 

@@ -193,6 +193,7 @@ class DataParallelLearner:
                     learn.critic_optimizer = shard_critic(cfg, dp, learn.critic, critic_extra)
                     release_plain_optimizer(plain)
             learn.dp = dp
+            learn.share_reference()  # a resumed run's moved reference (kl.ref_sync_steps), after the critic
         except BaseException:
             handle.close()
             raise
@@ -436,6 +437,7 @@ def _serve(spec: RankSpec) -> None:
     )
     learn.load_state_dict(extra["learner"])  # critic warm-up steps taken (a resumed run)
     learn.dp = dp
+    learn.share_reference()  # rank 0's, which a resume may have moved (as in DataParallelLearner.start)
     while (inputs := dp.receive()) is not None:
         if inputs == REPLICA:  # an alert rolled rank 0 back: take its restored state
             learn.take_replica()

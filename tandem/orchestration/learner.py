@@ -196,11 +196,19 @@ class LearnerStep:
                     "scheduler": None if scheduler is None else scheduler.state_dict(),
                 }
             )
+            self.share_reference()
             return
         extra, critic_extra = self.replica_state()
         self.dp.broadcast_replica(self.policy, extra)
         if self.critic is not None:
             self.dp.broadcast_replica(self.critic, critic_extra)
+        self.share_reference()
+
+    def share_reference(self) -> None:
+        """Every rank, at the same point: rank 0's KL reference, where it moves (``algorithm.kl.ref_sync_steps``)
+        and a resume or a rollback restored a moved one on rank 0 only. Nothing to do otherwise."""
+        if self.dp is not None and self.ref_sync is not None and self.ref_model is not None:
+            self.dp.broadcast_replica(self.ref_model)
 
     def take_replica(self) -> None:
         """Ranks 1..M-1: take rank 0's restored state (:meth:`share_replica`)."""
@@ -212,6 +220,7 @@ class LearnerStep:
             for group, lr in zip(self.optimizer.param_groups, state["lrs"], strict=True):
                 group["lr"] = lr
             self.load_state_dict(state["learner"])
+            self.share_reference()
             return
         extra = self.dp.broadcast_replica(self.policy)
         self.optimizer.load_state_dict(extra["optimizer"])
@@ -222,6 +231,7 @@ class LearnerStep:
             if self.critic_optimizer is not None and "optimizer" in critic_extra:
                 self.critic_optimizer.load_state_dict(critic_extra["optimizer"])
         self.load_state_dict(extra["learner"])
+        self.share_reference()
 
     def shard_writer(self) -> Callable[[Path], None] | None:
         """Rank 0 of a learner whose ranks shard the optimiser state (FSDP2): what writes it into a run
@@ -338,7 +348,9 @@ class LearnerStep:
             and self.ref_model is not None
             and self.steps_done % self.ref_sync[0] == 0
         ):
-            mix_into(self.ref_model, self.policy, self.ref_sync[1])  # after the step: towards its weights
+            # after the step, towards its weights; every learner rank moves its own copy alike
+            source = self.policy.named_parameters() if dp is None else dp.whole_parameters(self.policy)
+            mix_into(self.ref_model, source, self.ref_sync[1])
             metrics["actor/ref_synced"] = 1.0
         if self.kl_ctl is not None:
             metrics["actor/kl_coef"] = self.kl_ctl.value  # the β this step used

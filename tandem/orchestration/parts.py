@@ -168,6 +168,17 @@ def restart_average(path: Path, parts: RunParts) -> None:
     load_live_weights(parts.policy, live)
 
 
+def restore_reference(path: Path, parts: RunParts) -> None:
+    """The moved KL reference a checkpoint keeps (``algorithm.kl.ref_sync_steps``), into ``parts.ref_model``;
+    nothing where the checkpoint has none or the run has no reference."""
+    reference = load_reference_state(path)
+    if reference is not None and parts.ref_model is not None:
+        try:
+            load_live_weights(parts.ref_model, reference, what="reference weight", of="the reference")
+        except ValueError as err:
+            raise ModelError(str(err), where=str(Path(path) / REFERENCE_WEIGHTS)) from err
+
+
 def load_run_checkpoint(path: Path, parts: RunParts) -> dict[str, Any]:
     """Restore policy, critic, their optimisers, the scheduler and RNG from checkpoint ``path``. A
     checkpoint with live weights beside its ``model/`` (``trainer.ema_decay``; FSDP2: or in its DCP shards)
@@ -182,12 +193,7 @@ def load_run_checkpoint(path: Path, parts: RunParts) -> dict[str, Any]:
         critic_optimizer=parts.critic_optimizer,
     )
     live = load_live_state(path)
-    reference = load_reference_state(path)
-    if reference is not None and parts.ref_model is not None:  # algorithm.kl.ref_sync_steps
-        try:
-            load_live_weights(parts.ref_model, reference, what="reference weight", of="the reference")
-        except ValueError as err:
-            raise ModelError(str(err), where=str(Path(path) / REFERENCE_WEIGHTS)) from err
+    restore_reference(path, parts)
     if parts.average is not None:  # model/ holds the average (or, from a run without one, the weights)
         if (Path(path) / SHARDED_STATE).is_dir():  # FSDP2: the policy holds the shards' live weights
             restart_average(path, parts)

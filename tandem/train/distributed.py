@@ -317,6 +317,11 @@ class DataParallel:
                     t.copy_(buf)
         return self.share_object(extra) or {}
 
+    def whole_parameters(self, policy: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every rank, at the same point: the policy's parameters as whole tensors by name, one at a time
+        (what moves the KL reference, ``algorithm.kl.ref_sync_steps``). A replica has them itself."""
+        return iter(policy.named_parameters())
+
     def share_object(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank (pickled; small state only). Other ranks pass None."""
         box = [obj if self.rank == 0 else None]

@@ -263,6 +263,16 @@ class FullyShardedDataParallel(DataParallel):
         yield from stream_full(self.module)
         self.in_step = False
 
+    def whole_parameters(self, policy: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+        """The sharded policy's entries gathered one at a time (a collective: every rank iterates to the
+        end); ``policy`` (rank 0's plain one, stale without ``keeps_full``) is not read."""
+        return self._whole()
+
+    def _whole(self) -> Iterator[tuple[str, torch.Tensor]]:
+        self.in_step = True  # inside a collective: stopping now means terminating the ranks
+        yield from stream_full(self.module)
+        self.in_step = False
+
     # -- run checkpoints -------------------------------------------------------------------------------
     def before_checkpoint(
         self, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler | None

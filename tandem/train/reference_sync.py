@@ -10,6 +10,8 @@ checkpoints keep it (``reference.safetensors``, :func:`reference_weights`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from tandem.train.averaging import weights_mismatch
@@ -26,18 +28,30 @@ def parameter_mismatch(reference: torch.nn.Module, policy: torch.nn.Module) -> s
 
 
 @torch.no_grad()
-def mix_into(reference: torch.nn.Module, policy: torch.nn.Module, alpha: float) -> None:
+def mix_into(reference: torch.nn.Module, policy: Iterable[tuple[str, torch.Tensor]], alpha: float) -> None:
     """``ref ← α·policy + (1 − α)·ref`` for every parameter, in place (``α`` in (0, 1]; 1 copies).
+
+    ``policy``: the policy's whole tensors by name, taken one at a time (its ``named_parameters()``, or an
+    FSDP2 learner's gathered stream, :meth:`~tandem.train.distributed.DataParallel.whole_parameters`);
+    names the reference has no parameter of (buffers, the second name of a tied weight) are passed over.
     Tied parameters are moved once (``named_parameters`` lists a shared tensor once)."""
     if not 0 < alpha <= 1:
         raise ValueError(f"alpha must be in (0, 1], got {alpha}")
-    pol = dict(policy.named_parameters())
-    for name, p in reference.named_parameters():
-        source = pol[name].detach().to(p.dtype)
+    ref = dict(reference.named_parameters())
+    moved: set[str] = set()
+    for name, tensor in policy:
+        p = ref.get(name)
+        if p is None or name in moved:
+            continue
+        source = tensor.detach().to(device=p.device, dtype=p.dtype)
         if alpha == 1:
             p.copy_(source)
         else:
             p.lerp_(source, alpha)
+        moved.add(name)
+    if len(moved) != len(ref):
+        missing = sorted(set(ref) - moved)
+        raise ValueError(f"the policy has no parameter {missing[0]!r} to move the reference towards")
 
 
 def reference_weights(reference: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -396,7 +396,9 @@ def test_a_rollback_on_two_ranks_replays_the_same_steps(strategy, tiny_model_dir
     the schedule every rank stepped to after it. (The rule then fires again at step 5 and, with no rollback
     left, stops the run.) DDP: rank 0 restores and hands its state to rank 1; FSDP2: each rank reads its
     own shards, takes rank 0's schedule, and rank 0's plain copy (the rollout engine's weights) takes the
-    restored weights."""
+    restored weights. The KL reference is reset to the policy every 2 steps (``algorithm.kl.ref_sync_steps``):
+    rank 0 restores step 2's reference from the checkpoint and hands it to rank 1, whose own copy had moved
+    on at step 4, so the replayed step 3 measures the first one's KL."""
     # warm-up 3e-3 * (k + 1) / 8: step 5 is the first above the threshold; checkpoints at steps 2 and 4
     rule = {"metric": "actor/lr", "kind": "above", "threshold": 2e-3, "action": "rollback", "lr_scale": 1.0}
     cfg = _cfg(
@@ -404,6 +406,7 @@ def test_a_rollback_on_two_ranks_replays_the_same_steps(strategy, tiny_model_dir
         tmp_path / "run",
         2,
         6,
+        algorithm={"beta": 0.5, "kl": {"ref_sync_steps": 2, "ref_sync_alpha": 1.0}},
         trainer={"strategy": strategy, "warmup_steps": 8},
         checkpoint={"every": 2},
         monitor={"alerts": [rule], "max_rollbacks": 1},
@@ -413,5 +416,5 @@ def test_a_rollback_on_two_ranks_replays_the_same_steps(strategy, tiny_model_dir
     rows = step_rows(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 3, 4, 5]
     for first, again in zip(rows[2:5], rows[5:8], strict=True):
-        for key in ("reward/mean", "actor/grad_norm", "actor/lr", "actor/pg_loss"):
+        for key in ("reward/mean", "actor/grad_norm", "actor/lr", "actor/pg_loss", "actor/kl_ref"):
             assert first[key] == again[key], (first["step"], key)
