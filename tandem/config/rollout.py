@@ -74,6 +74,20 @@ class RolloutConfig(Section):
     temperature: float = Field(1.0, ge=0, description="Sampling temperature (0 = greedy).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
     top_k: int = Field(0, ge=0, description="Top-k sampling (0 = off).")
+    min_p: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Min-p sampling: keep the tokens at least min_p times as likely as the most likely one "
+        "(0 = off; TRL's and vLLM's min_p).",
+    )
+    repetition_penalty: float = Field(
+        1.0,
+        gt=0,
+        description="Divide (multiply, when negative) the logit of a token already in the prompt or the "
+        "response by this (1 = off; > 1 discourages repeats; as TRL, Hugging Face and vLLM). Like top_k, "
+        "top_p and min_p it decides which token is drawn; behaviour log-probs stay the model's own.",
+    )
     stop: list[str] = Field(
         default_factory=lambda: ["\n"], description="Stop strings (stripped from completions)."
     )

@@ -81,6 +81,8 @@ def sampling_params(
         temperature=r.temperature if temperature is None else temperature,
         top_p=r.top_p,
         top_k=r.top_k,
+        min_p=r.min_p,
+        repetition_penalty=r.repetition_penalty,
         n=r.n,
         stop=list(r.stop),
         seed=step_seed(cfg.run.seed, step, round_),

@@ -25,9 +25,11 @@ class SamplingParams:
     """How to sample responses.
 
     ``temperature == 0`` means greedy decoding (argmax; log-probs then come from the raw logits).
-    ``top_k == 0`` and ``top_p == 1.0`` disable those filters. Behaviour log-probs are always taken under
-    ``log_softmax(logits / temperature)`` *before* top-k/top-p truncation, which is what the trainer
-    recomputes. ``stop`` strings end a response (the string is cut from the completion text, its tokens stay
+    ``top_k == 0``, ``top_p == 1.0`` and ``min_p == 0`` disable those filters; ``repetition_penalty`` (HF's and
+    vLLM's: a token already in the prompt or the response has its logit divided by it when positive,
+    multiplied when negative) is off at 1. Behaviour log-probs are always taken under
+    ``log_softmax(logits / temperature)`` *before* the penalty and the filters, which is what the trainer
+    recomputes: they decide which token is drawn, not its recorded probability. ``stop`` strings end a response (the string is cut from the completion text, its tokens stay
     in ``response_ids``). ``seed`` makes sampling reproducible independently of the global RNG; ``None``
     uses the global torch RNG.
     """
@@ -36,6 +38,8 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
     n: int = 1
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
@@ -46,6 +50,12 @@ class SamplingParams:
             (self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}"),
             (0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}"),
             (self.top_k >= 0, "top_k", f"must be >= 0 (0 disables), got {self.top_k}"),
+            (0 <= self.min_p <= 1, "min_p", f"must be in [0, 1] (0 disables), got {self.min_p}"),
+            (
+                self.repetition_penalty > 0,
+                "repetition_penalty",
+                f"must be > 0 (1 disables), got {self.repetition_penalty}",
+            ),
             (self.n >= 1, "n", f"must be >= 1, got {self.n}"),
             (all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty"),
         ]
@@ -57,6 +67,12 @@ class SamplingParams:
     def greedy(self) -> bool:
         """True when decoding is greedy (``temperature == 0``)."""
         return self.temperature == 0
+
+    @property
+    def penalised(self) -> bool:
+        """True when tokens already seen are penalised (``repetition_penalty != 1``): the decode loop then
+        tracks which tokens each row has seen."""
+        return self.repetition_penalty != 1
 
 
 @dataclass(frozen=True)

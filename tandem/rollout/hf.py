@@ -26,12 +26,13 @@ from tandem.rollout.llama_decode import LlamaStepper, supports_fast_decode
 from tandem.rollout.prompts import encode_prompts, left_pad
 from tandem.rollout.registry import parse_engine_options
 from tandem.rollout.rows import RowSampling, per_prompt
-from tandem.rollout.sampling import sample_next
+from tandem.rollout.sampling import sample_next, seen_tokens
 from tandem.rollout.stepper import DecodeStepper, HFStepper
 from tandem.rollout.stops import StopStrings
 from tandem.types import RolloutBatch
 
-Sampler = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # logits [B, V] -> tokens, log-probs
+# logits [B, V] and the tokens each row has seen ([B, V] bool; None unless penalised) -> tokens, log-probs
+Sampler = Callable[[torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]]
 RowStops = list[tuple[StopStrings, torch.Tensor | None]]  # a checker and the rows it applies to (None: all)
 
 
@@ -60,6 +61,7 @@ class _Plan:
     stops: RowStops
     limits: torch.Tensor | None = None  # [B] long per-row limits; None: every row has max_new_tokens
     cut: list[StopStrings | None] | None = None  # per row; None: stops[0] (or nothing) for every row
+    penalised: bool = False  # some row has a repetition penalty: the loop tracks the tokens each row saw
 
 
 @dataclass
@@ -291,14 +293,15 @@ class HFEngine:
                 generator = torch.Generator(device=device).manual_seed(params.seed)
             checker = self._stop_strings(params.stop)
 
-            def sample(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-                return sample_next(logits, params, generator)
+            def sample(logits: torch.Tensor, seen: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+                return sample_next(logits, params, generator, seen)
 
             return _Plan(
                 [params.n] * num_prompts,
                 params.max_new_tokens,
                 sample,
                 [] if checker is None else [(checker, None)],
+                penalised=params.penalised,
             )
         each = per_prompt(params, num_prompts)
         rows = [p for p in each for _ in range(p.n)]
@@ -312,7 +315,7 @@ class HFEngine:
         limits = torch.tensor([p.max_new_tokens for p in rows], device=device)
         sample = RowSampling(rows, row_prompt, device)
         cut = [self._stop_strings(p.stop) for p in rows]  # cached: one checker per distinct list
-        return _Plan([p.n for p in each], int(limits.max()), sample, stops, limits, cut)
+        return _Plan([p.n for p in each], int(limits.max()), sample, stops, limits, cut, sample.penalised)
 
     def _encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Tokenise and left-pad ``prompts``: ids ``[N, P]`` long, mask ``[N, P]`` bool."""
@@ -371,9 +374,12 @@ class HFEngine:
         if self.shared_decode:
             first, back = unique_rows(torch.cat([prompt_ids, prompt_mask.long()], dim=1))
             state = first[back]  # [B]
+        seen = seen_tokens(prompt_ids, prompt_mask, logits.shape[-1]) if plan.penalised else None  # [B, V]
         steps = T
         for t in range(T):
-            new, new_lp = plan.sample(logits)  # [B], [B]
+            new, new_lp = plan.sample(logits, seen)  # [B], [B]
+            if seen is not None:
+                seen[torch.arange(B, device=device), new] = True
             tokens[:, t] = new.masked_fill(finished, pad)
             logprobs[:, t] = new_lp.masked_fill(finished, 0.0)
             lengths += (~finished).long()

@@ -2,7 +2,8 @@
 
 ``HFEngine.generate`` takes one :class:`~tandem.rollout.base.SamplingParams` for the whole batch (what
 training uses; one RNG stream for the batch) or one per prompt. For the latter, :class:`RowSampling`
-samples every row with its prompt's temperature, top-k and top-p: rows sharing those settings are drawn
+samples every row with its prompt's temperature, top-k, top-p, min-p and repetition penalty: rows sharing
+those settings are drawn
 together from the global RNG, and a seeded prompt's rows from their own generator, so a seeded prompt's
 output does not depend on the other prompts in the call. Each row stops at its own ``max_new_tokens``
 and its own stop strings.
@@ -42,9 +43,8 @@ class RowSampling:
     def __init__(self, row_params: list[SamplingParams], row_prompt: list[int], device: torch.device) -> None:
         groups: dict[tuple, list[int]] = {}
         for row, (p, prompt) in enumerate(zip(row_params, row_prompt, strict=True)):
-            key = (
-                ("seed", prompt) if p.seed is not None and not p.greedy else (p.temperature, p.top_k, p.top_p)
-            )
+            settings = (p.temperature, p.top_k, p.top_p, p.min_p, p.repetition_penalty)
+            key = ("seed", prompt) if p.seed is not None and not p.greedy else settings
             groups.setdefault(key, []).append(row)
         self.groups: list[tuple[torch.Tensor, SamplingParams, torch.Generator | None]] = []
         for rows in groups.values():
@@ -54,9 +54,16 @@ class RowSampling:
                 gen = torch.Generator(device=device).manual_seed(p.seed)
             self.groups.append((torch.tensor(rows, device=device), p, gen))
         self.order = torch.cat([rows for rows, _, _ in self.groups])  # [B]
+        self.penalised = any(p.penalised for p in row_params)  # the decode loop tracks seen tokens
 
-    def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        parts = [sample_next(logits[rows], p, gen) for rows, p, gen in self.groups]
+    def __call__(
+        self, logits: torch.Tensor, seen: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``seen``: ``[B, V]`` bool, each row's prompt and response tokens (with ``penalised``)."""
+        parts = [
+            sample_next(logits[rows], p, gen, None if seen is None else seen[rows])
+            for rows, p, gen in self.groups
+        ]
         tokens = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
         logprobs = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
         tokens[self.order] = torch.cat([t for t, _ in parts])  # one scatter for all groups

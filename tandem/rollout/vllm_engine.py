@@ -121,6 +121,8 @@ def _build_params(p: SamplingParams, seed: int | None, eos_ids: list[int], n: in
         temperature=p.temperature,
         top_p=p.top_p,
         top_k=p.top_k,
+        min_p=p.min_p,
+        repetition_penalty=p.repetition_penalty,
         seed=None if p.greedy else seed,
         stop=list(p.stop) or None,
         stop_token_ids=eos_ids,

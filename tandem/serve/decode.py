@@ -3,8 +3,8 @@
 :class:`~tandem.rollout.hf.HFEngine` samples a whole batch with one ``SamplingParams``. A server batches
 unrelated requests, so here each row has its own temperature, top-k, top-p, seed, token limit and stop
 strings. The model forward (prefill + one cached single-token step per iteration) is shared by all rows;
-only the cheap sampling step is split: rows are grouped by ``(temperature, top_k, top_p)`` and each group
-is sampled with :func:`tandem.rollout.sampling.sample_next`; a row with a seed gets its own generator so
+only the cheap sampling step is split: rows are grouped by their sampling settings (temperature, top-k,
+top-p, min-p, repetition penalty) and each group is sampled with :func:`tandem.rollout.sampling.sample_next`; a row with a seed gets its own generator so
 its output does not depend on which other requests shared the batch. Before sampling, a row's logits get
 its ``logit_bias`` and its presence/frequency penalties (over the tokens it generated so far); every
 sampled token carries its log-prob under the distribution it was drawn from
@@ -26,7 +26,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from tandem.models.forward import positions_from_mask
 from tandem.rollout.base import SamplingParams
 from tandem.rollout.llama_decode import LlamaStepper, supports_fast_decode
-from tandem.rollout.sampling import behaviour_logprobs, sample_next
+from tandem.rollout.sampling import behaviour_logprobs, sample_next, seen_tokens
 from tandem.rollout.stepper import DecodeStepper, HFStepper
 from tandem.rollout.stops import StopStrings
 
@@ -122,7 +122,7 @@ class RowSampler:
     """Samples the next token of every active row with that row's own parameters."""
 
     def __init__(self, rows: list[RowRequest], device: torch.device) -> None:
-        self.groups: dict[tuple[float, int, float], list[int]] = {}
+        self.groups: dict[tuple[float, int, float, float, float], list[int]] = {}
         self.seeded: dict[int, torch.Generator] = {}
         self.rows = rows
         self.params = [r.params for r in rows]
@@ -131,13 +131,16 @@ class RowSampler:
             if p.seed is not None and not p.greedy:
                 self.seeded[i] = torch.Generator(device=device).manual_seed(p.seed)
             else:
-                self.groups.setdefault((p.temperature, p.top_k, p.top_p), []).append(i)
+                key = (p.temperature, p.top_k, p.top_p, p.min_p, p.repetition_penalty)
+                self.groups.setdefault(key, []).append(i)
         self.biased = any(r.logit_bias for r in rows)
         self.penalised = any(r.presence_penalty or r.frequency_penalty for r in rows)
         self.presence = torch.tensor([[r.presence_penalty] for r in rows], device=device)  # [B, 1]
         self.frequency = torch.tensor([[r.frequency_penalty] for r in rows], device=device)  # [B, 1]
         self.bias: torch.Tensor | None = None  # [B, V], built at the first step (V known then)
         self.counts: torch.Tensor | None = None  # [B, V] float, how often each row generated each token
+        self.repeats = any(r.params.penalised for r in rows)  # a repetition penalty: track seen tokens
+        self.seen: torch.Tensor | None = None  # [B, V] bool, prompt and generated tokens, at the first step
 
     def shape(self, logits: torch.Tensor) -> torch.Tensor:
         """Logits with each row's ``logit_bias`` added and its penalties subtracted: ``[B, V]`` float32.
@@ -158,20 +161,38 @@ class RowSampler:
 
     def record(self, tokens: torch.Tensor, active: torch.Tensor) -> None:
         """Count the tokens just sampled by ``active`` rows (for the penalties). ``[B]`` long, ``[B]`` bool."""
+        rows = active.nonzero().flatten()
         if self.counts is not None:
-            rows = active.nonzero().flatten()
             self.counts[rows, tokens[rows]] += 1
+        if self.seen is not None:
+            self.seen[rows, tokens[rows]] = True
+
+    def _seen(self, logits: torch.Tensor) -> torch.Tensor | None:
+        """The tokens each row has seen, for the repetition penalty (None without one)."""
+        if self.repeats and self.seen is None:
+            P = max(len(r.prompt_ids) for r in self.rows)
+            ids = torch.zeros((len(self.rows), P), dtype=torch.long, device=logits.device)
+            mask = torch.zeros((len(self.rows), P), dtype=torch.bool, device=logits.device)
+            for i, r in enumerate(self.rows):
+                ids[i, : len(r.prompt_ids)] = torch.tensor(r.prompt_ids, dtype=torch.long)
+                mask[i, : len(r.prompt_ids)] = True
+            self.seen = seen_tokens(ids, mask, logits.shape[-1])
+        return self.seen
 
     def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Next token of every row and its log-prob: ``[B, V]`` -> ``([B] long, [B] float32)``."""
         order: list[int] = []
         parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+        seen = self._seen(logits)
         for rows in self.groups.values():
             order += rows
-            parts.append(sample_next(logits[rows], self.params[rows[0]]))
+            parts.append(
+                sample_next(logits[rows], self.params[rows[0]], None, None if seen is None else seen[rows])
+            )
         for row, generator in self.seeded.items():
             order.append(row)
-            parts.append(sample_next(logits[row : row + 1], self.params[row], generator))
+            row_seen = None if seen is None else seen[row : row + 1]
+            parts.append(sample_next(logits[row : row + 1], self.params[row], generator, row_seen))
         index = torch.tensor(order, device=logits.device)
         tokens = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
         logprobs = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)

@@ -97,6 +97,21 @@ class GenerationRequest(BaseModel):
     )
     top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False, description="Nucleus sampling mass.")
     top_k: StrictInt = Field(0, ge=-1, description="Top-k filter (0 or -1 disables); an extension.")
+    min_p: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description="Min-p filter (0 disables); an extension, as vLLM's.",
+    )
+    repetition_penalty: float = Field(
+        1.0,
+        gt=0.0,
+        le=10.0,
+        allow_inf_nan=False,
+        description="Divides the logit of a token already in the prompt or the answer (1 disables); an "
+        "extension, as vLLM's.",
+    )
     n: StrictInt = Field(1, ge=1, description="Completions per prompt.")
     stream: StrictBool = Field(False, description="Stream tokens as server-sent events.")
     stream_options: StreamOptions | None = Field(None, description="Only with stream: include_usage.")

@@ -62,7 +62,8 @@ class Options:
         """Whether rows may be answered from (and stored in) the greedy cache, whose key holds only the
         prompt, token limit and stop strings."""
         plain = self.top_logprobs is None and not self.logit_bias
-        return params.greedy and plain and not (self.presence_penalty or self.frequency_penalty)
+        penalised = self.presence_penalty or self.frequency_penalty or params.penalised
+        return params.greedy and plain and not penalised
 
 
 class CancelFlag:
@@ -213,6 +214,8 @@ def plan_request(
             temperature=req.effective_temperature(),
             top_p=req.top_p,
             top_k=max(req.top_k, 0),
+            min_p=req.min_p,
+            repetition_penalty=req.repetition_penalty,
             stop=req.stop_list(),
             seed=req.seed,
         )

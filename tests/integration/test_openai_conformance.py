@@ -466,6 +466,25 @@ def test_frequency_penalty_lowers_repeated_tokens(client, lm):
     _bad(lambda: client.completions.create(model="tiny", prompt="a", presence_penalty=3), "presence_penalty")
 
 
+def test_vllm_sampling_extensions_min_p_and_repetition_penalty(client, lm):
+    """vLLM's extra sampling fields: a greedy request with a repetition penalty is not answered from the
+    greedy cache of the same request without one; out-of-range values are 400s naming the field."""
+    kwargs = {"model": "tiny", "prompt": "x", "max_tokens": 8, "temperature": 0}
+    plain = client.completions.create(**kwargs).choices[0].text
+    again = client.completions.create(**kwargs).choices[0].text  # cached
+    penalised = client.completions.create(**kwargs, extra_body={"repetition_penalty": 1.8}).choices[0].text
+    assert plain == again and penalised != plain
+    top_only = client.completions.create(
+        **{**kwargs, "temperature": 1.0, "seed": 3}, extra_body={"min_p": 1.0}
+    )
+    assert top_only.choices[0].text == plain  # min_p = 1 keeps the likeliest token only: greedy
+    _bad(lambda: client.completions.create(**kwargs, extra_body={"min_p": 2}), "min_p")
+    _bad(
+        lambda: client.completions.create(**kwargs, extra_body={"repetition_penalty": 0}),
+        "repetition_penalty",
+    )
+
+
 def test_best_of_returns_the_likeliest_of_its_samples(client):
     kwargs = {"model": "tiny", "prompt": "q", "max_tokens": 5, "temperature": 1.0, "seed": 9, "logprobs": 0}
     samples = client.completions.create(**kwargs, n=4).choices

@@ -61,6 +61,11 @@ def test_greedy_outputs_and_logprobs_equal_the_hf_engine(models):
         assert torch.equal(a.response_ids, b.response_ids) and a.completions == b.completions
         assert a.finish_reasons == b.finish_reasons and torch.equal(a.prompt_ids, b.prompt_ids)
         torch.testing.assert_close(a.behavior_logprobs, b.behavior_logprobs, atol=1e-4, rtol=0)
+        # rollout.repetition_penalty and min_p reach vLLM and act as in the hf engine (prompt tokens count)
+        penalised = SamplingParams(max_new_tokens=10, temperature=0.0, repetition_penalty=1.8, min_p=0.1)
+        a, b = vllm.generate(PROMPTS, penalised), hf.generate(PROMPTS, penalised)
+        assert torch.equal(a.response_ids, b.response_ids) and a.completions == b.completions
+        assert not torch.equal(a.response_ids, hf.generate(PROMPTS, GREEDY).response_ids)
     finally:
         vllm.close()
 

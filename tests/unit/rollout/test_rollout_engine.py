@@ -50,7 +50,28 @@ def test_greedy_equals_hf_generate(engine, model_and_tok):
         assert tok.decode(row, skip_special_tokens=True) == text
 
 
-@pytest.mark.parametrize("top", [{}, {"top_k": 20, "top_p": 0.9}])
+def test_greedy_with_a_repetition_penalty_equals_hf_generate(engine, model_and_tok):
+    """The penalty covers the prompt's tokens and the ones generated so far, as in Hugging Face (and
+    vLLM); per prompt (one SamplingParams each) too, beside a prompt without it."""
+    model, tok = model_and_tok
+    params = SamplingParams(max_new_tokens=12, temperature=0.0, repetition_penalty=1.8)
+    batch = engine.generate(PROMPTS, params)
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model.generate(
+            **enc, do_sample=False, max_new_tokens=12, pad_token_id=tok.pad_token_id, repetition_penalty=1.8
+        )
+    expected = tok.batch_decode(out[:, enc.input_ids.shape[1] :], skip_special_tokens=True)
+    assert batch.completions == expected
+    plain = engine.generate(PROMPTS, SamplingParams(max_new_tokens=12, temperature=0.0)).completions
+    assert plain != expected  # the penalty changed something, so the equality above says something
+    mixed = engine.generate(PROMPTS[:2], [params, SamplingParams(max_new_tokens=12, temperature=0.0)])
+    assert mixed.completions == [expected[0], plain[1]]
+
+
+@pytest.mark.parametrize(
+    "top", [{}, {"top_k": 20, "top_p": 0.9}, {"min_p": 0.05, "repetition_penalty": 1.3}], ids=str
+)
 def test_behaviour_logprobs_equal_recomputed(engine, model_and_tok, top):
     model, _ = model_and_tok
     params = SamplingParams(max_new_tokens=16, temperature=0.7, n=2, seed=3, **top)

@@ -9,7 +9,15 @@ from hypothesis import strategies as st
 
 from tandem.errors import ConfigError
 from tandem.rollout import SamplingParams
-from tandem.rollout.sampling import draw_categorical, filter_top_k, filter_top_p, sample_next
+from tandem.rollout.sampling import (
+    draw_categorical,
+    filter_min_p,
+    filter_top_k,
+    filter_top_p,
+    penalise_repeats,
+    sample_next,
+    seen_tokens,
+)
 
 
 def _naive_top_p(row: torch.Tensor, p: float) -> set[int]:
@@ -70,8 +78,59 @@ def test_logprob_is_untruncated_and_greedy_uses_raw_logits():
         ({"top_p": 0.0}, "top_p"),
         ({"n": 0}, "n"),
         ({"stop": [""]}, "stop"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
     ],
 )
 def test_invalid_params_name_the_key(kwargs, key):
     with pytest.raises(ConfigError, match=f"rollout.{key}"):
         SamplingParams(**{"max_new_tokens": 4, **kwargs})
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), min_p=st.sampled_from([0.0, 0.01, 0.1, 0.5, 1.0]))
+def test_min_p_matches_hugging_face(seed, min_p):
+    from transformers.generation.logits_process import MinPLogitsWarper
+
+    logits = torch.randn(3, 11, generator=torch.Generator().manual_seed(seed)) * 3
+    ours = filter_min_p(logits, min_p)
+    if min_p == 0:
+        assert torch.equal(ours, logits)
+        return
+    theirs = MinPLogitsWarper(min_p)(torch.zeros(3, 1, dtype=torch.long), logits.clone())
+    assert torch.equal(torch.isinf(ours), torch.isinf(theirs))
+    assert (~torch.isinf(ours)).any(dim=-1).all()  # the likeliest token always stays
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), penalty=st.sampled_from([0.5, 1.0, 1.3, 2.0]))
+def test_repetition_penalty_matches_hugging_face(seed, penalty):
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(2, 9, generator=g) * 2
+    ids = torch.randint(0, 9, (2, 5), generator=g)
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    mask[1, :2] = False  # left padding: those ids are not seen
+    ours = penalise_repeats(logits, seen_tokens(ids, mask, 9), penalty)
+    rows = [
+        RepetitionPenaltyLogitsProcessor(penalty)(
+            ids[i : i + 1][mask[i : i + 1]].view(1, -1), logits[i : i + 1].clone()
+        )
+        for i in range(2)
+    ]
+    torch.testing.assert_close(ours, torch.cat(rows))
+
+
+def test_penalty_and_min_p_decide_the_draw_not_the_logprob():
+    logits = torch.tensor([[3.0, 2.9, -1.0, 0.5]])
+    seen = torch.tensor([[True, False, False, False]])
+    params = SamplingParams(max_new_tokens=1, temperature=0.0, repetition_penalty=2.0)
+    token, lp = sample_next(logits, params, seen=seen)
+    assert token.item() == 1  # 3.0 / 2 < 2.9: the seen token loses the greedy pick
+    torch.testing.assert_close(lp, torch.log_softmax(logits, -1)[:, 1])  # under the model's own logits
+    with pytest.raises(ValueError, match="tokens each row has seen"):
+        sample_next(logits, params)
+    only_top = SamplingParams(max_new_tokens=1, temperature=1.0, min_p=1.0)
+    draws = {sample_next(logits, only_top, torch.Generator().manual_seed(s))[0].item() for s in range(20)}
+    assert draws == {0}

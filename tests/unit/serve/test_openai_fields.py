@@ -56,6 +56,31 @@ def test_logit_bias_and_penalties_are_per_row(lm):
     assert out[0].token_ids == alone.token_ids  # the other rows' bias and penalties did not leak
 
 
+def test_min_p_and_repetition_penalty_rows_equal_the_engine(lm):
+    """A server row with vLLM's min_p / repetition_penalty extensions generates what the rollout engine does
+    with the same parameters (greedy and seeded), beside a plain row in the same batch."""
+    model, tok = lm
+    engine = HFEngine(model, tok)
+    specs = [
+        ("x", SamplingParams(max_new_tokens=8, temperature=0, repetition_penalty=1.8)),
+        ("9", SamplingParams(max_new_tokens=8, temperature=0.9, seed=4, min_p=0.1, repetition_penalty=1.3)),
+        ("1+2=", SamplingParams(max_new_tokens=8, temperature=0)),
+    ]
+    rows = [RowRequest(tok(p)["input_ids"], params) for p, params in specs]
+    for (prompt, params), got in zip(specs, decode_rows(model, tok, rows), strict=True):
+        alone = engine.generate([prompt], params)
+        assert got.token_ids == alone.response_ids[0, : int(alone.response_lengths[0])].tolist()
+        want = alone.behavior_logprobs[0, : len(got.token_ids)]
+        assert torch.allclose(torch.tensor([e.logprob for e in got.logprobs]), want, atol=1e-5)
+    plain = engine.generate(["x"], SamplingParams(max_new_tokens=8, temperature=0))
+    assert plain.completions != [decode_rows(model, tok, rows[:1])[0].text]  # the penalty did something
+    req = CompletionRequest(model="tiny", prompt="a", min_p=0.2, repetition_penalty=1.1)
+    assert (req.min_p, req.repetition_penalty) == (0.2, 1.1)
+    for bad in ({"min_p": 1.5}, {"repetition_penalty": 0}):
+        with pytest.raises(ValidationError):
+            CompletionRequest(model="tiny", prompt="a", **bad)
+
+
 def test_prompt_logprobs_match_training_logprobs_and_stream_first(lm):
     model, tok = lm
     ids = tok("hello world")["input_ids"]
