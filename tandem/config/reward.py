@@ -59,3 +59,10 @@ class RewardConfig(Section):
     on_error: Literal["raise", "skip"] = Field(
         "raise", description="A reward function that raises: fail, or score 0 and count it."
     )
+    timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="Seconds a reward function may take on one batch (null = no limit). One that takes "
+        "longer counts as one that raised (on_error: raise fails the run naming it; skip scores the batch 0 "
+        "from it); plain functions then run on background threads, so a hung judge cannot stall the run.",
+    )

@@ -173,7 +173,7 @@ def _file_rewards(config: TandemConfig | None, reward: str | None) -> RewardSet:
             RewardFunction.from_spec(s.path, name=s.name, weight=s.weight, key=f"reward.functions.{i}.path")
             for i, s in enumerate(config.reward.functions)
         ]
-        return RewardSet(fns, on_error=config.reward.on_error)
+        return RewardSet(fns, on_error=config.reward.on_error, timeout_s=config.reward.timeout_s)
     raise ConfigError(
         "an eval file needs a reward function", where="--reward", hint="pass --reward module:function"
     )

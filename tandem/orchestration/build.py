@@ -232,7 +232,7 @@ def build_rewards(cfg: RewardConfig, task: Task | None) -> RewardSet:
                 name="reward_model", fn=build_reward_model_reward(cfg.model), weight=cfg.model.weight
             )
         )
-    return RewardSet(fns, on_error=cfg.on_error)
+    return RewardSet(fns, on_error=cfg.on_error, timeout_s=cfg.timeout_s)
 
 
 def build_eval_rewards(cfg: TandemConfig, task: Task | None, train_rewards: RewardSet) -> RewardSet:

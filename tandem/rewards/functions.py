@@ -15,7 +15,9 @@ functions (a judge behind an HTTP API) run concurrently with each other, as in T
 Bad outputs (wrong length, NaN/inf, non-numbers) always raise :class:`~tandem.errors.RewardError`. A
 function that *raises* stops the step with ``on_error="raise"``; with ``on_error="skip"`` the batch is
 retried one sample at a time, the samples that still raise get 0 from that function, are counted in
-``reward/errors`` and logged.
+``reward/errors`` and logged. With ``timeout_s`` a function that has not returned in time counts as one
+that raised (``skip``: the whole batch gets 0 from it, not retried, counted in ``reward/<fn>/errors``): plain
+functions then run on daemon threads, so a hung one is left behind instead of stalling the run.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import inspect
 import logging
 import math
 import numbers
+import threading
+import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -178,7 +182,13 @@ class RewardSet:
     """Several reward functions with weights, evaluated together on a batch. An empty set scores 0 (a
     run whose rewards all come from its environment's episodes)."""
 
-    def __init__(self, functions: Sequence[RewardFunction], *, on_error: OnError = "raise") -> None:
+    def __init__(
+        self,
+        functions: Sequence[RewardFunction],
+        *,
+        on_error: OnError = "raise",
+        timeout_s: float | None = None,
+    ) -> None:
         names = [f.name for f in functions]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -187,8 +197,11 @@ class RewardSet:
             )
         if on_error not in ("raise", "skip"):
             raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        if timeout_s is not None and not timeout_s > 0:
+            raise ConfigError(f"timeout_s must be > 0, got {timeout_s}", where="reward.timeout_s")
         self.functions = list(functions)
         self.on_error: OnError = on_error
+        self.timeout_s = timeout_s
 
     def check_columns(
         self, columns: Collection[str], *, source: str = "the dataset", token_ids: bool = True
@@ -227,8 +240,8 @@ class RewardSet:
         shared: dict[str, Any] = {TRAINER_STATE: trainer_state}
         if completion_ids is not None:
             shared[COMPLETION_IDS] = completion_ids
-        outputs = _gathered(
-            [_attempt(lambda rf=rf: rf(prompts, completions, columns, shared)) for rf in self.functions]
+        outputs = self._run(
+            [lambda rf=rf: rf(prompts, completions, columns, shared) for rf in self.functions]
         )
         total = torch.zeros(size, dtype=torch.float64)
         applicable = torch.zeros(size, dtype=torch.bool)
@@ -266,6 +279,9 @@ class RewardSet:
             return _checked(rf, out, size), torch.zeros(size, dtype=torch.bool)
         if self.on_error == "raise":
             raise _raised(rf, out) from out
+        if isinstance(out, RewardTimeoutError):  # a retry per sample would wait up to size times as long
+            logger.warning("%s; the batch scores 0 from it", _raised(rf, out))
+            return [0.0] * size, torch.ones(size, dtype=torch.bool)
         logger.warning("%s; retrying sample by sample", _raised(rf, out))
         ids = shared.get(COMPLETION_IDS)
 
@@ -274,7 +290,7 @@ class RewardSet:
             passed = {**shared, **({} if ids is None else {COMPLETION_IDS: [ids[i]]})}
             return lambda: rf([prompts[i]], [completions[i]], cols, passed)
 
-        outs = _gathered([_attempt(one(i)) for i in range(size)])
+        outs = self._run([one(i) for i in range(size)])
         values: list[float | None] = []
         errors = torch.zeros(size, dtype=torch.bool)
         for i, single in enumerate(outs):
@@ -296,6 +312,42 @@ class RewardSet:
             )
         return values, errors
 
+    def _run(self, calls: list[Callable[[], Any]]) -> list[Any]:
+        """Each call's result, awaitables awaited (all concurrently), or the Exception it raised; with
+        ``timeout_s``, :class:`RewardTimeoutError` for one that did not finish in time."""
+        if self.timeout_s is None:
+            return _gathered([_attempt(call) for call in calls])
+        return _gathered(_threaded(calls, self.timeout_s), self.timeout_s)
+
+
+class RewardTimeoutError(Exception):
+    """A reward function did not return within ``reward.timeout_s``."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"no result after {seconds:g} s (reward.timeout_s)")
+
+
+def _threaded(calls: list[Callable[[], Any]], timeout_s: float) -> list[Any]:
+    """Run ``calls`` on daemon threads at once and wait for each until ``timeout_s`` after the start: its
+    result (an awaitable for an ``async def`` function, awaited later), the Exception it raised, or
+    :class:`RewardTimeoutError`. A thread that never returns is left running (daemon: it does not hold up the
+    process's exit)."""
+    boxes: list[list[Any]] = [[] for _ in calls]
+
+    def run(call: Callable[[], Any], box: list[Any]) -> None:
+        box.append(_attempt(call))
+
+    threads = [
+        threading.Thread(target=run, args=(call, box), daemon=True, name="tandem-reward")
+        for call, box in zip(calls, boxes, strict=True)
+    ]
+    deadline = time.monotonic() + timeout_s
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return [box[0] if box else RewardTimeoutError(timeout_s) for box in boxes]
+
 
 def _attempt(call: Callable[[], Any]) -> Any:
     """``call()``'s result (a coroutine for an ``async def`` function), or the Exception it raised."""
@@ -305,16 +357,17 @@ def _attempt(call: Callable[[], Any]) -> Any:
         return err
 
 
-def _gathered(outputs: list[Any]) -> list[Any]:
+def _gathered(outputs: list[Any], timeout_s: float | None = None) -> list[Any]:
     """``outputs`` with every awaitable among them awaited, all concurrently in one event loop (an
-    exception in place of the value of one that raised). In a thread that already runs a loop (a
-    notebook, an async server) the loop runs in a helper thread."""
+    exception in place of the value of one that raised; :class:`RewardTimeoutError` for one still running
+    ``timeout_s`` after they started). In a thread that already runs a loop (a notebook, an async server)
+    the loop runs in a helper thread."""
     pending = [i for i, out in enumerate(outputs) if inspect.isawaitable(out)]
     if not pending:
         return outputs
 
     async def gather() -> list[Any]:
-        return await asyncio.gather(*(_awaited(outputs[i]) for i in pending))
+        return await asyncio.gather(*(_awaited(outputs[i], timeout_s) for i in pending))
 
     try:
         asyncio.get_running_loop()
@@ -329,11 +382,20 @@ def _gathered(outputs: list[Any]) -> list[Any]:
     return resolved
 
 
-async def _awaited(awaitable: Awaitable[Any]) -> Any:
-    try:
-        return await awaitable
-    except Exception as err:
-        return err
+async def _awaited(awaitable: Awaitable[Any], timeout_s: float | None) -> Any:
+    """The awaitable's value or the Exception it raised; :class:`RewardTimeoutError` (and cancelled) when
+    still running after ``timeout_s`` (a TimeoutError of the function's own stays its own)."""
+    task = asyncio.ensure_future(awaitable)
+    done, _ = await asyncio.wait({task}, timeout=timeout_s)
+    if not done:
+        task.cancel()
+        return RewardTimeoutError(timeout_s or 0.0)
+    error = task.exception()
+    if error is None:
+        return task.result()
+    if isinstance(error, Exception):
+        return error
+    raise error
 
 
 def _quoted(names: Sequence[str]) -> str:
@@ -355,6 +417,8 @@ def _check_batch(prompts: list[str], completions: list[str], columns: dict[str, 
 
 
 def _raised(rf: RewardFunction, err: BaseException) -> RewardError:
+    if isinstance(err, RewardTimeoutError):
+        return RewardError(f"reward '{rf.name}' timed out: {err} ({rf.origin})")
     message = f": {str(err).splitlines()[0]}" if str(err).strip() else ""
     return RewardError(f"reward '{rf.name}' raised {type(err).__name__}{message} ({rf.origin})")
 

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import math
 import re
+import threading
 
 import numpy as np
 import pytest
@@ -437,3 +438,58 @@ def test_async_functions_inside_a_running_event_loop():
         return RewardSet([RewardFunction("j", judge)])(PROMPTS, COMPLETIONS)
 
     assert asyncio.run(main()).scores.tolist() == [1.0, 1.0, 1.0]
+
+
+def _hanging(release: threading.Event):
+    """A judge that hangs until ``release`` is set (at most 30 s), then scores 1: a score of 1 means the
+    timeout did not cut it off."""
+
+    def judge(completions, **kwargs):
+        release.wait(30)
+        return [1.0] * len(completions)
+
+    async def ajudge(completions, **kwargs):
+        for _ in range(3000):
+            if release.is_set():
+                break
+            await asyncio.sleep(0.01)
+        return [1.0] * len(completions)
+
+    return judge, ajudge
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_function_past_its_timeout_counts_as_raising(kind):
+    release = threading.Event()
+    judge = dict(zip(("sync", "async"), _hanging(release), strict=True))[kind]
+    try:
+        functions = [
+            RewardFunction("judge", judge, source="judge.py:judge"),
+            RewardFunction("len", length_reward),
+        ]
+        with pytest.raises(
+            RewardError,
+            match=r"reward 'judge' timed out: no result after 0.2 s \(reward.timeout_s\) \(judge.py:judge\)$",
+        ):
+            RewardSet(functions, timeout_s=0.2)(PROMPTS, COMPLETIONS)
+        out = RewardSet(functions, on_error="skip", timeout_s=0.2)(PROMPTS, COMPLETIONS)
+        assert out.per_function["judge"].tolist() == [0.0, 0.0, 0.0]  # not the 1.0 it would give later
+        assert out.metrics["reward/judge/errors"] == 3.0 and out.scores.tolist() == [1.0, 2.0, 3.0]
+    finally:
+        release.set()
+
+
+def test_a_timeout_leaves_fast_functions_and_their_errors_as_they_are():
+    rs = RewardSet(
+        [RewardFunction("len", length_reward), RewardFunction("p", picky)], on_error="skip", timeout_s=5
+    )
+    out = rs(PROMPTS, COMPLETIONS)  # picky raises on the batch: retried per sample, as without a timeout
+    assert out.scores.tolist() == [2.0, 2.0, 4.0] and out.metrics["reward/p/errors"] == 1.0
+
+    async def own_timeout(completions, **kwargs):
+        raise TimeoutError("the judge's API said so")
+
+    with pytest.raises(RewardError, match="raised TimeoutError: the judge's API said so"):
+        RewardSet([RewardFunction("j", own_timeout)], timeout_s=5)(PROMPTS, COMPLETIONS)
+    with pytest.raises(ConfigError, match="reward.timeout_s"):
+        RewardSet([], timeout_s=0)

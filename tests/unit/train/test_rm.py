@@ -60,14 +60,19 @@ def test_saved_folder_round_trips_scores_and_stats(trained_rm):
     assert stats["count"] == 16 and stats["std"] > 0
 
 
-def test_reward_model_as_rl_reward_with_fixed_normalisation(trained_rm):
+@pytest.mark.parametrize("timeout_s", [None, 60.0], ids=["inline", "on-a-thread"])
+def test_reward_model_as_rl_reward_with_fixed_normalisation(trained_rm, timeout_s):
+    """With reward.timeout_s the reward model scores on a background thread: the same scores."""
     from tandem.orchestration.build import build_rewards
 
     _, _, _, out = trained_rm
     cfg = RewardConfig(
-        task_reward=False, model={"path": str(out), "weight": 0.5, "normalize": "fixed", "batch_size": 3}
+        task_reward=False,
+        model={"path": str(out), "weight": 0.5, "normalize": "fixed", "batch_size": 3},
+        timeout_s=timeout_s,
     )
     rewards = build_rewards(cfg, task=None)
+    assert rewards.timeout_s == timeout_s
     result = rewards(["q1?"] * 4, ["yes", "no", "yes", "no"], {})
     stats = rm.read_reward_stats(out)
     model, tok = rm.load_reward_model(out)
