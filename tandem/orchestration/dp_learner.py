@@ -39,6 +39,7 @@ import torch.distributed as dist
 from tandem.algos import POLICY_LOSSES
 from tandem.config.schema import TandemConfig
 from tandem.errors import TandemError
+from tandem.models.lora import AdapterDisabled
 from tandem.monitor import PhaseTimer
 from tandem.orchestration.build import build_critic, build_policy, build_reference, build_teacher
 from tandem.orchestration.learner import LearnerStep
@@ -194,6 +195,7 @@ class DataParallelLearner:
                     release_plain_optimizer(plain)
             learn.dp = dp
             learn.share_reference()  # a resumed run's moved reference (kl.ref_sync_steps), after the critic
+            shard_reference(cfg, dp, learn.ref_model)  # fsdp2: a fixed reference, sharded as the ranks do
         except BaseException:
             handle.close()
             raise
@@ -339,6 +341,24 @@ def shard_critic(
     return dp.critic_optimizer
 
 
+def shard_reference(cfg: TandemConfig, dp: DataParallel, ref: torch.nn.Module | None) -> None:
+    """``trainer.strategy: fsdp2`` with a KL reference of its own (β > 0, not a LoRA policy's base): shard it
+    in place on every rank, as the policy (rank 0's replica already on every rank), so each rank holds
+    ``1 / world_size`` of it instead of a whole copy; its passes then run on the shards
+    (:attr:`FullyShardedDataParallel.reference`). A reference that moves (``algorithm.kl.ref_sync_steps``)
+    stays whole: checkpoints and resumes read and write it as one file. Nothing to do otherwise."""
+    if not isinstance(dp, FullyShardedDataParallel) or ref is None or isinstance(ref, AdapterDisabled):
+        return
+    if cfg.algorithm.kl.ref_sync_steps:
+        return
+    f = cfg.trainer.fsdp
+    shard_module(ref, cpu_offload=f.cpu_offload, param_dtype=f.param_dtype, reduce_dtype=f.reduce_dtype)
+    # FSDP2 keeps the root's parameters gathered after a forward until the backward, which a frozen model
+    # never runs: reshard after every forward instead, so only one unit is ever whole
+    ref.set_reshard_after_forward(True)
+    dp.reference = ref
+
+
 def release_plain_optimizer(optimizer: torch.optim.Optimizer) -> None:
     """Rank 0 of an FSDP2 learner: its plain optimiser never steps (the sharded one does; the run
     checkpoint's schedule is copied from it). Drop its state (what a resume loaded) and its references to
@@ -438,6 +458,7 @@ def _serve(spec: RankSpec) -> None:
     learn.load_state_dict(extra["learner"])  # critic warm-up steps taken (a resumed run)
     learn.dp = dp
     learn.share_reference()  # rank 0's, which a resume may have moved (as in DataParallelLearner.start)
+    shard_reference(cfg, dp, ref)  # in the order of DataParallelLearner.start
     while (inputs := dp.receive()) is not None:
         if inputs == REPLICA:  # an alert rolled rank 0 back: take its restored state
             learn.take_replica()

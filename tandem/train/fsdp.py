@@ -174,6 +174,8 @@ class FullyShardedDataParallel(DataParallel):
         # a PPO value model, sharded in place on every rank (dp_learner.shard_critic), and its optimiser
         self.critic: torch.nn.Module | None = None
         self.critic_optimizer: torch.optim.Optimizer | None = None
+        # the KL reference (β > 0, a model of its own), sharded in place on every rank (dp_learner.shard_reference)
+        self.reference: torch.nn.Module | None = None
 
     def update_target(
         self,
@@ -207,8 +209,9 @@ class FullyShardedDataParallel(DataParallel):
         s: ExperienceSettings,
     ) -> torch.Tensor:
         """The policy's passes run on the sharded module, and so do a LoRA policy's reference passes (the
-        sharded module with its adapter off) and the critic's old values (:meth:`score_share`); other models
-        (a separate reference) score as in plain DP."""
+        sharded module with its adapter off), a separate reference's (sharded itself) and the critic's old
+        values (:meth:`score_share`); a model that is not sharded (a reference kept whole) scores as in plain
+        DP."""
         if isinstance(model, AdapterDisabled) and any(model.policy is m for m in (self.full, self.module)):
             model = AdapterDisabled(self.module)
         elif model is self.full:
@@ -228,7 +231,7 @@ class FullyShardedDataParallel(DataParallel):
         forward each, and a rank with fewer micro-batches than another runs the difference as one-row
         forwards whose output is dropped (:meth:`filler_passes`). ``[b, R]`` float32."""
         target = model.policy if isinstance(model, AdapterDisabled) else model  # a LoRA reference: the policy
-        if not any(target is m for m in (self.module, self.critic)):
+        if not any(target is m for m in (self.module, self.critic, self.reference)):
             return super().score_share(scorer, model, r, rows, s)
         chunks = scoring_chunks(r, rows, s)  # positions in rows
         fillers = self.filler_passes(len(chunks))  # agreed before any pass (a collective itself)

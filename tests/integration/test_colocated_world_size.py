@@ -124,6 +124,13 @@ def lora_runs(tiny_model_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def kl_runs(tiny_model_dir, tmp_path_factory):
+    """A KL penalty to a reference model of its own (on two ranks sharded like the policy)."""
+    kl = {"algorithm": {"beta": 0.5}}
+    return _one_two_resumed(tiny_model_dir, tmp_path_factory.mktemp("colocated_kl"), **kl)
+
+
+@pytest.fixture(scope="module")
 def critic_runs(tiny_model_dir, tmp_path_factory):
     """PPO with a separate value model (on two ranks sharded like the policy)."""
     ppo = {"algorithm": {"name": "ppo"}, "critic": {"lr": 1e-3}}
@@ -254,6 +261,23 @@ def test_two_fsdp2_ranks_train_a_ppo_critic_as_one_process(critic_runs):
     assert any(k.startswith("critic.head.") for k in keys) and any(
         k.startswith("critic_optim.") for k in keys
     )
+
+
+@pytest.mark.slow
+def test_two_fsdp2_ranks_score_a_sharded_reference_as_one_process(kl_runs):
+    """The KL reference sharded like the policy (each rank holds half of it): the same KL, losses and
+    weights as one process over 4 steps, and a resume on two ranks repeats them exactly."""
+    one, two = step_rows(kl_runs["one"]), step_rows(kl_runs["straight"])
+    assert one[0]["reward/mean"] == two[0]["reward/mean"]
+    assert one[-1]["actor/kl_ref"] > 0  # the policy has moved from the reference
+    for a, b in zip(one, two, strict=True):
+        for key in ("actor/kl_ref", "actor/loss", "actor/grad_norm"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7), key
+    w1, w2 = _weights(kl_runs["one"], 4), _weights(kl_runs["straight"], 4)
+    for name in w1:
+        torch.testing.assert_close(w2[name], w1[name], rtol=0, atol=1e-6)
+    halves = step_rows(kl_runs["halves"])
+    assert [_stable(r) for r in halves] == [_stable(r) for r in two]
 
 
 @pytest.mark.slow

@@ -31,7 +31,12 @@ from tandem.models import load_causal_lm
 from tandem.models.lora import AdapterDisabled, apply_lora, publishable_state_dict
 from tandem.monitor import PhaseTimer
 from tandem.orchestration.decoupled.learner import ChannelWeights
-from tandem.orchestration.dp_learner import release_plain_optimizer, sharded_rank, whole_groups
+from tandem.orchestration.dp_learner import (
+    release_plain_optimizer,
+    shard_reference,
+    sharded_rank,
+    whole_groups,
+)
 from tandem.orchestration.learner import LearnerStep
 from tandem.train.distributed import DataParallel, host_store, init_group, join_store
 from tandem.train.experience import ExperienceSettings, scoring_logprobs
@@ -212,6 +217,7 @@ def _learner(cfg, dp: DataParallel | None) -> tuple[LearnerStep, list[torch.Tens
     originals = [weakref.ref(p) for p in policy.parameters()]
     fsdp = sharded_rank(cfg, dp, policy, {"optimizer": optimizer.state_dict()})
     fsdp.scheduler = None  # as the single-process reference: a constant learning rate
+    shard_reference(cfg, fsdp, ref)  # a separate KL reference: sharded too (as DataParallelLearner.start)
     if dp.rank == 0:  # as DataParallelLearner.start: the plain optimiser lets go of the parameters
         release_plain_optimizer(learn.optimizer)
     else:
@@ -274,6 +280,10 @@ def _publish(cfg, learn: LearnerStep) -> dict:
         ),
         "policy_bytes": sum(p.numel() * p.element_size() for p in _policy(cfg)[0].parameters()),
     }
+    ref = learn.ref_model
+    if ref is not None and not isinstance(ref, AdapterDisabled):  # a KL reference of its own
+        out["reference_sharded"] = all(isinstance(p, DTensor) for p in ref.parameters())
+        out["reference_bytes"] = local_bytes(ref)
     if fsdp.rank == 0:
         template = load_causal_lm(cfg.model.path).state_dict()
         out["full_bytes"] = sum(t.numel() * t.element_size() for t in template.values())
@@ -448,6 +458,19 @@ def test_decoupled_rank0_holds_only_its_shards(name, fsdp_results, tiny_model_di
     model_bytes = rank0[name]["policy_bytes"]  # a LoRA policy's: its base and its adapter
     assert rank0[name]["bytes"] + rank1[name]["bytes"] == model_bytes
     assert rank0[name]["bytes"] <= 0.6 * model_bytes
+
+
+@pytest.mark.parametrize(
+    "name", [n for n, c in CASES.items() if c["algorithm"].get("beta") and "model" not in c]
+)
+def test_a_separate_reference_is_sharded_too(name, fsdp_results):
+    """β > 0 with a reference model of its own: every rank holds its shard of it, not a whole copy (the
+    reference passes on the shards are checked against one process by the gradients above)."""
+    _, (rank0, rank1) = fsdp_results
+    assert rank0[name]["reference_sharded"] and rank1[name]["reference_sharded"]
+    whole = rank0[name]["policy_bytes"]  # the same architecture
+    assert rank0[name]["reference_bytes"] + rank1[name]["reference_bytes"] == whole
+    assert rank0[name]["reference_bytes"] <= 0.6 * whole
 
 
 @pytest.mark.parametrize("name", list(CASES))
