@@ -290,7 +290,7 @@ class RewardSet:
             passed = {**shared, **({} if ids is None else {COMPLETION_IDS: [ids[i]]})}
             return lambda: rf([prompts[i]], [completions[i]], cols, passed)
 
-        outs = self._run([one(i) for i in range(size)])
+        outs = self._run([one(i) for i in range(size)], together=False)
         values: list[float | None] = []
         errors = torch.zeros(size, dtype=torch.bool)
         for i, single in enumerate(outs):
@@ -312,12 +312,20 @@ class RewardSet:
             )
         return values, errors
 
-    def _run(self, calls: list[Callable[[], Any]]) -> list[Any]:
+    def _run(self, calls: list[Callable[[], Any]], *, together: bool = True) -> list[Any]:
         """Each call's result, awaitables awaited (all concurrently), or the Exception it raised; with
-        ``timeout_s``, :class:`RewardTimeoutError` for one that did not finish in time."""
+        ``timeout_s``, :class:`RewardTimeoutError` for one that did not finish in time. ``together``: the
+        calls are different functions, each on its own thread; else they are one function's per-sample
+        retries, run one after another on one thread (a plain function is never run concurrently with
+        itself) within one limit."""
         if self.timeout_s is None:
             return _gathered([_attempt(call) for call in calls])
-        return _gathered(_threaded(calls, self.timeout_s), self.timeout_s)
+        if together:
+            return _gathered(_threaded(calls, self.timeout_s), self.timeout_s)
+        (outs,) = _threaded([lambda: [_attempt(call) for call in calls]], self.timeout_s)
+        if isinstance(outs, Exception):  # the limit passed before the last sample was scored
+            return [outs] * len(calls)
+        return _gathered(outs, self.timeout_s)
 
 
 class RewardTimeoutError(Exception):

@@ -486,6 +486,18 @@ def test_a_timeout_leaves_fast_functions_and_their_errors_as_they_are():
     out = rs(PROMPTS, COMPLETIONS)  # picky raises on the batch: retried per sample, as without a timeout
     assert out.scores.tolist() == [2.0, 2.0, 4.0] and out.metrics["reward/p/errors"] == 1.0
 
+    threads = set()
+
+    def per_sample_only(completions, **kwargs):
+        if len(completions) > 1:
+            raise ValueError("one at a time")
+        threads.add(threading.get_ident())
+        return [1.0]
+
+    skip = RewardSet([RewardFunction("one", per_sample_only)], on_error="skip", timeout_s=5)
+    assert skip(PROMPTS, COMPLETIONS).scores.tolist() == [1.0, 1.0, 1.0]
+    assert len(threads) == 1 and threading.get_ident() not in threads  # in turn, on a background thread
+
     async def own_timeout(completions, **kwargs):
         raise TimeoutError("the judge's API said so")
 
