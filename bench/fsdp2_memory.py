@@ -32,8 +32,14 @@ fsdp2``): the same Llama's decoder with a scalar head (:class:`tandem.models.val
 place on every rank with ``values`` as its FSDP forward, one AdamW step on a value loss. No rank keeps a
 plain copy of it (it is never published or generated from), so the per-rank share is the whole story.
 
+``--reference`` measures the KL reference (β > 0, a model of its own): frozen, no optimiser, sharded in
+place on every rank (:func:`tandem.orchestration.dp_learner.shard_reference`) and read by no-grad forwards.
+Reported per rank after such a forward: its shard's bytes and the storage of plain parameters still alive;
+also without ``set_reshard_after_forward(True)``, to show what FSDP2 would keep gathered (the root's
+embeddings and head: a frozen model runs no backward to reshard them).
+
     OMP_NUM_THREADS=1 .venv/bin/python bench/fsdp2_memory.py [--world 2] [--param-dtype bfloat16] [--cpu-offload]
-        [--lora 8 | --critic]
+        [--lora 8 | --critic | --reference]
 """
 
 from __future__ import annotations
@@ -114,6 +120,22 @@ def _measure(
     return out
 
 
+def _measure_reference(sharded: bool, fsdp: dict | None = None, reshard: bool = True) -> dict[str, int]:
+    """A frozen reference after one no-grad forward: its local bytes and the plain parameter storage alive
+    (0 when every unit is resharded)."""
+    model = _model()
+    model.eval()
+    model.requires_grad_(False)
+    if sharded:
+        shard_module(model, **(fsdp or {}))
+        if reshard:
+            model.set_reshard_after_forward(True)  # as shard_reference does
+    ids = torch.randint(0, SIZES["vocab_size"], (2, 32), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        model(input_ids=ids)
+    return {"params": local_bytes(model), "plain_alive": _plain_param_bytes()}
+
+
 def _plain_param_bytes() -> int:
     """Storage bytes of every plain (not DTensor) parameter alive in this process (FSDP2's unsharded
     placeholders have their storage freed between forwards: 0)."""
@@ -165,14 +187,40 @@ def _decoupled_reads(model: torch.nn.Module, rank: int) -> dict[str, int]:
     }
 
 
+def _print_reference(one: dict, ranks: list[dict], world: int, fsdp: dict) -> None:
+    mb = 2**20
+    print(
+        f"KL reference: {one['params'] / 4 / 1e6:.1f}M parameters (fp32, frozen), world size {world} "
+        f"(gloo, CPU), {fsdp}; after one no-grad forward"
+    )
+    print(f"1 process: {one['params'] / mb:.1f} MB of parameters")
+    for r, m in enumerate(ranks):
+        held = m["resharded"]["params"] + m["resharded"]["plain_alive"]
+        kept = m["root_kept"]["params"] + m["root_kept"]["plain_alive"]
+        print(
+            f"rank {r}: {held / mb:.1f} MB = {held / one['params']:.1%} of one process (shard "
+            f"{m['resharded']['params'] / mb:.1f} MB, plain storage alive {m['resharded']['plain_alive']} B); "
+            f"without resharding the root after the forward: {kept / mb:.1f} MB = {kept / one['params']:.1%}"
+        )
+
+
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def _rank(rank: int, world: int, port: int, out: str, fsdp: dict, lora: int, critic: bool) -> None:
+def _rank(
+    rank: int, world: int, port: int, out: str, fsdp: dict, lora: int, critic: bool, reference: bool
+) -> None:
     torch.set_num_threads(1)
     init_group(join_store(port, world, 120.0), rank, world, "gloo")
     try:
+        if reference:
+            measured = {
+                "resharded": _measure_reference(True, fsdp),
+                "root_kept": _measure_reference(True, fsdp, reshard=False),
+            }
+            Path(out, f"rank{rank}.json").write_text(json.dumps(measured))
+            return
         measured = _measure(sharded=True, fsdp=fsdp, rank=rank, lora=lora, critic=critic)
         if lora:  # the colocated arrangement: the frozen base whole on every rank, only adapters sharded
             measured["colocated"] = _measure(sharded=True, fsdp=fsdp, rank=rank, lora=lora, replicate=True)
@@ -188,17 +236,24 @@ def main() -> None:
     ap.add_argument("--cpu-offload", action="store_true")
     ap.add_argument("--lora", type=int, default=0, metavar="R", help="LoRA adapters of rank R (0: none)")
     ap.add_argument("--critic", action="store_true", help="PPO's separate value model instead of the policy")
+    ap.add_argument("--reference", action="store_true", help="the frozen KL reference instead of the policy")
     args = ap.parse_args()
-    if args.critic and args.lora:
-        ap.error("--critic measures the value model (full fine-tuning); drop --lora")
+    if sum([args.critic, bool(args.lora), args.reference]) > 1:
+        ap.error("choose one of --lora, --critic and --reference")
     torch.set_num_threads(1)
     fsdp = {"param_dtype": args.param_dtype, "cpu_offload": args.cpu_offload}
-    one = _measure(sharded=False, lora=args.lora, critic=args.critic)
+    if args.reference:
+        one = _measure_reference(False)
+    else:
+        one = _measure(sharded=False, lora=args.lora, critic=args.critic)
     with tempfile.TemporaryDirectory() as out:
         store = host_store(args.world, 120.0)
         ctx = mp.get_context("spawn")
         procs = [
-            ctx.Process(target=_rank, args=(r, args.world, store.port, out, fsdp, args.lora, args.critic))
+            ctx.Process(
+                target=_rank,
+                args=(r, args.world, store.port, out, fsdp, args.lora, args.critic, args.reference),
+            )
             for r in range(args.world)
         ]
         for p in procs:
@@ -208,6 +263,9 @@ def main() -> None:
         if any(p.exitcode != 0 for p in procs):
             raise SystemExit(f"a rank failed: exit codes {[p.exitcode for p in procs]}")
         ranks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(args.world)]
+    if args.reference:
+        _print_reference(one, ranks, args.world, fsdp)
+        return
     n_params = one["params"] // 4
     total_one = one["params"] + one["optim"]
     what = "value model (decoder + scalar head)" if args.critic else "model"
