@@ -345,11 +345,10 @@ def shard_reference(cfg: TandemConfig, dp: DataParallel, ref: torch.nn.Module | 
     """``trainer.strategy: fsdp2`` with a KL reference of its own (β > 0, not a LoRA policy's base): shard it
     in place on every rank, as the policy (rank 0's replica already on every rank), so each rank holds
     ``1 / world_size`` of it instead of a whole copy; its passes then run on the shards
-    (:attr:`FullyShardedDataParallel.reference`). A reference that moves (``algorithm.kl.ref_sync_steps``)
-    stays whole: checkpoints and resumes read and write it as one file. Nothing to do otherwise."""
+    (:attr:`FullyShardedDataParallel.reference`). One that moves (``algorithm.kl.ref_sync_steps``) moves
+    its shards towards the policy's (sharded alike), is gathered into the checkpoint's one file and
+    restored by every rank from it. Nothing to do otherwise."""
     if not isinstance(dp, FullyShardedDataParallel) or ref is None or isinstance(ref, AdapterDisabled):
-        return
-    if cfg.algorithm.kl.ref_sync_steps:
         return
     f = cfg.trainer.fsdp
     shard_module(ref, cpu_offload=f.cpu_offload, param_dtype=f.param_dtype, reduce_dtype=f.reduce_dtype)

@@ -206,9 +206,26 @@ class LearnerStep:
 
     def share_reference(self) -> None:
         """Every rank, at the same point: rank 0's KL reference, where it moves (``algorithm.kl.ref_sync_steps``)
-        and a resume or a rollback restored a moved one on rank 0 only. Nothing to do otherwise."""
-        if self.dp is not None and self.ref_sync is not None and self.ref_model is not None:
-            self.dp.broadcast_replica(self.ref_model)
+        and a resume or a rollback restored a moved one on rank 0 only. Nothing to do otherwise, nor for a
+        reference sharded over FSDP2 ranks (each rank restores its own shards from the checkpoint)."""
+        if self.dp is None or self.ref_sync is None or self.ref_model is None:
+            return
+        if getattr(self.dp, "reference", None) is self.ref_model:
+            return
+        self.dp.broadcast_replica(self.ref_model)
+
+    @contextmanager
+    def plain_reference(self) -> Iterator[torch.nn.Module | None]:
+        """Rank 0: the KL reference as a plain module for the run checkpoint: ``ref_model`` itself, or,
+        where it moves and is sharded over FSDP2 ranks, a transient copy gathered from the shards (a
+        collective the other ranks join), dropped on exit. A fixed reference is not checkpointed: itself."""
+        sharded = getattr(self.dp, "reference", None)
+        if self.ref_sync is None or sharded is None or sharded is not self.ref_model:
+            yield self.ref_model
+            return
+        from tandem.train.fsdp import unsharded_copy  # torch.distributed's FSDP: only for sharded learners
+
+        yield unsharded_copy(self.ref_model, self.dp.stream_reference())
 
     def take_replica(self) -> None:
         """Ranks 1..M-1: take rank 0's restored state (:meth:`share_replica`)."""
@@ -349,7 +366,7 @@ class LearnerStep:
             and self.steps_done % self.ref_sync[0] == 0
         ):
             # after the step, towards its weights; every learner rank moves its own copy alike
-            source = self.policy.named_parameters() if dp is None else dp.whole_parameters(self.policy)
+            source = self.policy.named_parameters() if dp is None else dp.reference_source(self.policy)
             mix_into(self.ref_model, source, self.ref_sync[1])
             metrics["actor/ref_synced"] = 1.0
         if self.kl_ctl is not None:

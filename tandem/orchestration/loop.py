@@ -141,9 +141,11 @@ def checkpoint(setup: LoopSetup) -> None:
     root, shards = setup.result.run_dir / "checkpoints", trainer.learn.shard_writer()
     # FSDP2 decoupled rank 0: model/ is a transient copy gathered from the shards, of the weights the run
     # evaluates (trainer.ema_decay: the average); the DCP shards written beside it hold the live weights
-    with trainer.learn.plain_policy(averaged=True) as policy:
+    # (and a moved KL reference sharded over FSDP2 ranks: a transient copy too, for reference.safetensors)
+    with trainer.learn.plain_policy(averaged=True) as policy, trainer.learn.plain_reference() as reference:
         gathered = policy is not setup.parts.policy
         parts = replace(setup.parts, policy=policy, average=None) if gathered else setup.parts
+        parts = replace(parts, ref_model=reference)
         save_run_checkpoint(root, trainer.step, parts, setup.cfg, extra, sharded=shards)
     trainer.source.checkpointed()  # only now is every update so far durable
 

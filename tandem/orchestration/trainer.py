@@ -177,7 +177,8 @@ class Trainer:
         state = load_checkpoint(folder, model=None, scheduler=self.learn.live_optimizer()[1])
         if parts.average is not None and not parts.average.sharded:  # rank 0's, over its plain policy
             restart_average(folder, parts)
-        restore_reference(folder, parts)  # rank 0's; sync_ranks hands it to the others
+        if getattr(dp, "reference", None) is None:  # a sharded one: every rank read its shards above
+            restore_reference(folder, parts)  # rank 0's; sync_ranks hands it to the others
         return state
 
     def sync_ranks(self) -> None:

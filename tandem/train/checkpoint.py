@@ -42,6 +42,7 @@ import torch
 
 from tandem.errors import ModelError
 from tandem.models.lora import is_lora, load_adapter_weights
+from tandem.train.reference_sync import REFERENCE_WEIGHTS  # algorithm.kl.ref_sync_steps: the moved reference
 from tandem.utils.io import atomic_dir
 from tandem.utils.jsonable import to_jsonable
 from tandem.utils.seed import rng_state, set_rng_state
@@ -53,7 +54,6 @@ COMPLETE_MARKER = "COMPLETE"
 CRITIC_WEIGHTS = "critic/model.safetensors"
 CRITIC_OPTIMIZER = "critic/optimizer.pt"
 LIVE_WEIGHTS = "live.safetensors"  # trainer.ema_decay: the live weights beside model/'s average
-REFERENCE_WEIGHTS = "reference.safetensors"  # algorithm.kl.ref_sync_steps: the moved KL reference
 SHARDED_STATE = "sharded"  # a DCP folder of the policy and optimiser state (FSDP2 learners)
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 # Hidden folders a save or prune leaves when its process dies mid-way (see atomic_dir, prune_checkpoints).

@@ -317,9 +317,9 @@ class DataParallel:
                     t.copy_(buf)
         return self.share_object(extra) or {}
 
-    def whole_parameters(self, policy: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-        """Every rank, at the same point: the policy's parameters as whole tensors by name, one at a time
-        (what moves the KL reference, ``algorithm.kl.ref_sync_steps``). A replica has them itself."""
+    def reference_source(self, policy: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every rank, at the same point: what its copy of the KL reference moves towards
+        (``algorithm.kl.ref_sync_steps``), by name: a replica's own policy parameters."""
         return iter(policy.named_parameters())
 
     def share_object(self, obj: Any) -> Any:

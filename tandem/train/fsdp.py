@@ -59,6 +59,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+import safetensors.torch
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -76,6 +77,7 @@ from tandem.models.lora import AdapterDisabled, adapted_like, is_lora
 from tandem.train.averaging import WeightAverage
 from tandem.train.distributed import REPLICA, DataParallel, StepInputs
 from tandem.train.experience import ExperienceSettings, Scorer, scoring_chunks
+from tandem.train.reference_sync import REFERENCE_WEIGHTS
 from tandem.train.update import filler_row
 from tandem.types import RolloutBatch
 
@@ -266,14 +268,22 @@ class FullyShardedDataParallel(DataParallel):
         yield from stream_full(self.module)
         self.in_step = False
 
-    def whole_parameters(self, policy: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-        """The sharded policy's entries gathered one at a time (a collective: every rank iterates to the
-        end); ``policy`` (rank 0's plain one, stale without ``keeps_full``) is not read."""
-        return self._whole()
+    def reference_source(self, policy: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+        """What the KL reference moves towards: the sharded policy's own shards, since the reference is
+        sharded alike (:attr:`reference`, ``dp_learner.shard_reference``): each rank moves its shards, no
+        communication. ``policy`` (rank 0's plain one, stale without ``keeps_full``) is not read."""
+        if self.reference is None:
+            raise RuntimeError("an FSDP2 learner moves a sharded reference only (dp_learner.shard_reference)")
+        return iter(self.module.named_parameters())
 
-    def _whole(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def stream_reference(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Rank 0: the sharded reference's state-dict entries gathered one at a time (the run checkpoint's
+        ``reference.safetensors``); the other ranks join each gather from :meth:`receive`. Iterate to the
+        end."""
+        assert self.reference is not None and self.rank == 0
         self.in_step = True  # inside a collective: stopping now means terminating the ranks
-        yield from stream_full(self.module)
+        dist.broadcast_object_list([{"cmd": "gather_reference"}], src=0)
+        yield from stream_full(self.reference)
         self.in_step = False
 
     # -- run checkpoints -------------------------------------------------------------------------------
@@ -309,6 +319,23 @@ class FullyShardedDataParallel(DataParallel):
         load_sharded(folder, self.module, self.optimizer, critic=self._critic_pair(), average=self.average)
         if self.keeps_full:
             gather_full(self.module, self.full)
+        self._restore_reference(folder.parent)
+
+    def _restore_reference(self, checkpoint: Path) -> None:
+        """Every rank: its shards of the moved KL reference from the checkpoint's ``reference.safetensors``
+        (each rank reads the file and keeps its own part: no communication); nothing without a sharded
+        reference or without the file."""
+        file = checkpoint / REFERENCE_WEIGHTS
+        if self.reference is None or not file.is_file():
+            return
+        saved = safetensors.torch.load_file(str(file), device="cpu")
+        with torch.no_grad():
+            for name, p in self.reference.named_parameters():
+                whole = saved[name].to(device=p.device, dtype=p.dtype)
+                if isinstance(p, DTensor):
+                    p.copy_(distribute_tensor(whole, p.device_mesh, p.placements, src_data_rank=None))
+                else:
+                    p.copy_(whole)
 
     def _critic_pair(self) -> tuple[torch.nn.Module, torch.optim.Optimizer] | None:
         if self.critic is None or self.critic_optimizer is None:
@@ -324,6 +351,9 @@ class FullyShardedDataParallel(DataParallel):
                 with self.average.applied() if header["average"] and self.average else nullcontext():
                     for _ in stream_full(self.module):
                         pass
+            elif header["cmd"] == "gather_reference":  # rank 0 checkpoints the moved KL reference
+                for _ in stream_full(self.reference):
+                    pass
             elif header["cmd"] == "save_shards":
                 self.save_shards(Path(header["folder"]))
             elif header["cmd"] == "restore_shards":

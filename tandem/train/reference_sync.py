@@ -16,6 +16,8 @@ import torch
 
 from tandem.train.averaging import weights_mismatch
 
+REFERENCE_WEIGHTS = "reference.safetensors"  # a run checkpoint's moved KL reference
+
 
 def parameter_mismatch(reference: torch.nn.Module, policy: torch.nn.Module) -> str | None:
     """Why ``reference`` cannot be moved towards ``policy`` (parameters of other names or shapes), or
@@ -31,8 +33,8 @@ def parameter_mismatch(reference: torch.nn.Module, policy: torch.nn.Module) -> s
 def mix_into(reference: torch.nn.Module, policy: Iterable[tuple[str, torch.Tensor]], alpha: float) -> None:
     """``ref ← α·policy + (1 − α)·ref`` for every parameter, in place (``α`` in (0, 1]; 1 copies).
 
-    ``policy``: the policy's whole tensors by name, taken one at a time (its ``named_parameters()``, or an
-    FSDP2 learner's gathered stream, :meth:`~tandem.train.distributed.DataParallel.whole_parameters`);
+    ``policy``: the policy's tensors by name (its ``named_parameters()``; on an FSDP2 learner its shards,
+    with the reference sharded alike: :meth:`~tandem.train.distributed.DataParallel.reference_source`);
     names the reference has no parameter of (buffers, the second name of a tied weight) are passed over.
     Tied parameters are moved once (``named_parameters`` lists a shared tensor once)."""
     if not 0 < alpha <= 1:

@@ -15,7 +15,7 @@ import torch
 from run_checks import step_rows
 
 from tandem.config import build_config
-from tandem.orchestration.decoupled.runtime import train_decoupled
+from tandem.orchestration.decoupled.runtime import RunHooks, train_decoupled
 from tandem.train.checkpoint import REFERENCE_WEIGHTS, checkpoint_dir
 
 DIGITS = f"{Path(__file__).parents[1] / 'e2e' / 'digits_reward.py'}:digit_share"
@@ -60,7 +60,17 @@ def one_process(tiny_model_dir, tmp_path_factory):
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
 def test_two_ranks_move_the_reference_as_one_process(one_process, tiny_model_dir, tmp_path, strategy):
     torch.set_num_threads(1)
-    two = train_decoupled(_cfg(tiny_model_dir, tmp_path / "two", 2, strategy), progress=False).run_dir
+    sharded: list[bool] = []
+
+    def on_step(run, step):  # FSDP2: the moving reference is sharded like the policy, and moves its shards
+        learn = run.learner.learn
+        sharded.append(getattr(learn.dp, "reference", None) is learn.ref_model)
+
+    hooks = RunHooks(on_step)
+    two = train_decoupled(
+        _cfg(tiny_model_dir, tmp_path / "two", 2, strategy), progress=False, hooks=hooks
+    ).run_dir
+    assert sharded == [strategy == "fsdp2"] * 3
     # step 3 runs against the reset reference on both ranks: its KL is the one process's
     assert [s for s, _ in _kl(two)] == [1, 2, 3]
     for (_, a), (_, b) in zip(_kl(two), _kl(one_process), strict=True):
