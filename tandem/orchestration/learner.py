@@ -210,22 +210,22 @@ class LearnerStep:
         reference sharded over FSDP2 ranks (each rank restores its own shards from the checkpoint)."""
         if self.dp is None or self.ref_sync is None or self.ref_model is None:
             return
-        if getattr(self.dp, "reference", None) is self.ref_model:
-            return
-        self.dp.broadcast_replica(self.ref_model)
+        if self.dp.reference is not self.ref_model:
+            self.dp.broadcast_replica(self.ref_model)
 
     @contextmanager
     def plain_reference(self) -> Iterator[torch.nn.Module | None]:
         """Rank 0: the KL reference as a plain module for the run checkpoint: ``ref_model`` itself, or,
         where it moves and is sharded over FSDP2 ranks, a transient copy gathered from the shards (a
         collective the other ranks join), dropped on exit. A fixed reference is not checkpointed: itself."""
-        sharded = getattr(self.dp, "reference", None)
-        if self.ref_sync is None or sharded is None or sharded is not self.ref_model:
+        dp = self.dp
+        if self.ref_sync is None or dp is None or dp.reference is None or dp.reference is not self.ref_model:
             yield self.ref_model
             return
-        from tandem.train.fsdp import unsharded_copy  # torch.distributed's FSDP: only for sharded learners
+        from tandem.train.fsdp import FullyShardedDataParallel, unsharded_copy  # only for sharded learners
 
-        yield unsharded_copy(self.ref_model, self.dp.stream_reference())
+        assert isinstance(dp, FullyShardedDataParallel)
+        yield unsharded_copy(self.ref_model, dp.stream_reference())
 
     def take_replica(self) -> None:
         """Ranks 1..M-1: take rank 0's restored state (:meth:`share_replica`)."""

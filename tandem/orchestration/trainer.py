@@ -31,7 +31,7 @@ import torch
 
 from tandem.monitor import PhaseTimer
 from tandem.orchestration.learner import LearnerStep
-from tandem.orchestration.parts import load_run_checkpoint, restart_average, restore_reference
+from tandem.orchestration.parts import load_run_checkpoint, restart_average
 from tandem.orchestration.rollout_step import ScoredBatch, sample_rows
 from tandem.train.checkpoint import SHARDED_STATE, load_checkpoint
 from tandem.types import RolloutBatch
@@ -177,8 +177,7 @@ class Trainer:
         state = load_checkpoint(folder, model=None, scheduler=self.learn.live_optimizer()[1])
         if parts.average is not None and not parts.average.sharded:  # rank 0's, over its plain policy
             restart_average(folder, parts)
-        if getattr(dp, "reference", None) is None:  # a sharded one: every rank read its shards above
-            restore_reference(folder, parts)  # rank 0's; sync_ranks hands it to the others
+        # a moved KL reference is sharded on an FSDP2 learner: every rank read its part above
         return state
 
     def sync_ranks(self) -> None:

@@ -170,13 +170,8 @@ class RowSampler:
     def _seen(self, logits: torch.Tensor) -> torch.Tensor | None:
         """The tokens each row has seen, for the repetition penalty (None without one)."""
         if self.repeats and self.seen is None:
-            P = max(len(r.prompt_ids) for r in self.rows)
-            ids = torch.zeros((len(self.rows), P), dtype=torch.long, device=logits.device)
-            mask = torch.zeros((len(self.rows), P), dtype=torch.bool, device=logits.device)
-            for i, r in enumerate(self.rows):
-                ids[i, : len(r.prompt_ids)] = torch.tensor(r.prompt_ids, dtype=torch.long)
-                mask[i, : len(r.prompt_ids)] = True
-            self.seen = seen_tokens(ids, mask, logits.shape[-1])
+            ids, mask = _pad_left(self.rows, 0)  # padding is masked out
+            self.seen = seen_tokens(ids.to(logits.device), mask.to(logits.device), logits.shape[-1])
         return self.seen
 
     def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -111,6 +111,9 @@ class DataParallel:
         # False: a rollback restores rank 0, whose whole state replaces the other ranks' (share_replica);
         # True (FSDP2): every rank restores its own shards, then takes rank 0's schedule and learner state
         self.state_in_shards = False
+        # FSDP2: the KL reference, sharded in place on every rank (dp_learner.shard_reference); a replica
+        # (DDP) holds its own whole copy, so None here
+        self.reference: torch.nn.Module | None = None
 
     # -- rows ---------------------------------------------------------------------------------------------
     def local_rows(self, mb: Experience) -> torch.Tensor:

@@ -176,8 +176,6 @@ class FullyShardedDataParallel(DataParallel):
         # a PPO value model, sharded in place on every rank (dp_learner.shard_critic), and its optimiser
         self.critic: torch.nn.Module | None = None
         self.critic_optimizer: torch.optim.Optimizer | None = None
-        # the KL reference (β > 0, a model of its own), sharded in place on every rank (dp_learner.shard_reference)
-        self.reference: torch.nn.Module | None = None
 
     def update_target(
         self,
@@ -330,12 +328,9 @@ class FullyShardedDataParallel(DataParallel):
             return
         saved = safetensors.torch.load_file(str(file), device="cpu")
         with torch.no_grad():
-            for name, p in self.reference.named_parameters():
+            for name, p in self.reference.named_parameters():  # every one a DTensor (fully_shard)
                 whole = saved[name].to(device=p.device, dtype=p.dtype)
-                if isinstance(p, DTensor):
-                    p.copy_(distribute_tensor(whole, p.device_mesh, p.placements, src_data_rank=None))
-                else:
-                    p.copy_(whole)
+                p.copy_(distribute_tensor(whole, p.device_mesh, p.placements, src_data_rank=None))
 
     def _critic_pair(self) -> tuple[torch.nn.Module, torch.optim.Optimizer] | None:
         if self.critic is None or self.critic_optimizer is None:
