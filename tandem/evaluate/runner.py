@@ -147,6 +147,7 @@ def run_eval(
             ref_model=ref_model,
             refusals=refusal_capability(data.task),
             on_progress=on_progress,
+            state=target.state,
         )
     finally:
         sampler.close()

@@ -19,7 +19,7 @@ import torch
 from tandem.evaluate.heldout import ProgressFn, ScoredRollouts, correct, generate_scored
 from tandem.evaluate.refusal import RefusalTask, completion_refusals, refusal_metrics
 from tandem.models import response_logprobs
-from tandem.rewards import RewardSet
+from tandem.rewards import RewardSet, TrainerState
 from tandem.rollout.base import RolloutEngine, SamplingParams
 from tandem.types import RolloutBatch
 
@@ -118,8 +118,11 @@ def evaluate_suite(
     ref_model: torch.nn.Module | None = None,
     refusals: RefusalTask | None = None,
     on_progress: ProgressFn | None = None,
+    state: TrainerState | None = None,
 ) -> dict[str, float]:
     """Run the whole suite on ``rows``; ``on_progress(done, total)`` counts prompt-passes (greedy, sampled).
+    ``state``: the reward functions' ``trainer_state`` (the one the run recorded for the model, so that
+    a step-dependent reward scores as the run's own evaluation did; None when there is none).
 
     The KL needs ``policy`` (the engine's model) and ``ref_model``, and the sampled pass. With
     ``refusals`` (a task with the refusal capability) the safety suite adds ``eval/refusal_*`` (greedy)
@@ -133,7 +136,7 @@ def evaluate_suite(
 
     greedy = SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=0.0, stop=list(settings.stop))
     out = generate_scored(
-        engine, rows, rewards, greedy, batch_size=settings.batch_size, on_progress=progress(0)
+        engine, rows, rewards, greedy, batch_size=settings.batch_size, on_progress=progress(0), state=state
     )
     metrics = {"eval/num_prompts": float(len(rows)), **greedy_metrics(out)}
     labels = refusals.refusal_labels(rows) if refusals is not None else []
@@ -150,7 +153,7 @@ def evaluate_suite(
         )
         chunk = max(1, settings.batch_size // settings.samples)
         sampled = generate_scored(
-            engine, rows, rewards, params, batch_size=chunk, on_progress=progress(len(rows))
+            engine, rows, rewards, params, batch_size=chunk, on_progress=progress(len(rows)), state=state
         )
         metrics.update(sampled_metrics(sampled, settings.samples, settings.pass_k))
         if refusals is not None:  # samples are in prompt order, ``samples`` per prompt

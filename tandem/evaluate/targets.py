@@ -10,6 +10,7 @@ settings, so the evaluation sees exactly the prompts the training loop evaluated
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from tandem.config.schema import TandemConfig
 from tandem.data import load_prompt_dataset, rows_from_task
 from tandem.data.outputs import BEST_RECORD, EXPORT_MARKER
 from tandem.errors import ConfigError, ModelError
-from tandem.rewards import RewardFunction, RewardSet, get_task, load_callable
+from tandem.rewards import RewardFunction, RewardSet, TrainerState, get_task, load_callable
 from tandem.rewards.tasks import Task
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -35,6 +36,7 @@ class Target:
     model_dir: Path
     run_dir: Path | None = None
     config: TandemConfig | None = None
+    state: TrainerState | None = None  # the reward functions' trainer_state when the run evaluated it
 
     @property
     def label(self) -> str:
@@ -60,12 +62,12 @@ def resolve_target(path: str | Path) -> Target:
         ckpt = latest_complete_checkpoint(p / "checkpoints")
         if ckpt is None:
             raise ModelError("run has no complete checkpoint", where=str(p / "checkpoints"))
-        return Target(ckpt / "model", p, _run_config(p))
+        return Target(ckpt / "model", p, _run_config(p), _checkpoint_state(ckpt))
     if (p / "model").is_dir() and (p / _COMPLETE).is_file():
         run = p.parent.parent if p.parent.name == "checkpoints" else None
-        return Target(p / "model", run, _run_config(run) if run else None)
+        return Target(p / "model", run, _run_config(run) if run else None, _checkpoint_state(p))
     if (p / BEST_RECORD).is_file() and (p.parent / "checkpoints").is_dir():  # a run's best/ model
-        return Target(p, p.parent, _run_config(p.parent))
+        return Target(p, p.parent, _run_config(p.parent), _recorded_state(_json(p / BEST_RECORD)))
     if (p / "config.json").is_file() or (p / EXPORT_MARKER).is_file():
         return Target(p)
     raise ModelError(
@@ -73,6 +75,26 @@ def resolve_target(path: str | Path) -> Target:
         where=str(p),
         hint="pass runs/NAME, runs/NAME/checkpoints/step-N, a folder with config.json or a tandem export",
     )
+
+
+def _json(path: Path) -> Any:
+    """A JSON file's content; None when it is missing or unreadable (a record, not an input)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _recorded_state(record: Any) -> TrainerState | None:
+    """The reward functions' ``trainer_state`` in a record the run wrote beside a model it kept (None
+    for a run saved before the record existed)."""
+    return TrainerState.from_json(record.get("trainer_state") if isinstance(record, dict) else None)
+
+
+def _checkpoint_state(ckpt: Path) -> TrainerState | None:
+    """The ``trainer_state`` a checkpoint's run recorded at its step (:func:`_recorded_state`)."""
+    state = _json(ckpt / "state.json")
+    return _recorded_state(state.get("extra_state") if isinstance(state, dict) else None)
 
 
 def _run_config(run_dir: Path) -> TandemConfig | None:

@@ -5,7 +5,7 @@ last step (issue 17's curves), so the final checkpoint is not the model a user w
 ``checkpoint.best_metric`` (e.g. ``eval/accuracy``) every evaluation, the step-0 one included, is compared
 with the best so far (``checkpoint.best_mode``: ``max`` or ``min``); a better one replaces ``best/``
 atomically: the policy and tokenizer as a Hugging Face folder (what ``tandem export``, ``tandem serve`` and
-``model.path`` read) and ``best.json`` (step, metric, value) inside it, so the two never disagree. A resumed
+``model.path`` read) and ``best.json`` (step, metric, value, the reward functions' ``trainer_state``) inside it, so the two never disagree. A resumed
 run reads ``best/best.json`` and keeps competing against it. Only the weights are kept, not the optimiser:
 ``best/`` is a model to use, not a point to resume from.
 """
@@ -55,9 +55,20 @@ class BestModel:
             return float(value)
         return None
 
-    def save(self, step: int, value: float, policy: Any, tokenizer: Any | None) -> None:
-        """Replace ``best/`` with ``policy`` (and ``tokenizer``) and the record of ``step`` and ``value``."""
+    def save(
+        self,
+        step: int,
+        value: float,
+        policy: Any,
+        tokenizer: Any | None,
+        trainer_state: dict[str, Any] | None = None,
+    ) -> None:
+        """Replace ``best/`` with ``policy`` (and ``tokenizer``) and the record of ``step`` and ``value``
+        (and ``trainer_state``: what the reward functions saw in that evaluation, which ``tandem eval``
+        passes them again)."""
         record = {"step": step, "metric": self.metric, "mode": self.mode, "value": value}
+        if trainer_state is not None:
+            record["trainer_state"] = trainer_state
         save_model_folder(self.folder, policy, tokenizer, extra_files={BEST_RECORD: record})
         self.record = record
         log.info("best %s so far: %.4f at step %d -> %s", self.metric, value, step, self.folder)

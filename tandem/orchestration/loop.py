@@ -33,7 +33,7 @@ from tandem.monitor import MetricsLogger
 from tandem.monitor.metrics import MetricsListener
 from tandem.orchestration.alerting import AlertController, AlertStopError
 from tandem.orchestration.best import BestModel
-from tandem.orchestration.parts import RunParts, evaluated_weights, save_run_checkpoint
+from tandem.orchestration.parts import RunParts, evaluated_weights, run_state, save_run_checkpoint
 from tandem.orchestration.runfolder import RunResult, finish_run
 from tandem.orchestration.trainer import Trainer
 from tandem.train.checkpoint import latest_checkpoint
@@ -130,14 +130,18 @@ def keep_best(setup: LoopSetup, best: BestModel | None, step: int, metrics: dict
     if value is not None:
         # the weights evaluated (trainer.ema_decay: the average); FSDP2 rank 0: gathered, transient
         with evaluated_weights(setup.parts), setup.trainer.learn.plain_policy() as policy:
-            best.save(step, value, policy, setup.parts.tokenizer)
+            best.save(step, value, policy, setup.parts.tokenizer, run_state(setup.parts, step).to_json())
     setup.result.best = best.summary()
 
 
 def checkpoint(setup: LoopSetup) -> None:
     """Save the parts and the trainer's state at its step; then the batch source may acknowledge."""
     trainer = setup.trainer
-    extra = {trainer.source.state_key: trainer.state_dict(), "eval_before": setup.result.eval_before}
+    extra = {
+        trainer.source.state_key: trainer.state_dict(),
+        "eval_before": setup.result.eval_before,
+        "trainer_state": run_state(setup.parts, trainer.step).to_json(),  # what `tandem eval` passes on
+    }
     root, shards = setup.result.run_dir / "checkpoints", trainer.learn.shard_writer()
     # FSDP2 decoupled rank 0: model/ is a transient copy gathered from the shards, of the weights the run
     # evaluates (trainer.ema_decay: the average); the DCP shards written beside it hold the live weights

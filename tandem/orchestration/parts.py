@@ -36,7 +36,7 @@ from tandem.orchestration.learner import LearnerStep
 from tandem.orchestration.reference_answers import reference_settings
 from tandem.orchestration.remote import mirror_checkpoint
 from tandem.orchestration.scoring import trainer_state
-from tandem.rewards import RewardSet
+from tandem.rewards import RewardSet, TrainerState
 from tandem.rollout.base import RolloutEngine, SamplingParams
 from tandem.rollout.environments import env_factory, episode_runner
 from tandem.rollout.episodes import mean_stats
@@ -246,6 +246,12 @@ def save_run_checkpoint(
     return folder
 
 
+def run_state(parts: RunParts, step: int) -> TrainerState:
+    """The reward functions' ``trainer_state`` after ``step`` steps of this run: what its held-out
+    evaluation passes, and what the models it keeps record (``tandem eval`` passes it on)."""
+    return trainer_state(parts.cfg, step, len(parts.data.train))
+
+
 def evaluate_heldout(parts: RunParts, step: int | None = None) -> dict[str, float]:
     """Greedy accuracy of ``parts.engine`` on the held-out prompts (``{}`` without any); ``step``: the
     steps trained so far, which the reward functions see as ``trainer_state`` (None: they get None)."""
@@ -254,7 +260,7 @@ def evaluate_heldout(parts: RunParts, step: int | None = None) -> dict[str, floa
         return {}
     r = parts.cfg.rollout
     params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=0.0, n=1, stop=list(r.stop))
-    state = None if step is None else trainer_state(parts.cfg, step, len(parts.data.train))
+    state = None if step is None else run_state(parts, step)
     if parts.cfg.env is None:
         return evaluate_prompts(parts.engine, ev.rows, parts.eval_rewards, params, state=state)
     runner = episode_runner(parts.cfg.env, parts.engine)  # held-out episodes, scored on the final answer

@@ -60,6 +60,22 @@ class TrainerState:
     max_steps: int  # trainer.total_steps
     epoch: float  # training prompts drawn before this batch / prompts in the training file
 
+    def to_json(self) -> dict[str, Any]:
+        """The record a saved model keeps of the state it was evaluated at (``best.json``, a
+        checkpoint's ``state.json``), read back by :meth:`from_json`."""
+        return {"global_step": self.global_step, "max_steps": self.max_steps, "epoch": self.epoch}
+
+    @classmethod
+    def from_json(cls, record: Any) -> TrainerState | None:
+        """The state in a record written by :meth:`to_json`; None for anything else (a run saved before
+        the record existed)."""
+        if not isinstance(record, dict):
+            return None
+        try:
+            return cls(int(record["global_step"]), int(record["max_steps"]), float(record["epoch"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
 
 @dataclass(frozen=True)
 class Binding:

@@ -1,5 +1,6 @@
 """End to end: reward functions see the run's progress (``trainer_state``), in training and held-out
-evaluation, in both architectures; ``async def`` functions score like plain ones."""
+evaluation, in both architectures, and ``tandem eval`` of a model the run kept passes them the state the
+run evaluated it at; ``async def`` functions score like plain ones."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import pytest
 
 from tandem.config import build_config
+from tandem.evaluate.runner import run_eval
 from tandem.orchestration.runner import train
 
 REWARDS = '''
@@ -42,6 +44,8 @@ def test_reward_functions_see_the_step(tiny_model_dir, tmp_path, mode):
             "architecture": {"mode": mode, "staleness": 0},
             "trainer": {"total_steps": 3, "lr": 1e-3},
             "monitor": {"eval_every": 1, "sample_every": 0, "tensorboard": False, "progress": False},
+            # best/ keeps the lowest score: the step-0 model (the score grows with the step)
+            "checkpoint": {"every": 2, "best_metric": "eval/reward_mean", "best_mode": "min"},
         }
     )
     result = train(cfg, progress=False)
@@ -52,3 +56,8 @@ def test_reward_functions_see_the_step(tiny_model_dir, tmp_path, mode):
     # step s's batch was drawn after s - 1 steps and 2 * (s - 1) of the 8 prompts
     assert trained == pytest.approx({s: s - 1 + (s - 1) * 2 / 8 / 100 for s in (1, 2, 3)})
     assert evaluated and evaluated == pytest.approx({s: s + s * 2 / 8 / 100 for s in evaluated})
+    # `tandem eval` of what the run kept scores as the run's evaluation of it did
+    run = result.run_dir
+    for target, step in ((run, 3), (run / "checkpoints" / "step-00000002", 2), (run / "best", 0)):
+        metrics = run_eval(target, samples=0)["metrics"]
+        assert metrics["eval/reward_mean"] == pytest.approx(evaluated.get(step, 0.0)), target

@@ -61,7 +61,15 @@ def test_best_folder_holds_the_weights_of_the_best_evaluation(tiny_model_dir, tm
     res = train(_cfg(tiny_model_dir, tmp_path / "run"), progress=False)
     best = res.run_dir / "best"
     record = json.loads((best / BEST_RECORD).read_text())
-    assert record == {"step": 2, "metric": "eval/accuracy", "mode": "max", "value": 0.5}
+    # trainer_state: what reward functions saw in that evaluation (2 steps of 2 of the 32 training prompts)
+    state = {"global_step": 2, "max_steps": 6, "epoch": 0.125}
+    assert record == {
+        "step": 2,
+        "metric": "eval/accuracy",
+        "mode": "max",
+        "value": 0.5,
+        "trainer_state": state,
+    }
     step2 = _weights(checkpoint_dir(res.run_dir / "checkpoints", 2) / "model")
     assert _same(_weights(best), step2)  # a ready Hugging Face folder: the step-2 policy
     assert not _same(step2, _weights(checkpoint_dir(res.run_dir / "checkpoints", 6) / "model"))

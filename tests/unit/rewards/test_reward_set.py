@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import re
@@ -505,3 +506,10 @@ def test_a_timeout_leaves_fast_functions_and_their_errors_as_they_are():
         RewardSet([RewardFunction("j", own_timeout)], timeout_s=5)(PROMPTS, COMPLETIONS)
     with pytest.raises(ConfigError, match="reward.timeout_s"):
         RewardSet([], timeout_s=0)
+
+
+def test_a_trainer_state_record_round_trips_and_anything_else_reads_as_none():
+    state = TrainerState(7, 300, 0.21875)
+    assert TrainerState.from_json(json.loads(json.dumps(state.to_json()))) == state
+    for record in (None, {}, [], {"global_step": 1}, {"global_step": "x", "max_steps": 3, "epoch": 0}):
+        assert TrainerState.from_json(record) is None
