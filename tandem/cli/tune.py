@@ -125,6 +125,7 @@ def tune(
     from tandem.config.loader import config_to_yaml
     from tandem.evaluate import confirm as confirmation
     from tandem.monitor.diagnose import noise
+    from tandem.monitor.trackers import check_trackers
     from tandem.orchestration.runner import train as run_train
     from tandem.orchestration.tune import Trial, finished_run, grid, plan_rungs, successive_halving
 
@@ -136,6 +137,7 @@ def tune(
         raise ConfigError(f"--confirm-seeds {confirm_seeds} must be at least 1", where="--confirm-seeds")
     base = list(overrides or [])
     cfg = load_config(config, base)
+    check_trackers(cfg.monitor.report_to)  # before the sweep writes anything
     if cfg.data.eval_size == 0 or (cfg.data.eval_file is None and cfg.data.task is None):
         where = "data.eval_size" if cfg.data.eval_size == 0 else "data.eval_file"
         raise ConfigError(
@@ -190,12 +192,17 @@ def tune(
         keep = confirming and steps == top  # the final models are compared when confirming
         folder = run_dir(cand, steps, extra_seed)
         seeded = [f"run.seed={cfg.run.seed + extra_seed}"] if extra_seed else []
+        # a tracker (monitor.report_to) shows the sweep's runs as one group, each named by its folder
+        tracked = [f"run.name={folder.name}"] if cfg.monitor.report_to else []
+        if cfg.monitor.report_to and cfg.monitor.group is None:
+            tracked.append(f"monitor.group={out_dir.name}")
         run_cfg = load_config(
             config,
             [
                 *base,
                 *cand,
                 *seeded,
+                *tracked,
                 *ranking,
                 f"trainer.total_steps={steps}",
                 f"run.output_dir={folder}",

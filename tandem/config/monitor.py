@@ -117,4 +117,27 @@ class MonitorConfig(Section):
     )
     num_samples: int = Field(4, ge=0, description="Completions logged each time.")
     tensorboard: bool = Field(True, description="Write TensorBoard event files.")
+    report_to: list[str] = Field(
+        default_factory=list,
+        description="Experiment trackers that also receive every metric row, the samples and the resolved "
+        "config (TRL's report_to): names in tandem.monitor.trackers.TRACKERS — wandb (pip install "
+        "'tandem-rl[wandb]'; it reads WANDB_API_KEY, WANDB_ENTITY, WANDB_MODE=offline from the environment). "
+        "A string is a list of one; 'none' or [] reports nowhere. Checked before the run starts.",
+    )
+    project: str | None = Field(
+        None, description="The trackers' project; None: $WANDB_PROJECT for W&B, else 'tandem'."
+    )
+    group: str | None = Field(
+        None,
+        description="The trackers' group, to compare runs together (tandem tune sets it to its output "
+        "folder's name for its trials when unset).",
+    )
+    tags: list[str] = Field(default_factory=list, description="Tags of the trackers' run.")
     progress: bool = Field(True, description="Show a progress bar.")
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _one_tracker(cls, value: Any) -> Any:
+        if isinstance(value, str):  # TRL's report_to="wandb" / "none"
+            return [] if value.strip().lower() == "none" else [value]
+        return value

@@ -8,6 +8,8 @@ Files in the run folder:
   :meth:`MetricsLogger.log_samples`, so a person can spot reward hacking.
 - ``tensorboard/`` — event files with the same scalars (optional dependency).
 
+The same rows also go to experiment trackers (W&B, :mod:`tandem.monitor.trackers`) when given.
+
 Metric names follow the stable scheme ``<group>/<name>`` (``reward/mean``, ``actor/kl``,
 ``timing/generate``, ``eval/accuracy`` as a fraction in [0, 1], …).
 """
@@ -27,6 +29,7 @@ from rich.console import Console
 from tandem.monitor.jsonl import JsonlWriter, keep_rows_up_to, read_jsonl
 from tandem.monitor.progress import MetricsProgress, ProgressDisplay
 from tandem.monitor.tb import TensorBoardWriter
+from tandem.monitor.trackers import Tracker
 
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
@@ -54,8 +57,10 @@ class MetricsLogger:
     training logs 0). With ``start_step > 0`` (resume from a checkpoint at that step) rows that a
     crashed run logged after ``start_step`` are removed from the JSONL files and hidden in TensorBoard,
     so the resumed run's logs match an uninterrupted run's. With ``start_step == 0`` the files start
-    empty. Pass ``console`` to share the CLI's rich console (and in tests, to capture output), and
-    ``listener`` to hand every row and alert on as well.
+    empty. Pass ``console`` to share the CLI's rich console (and in tests, to capture output),
+    ``listener`` to hand every row and alert on as well, and ``trackers`` (started runs of experiment
+    trackers, :func:`tandem.monitor.trackers.open_trackers`) to report every row and sample to them; the
+    logger closes them (as failed when its ``with`` block raised).
     """
 
     def __init__(
@@ -71,12 +76,14 @@ class MetricsLogger:
         description: str = "train",
         plain_interval_s: float = 5.0,
         listener: MetricsListener | None = None,
+        trackers: Sequence[Tracker] = (),
     ) -> None:
         if total_steps < 0 or start_step < 0:
             raise ValueError(f"total_steps and start_step must be ≥ 0, got {total_steps}, {start_step}")
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.listener = listener
+        self.trackers = list(trackers)
         self.latest_samples: list[dict[str, Any]] = []
         self.alerts: deque[str] = deque(maxlen=50)
         self._non_finite_seen: set[str] = set()
@@ -136,6 +143,8 @@ class MetricsLogger:
                 self._non_finite_seen.add(key)
                 self.alert(f"{key} is {value} at step {step}")
         self._view.log(step, values)
+        for tracker in self.trackers:
+            tracker.log(step, values)
         if self.listener is not None:
             self.listener.log(step, values)
 
@@ -150,6 +159,8 @@ class MetricsLogger:
             self._samples.write({"step": step, **row})
         if self._tb is not None and rows:
             self._tb.text("samples", _markdown_table(self.latest_samples), step)
+        for tracker in self.trackers:
+            tracker.log_samples(step, self.latest_samples)
 
     def alert(self, message: str) -> None:
         """Surface a warning (e.g. reward collapse, NaN loss) in the progress display, or log it."""
@@ -158,12 +169,15 @@ class MetricsLogger:
         if self.listener is not None:
             self.listener.alert(message)
 
-    def close(self) -> None:
-        """Finish the progress display and close all files; safe to call twice."""
+    def close(self, *, failed: bool = False) -> None:
+        """Finish the progress display, close all files and end the trackers' runs (``failed``: as
+        failed runs); safe to call twice."""
         if self._closed:
             return
         self._closed = True
         self._view.close()
+        for tracker in self.trackers:
+            tracker.close(failed=failed)
         if self._tb is not None:
             self._tb.close()
         self._metrics.close()
@@ -178,7 +192,7 @@ class MetricsLogger:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        self.close(failed=exc_type is not None)
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

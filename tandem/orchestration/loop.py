@@ -29,12 +29,14 @@ from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
 from tandem.config.schema import TandemConfig
+from tandem.errors import ConfigError
 from tandem.monitor import MetricsLogger
 from tandem.monitor.metrics import MetricsListener
+from tandem.monitor.trackers import Tracker, TrackerRun, open_trackers
 from tandem.orchestration.alerting import AlertController, AlertStopError
 from tandem.orchestration.best import BestModel
 from tandem.orchestration.parts import RunParts, evaluated_weights, run_state, save_run_checkpoint
-from tandem.orchestration.runfolder import RunResult, finish_run
+from tandem.orchestration.runfolder import RunResult, discard_run_dir, finish_run
 from tandem.orchestration.trainer import Trainer
 from tandem.train.checkpoint import latest_checkpoint
 
@@ -64,6 +66,15 @@ def run_loop(setup: LoopSetup) -> None:
     checkpoint and ``summary.json`` written). The caller writes ``summary.json`` of a finished run."""
     cfg, trainer, result = setup.cfg, setup.trainer, setup.result
     mon, ck = cfg.monitor, cfg.checkpoint
+    tracked = TrackerRun(
+        result.run_dir,
+        cfg.run.name,
+        cfg.model_dump(mode="json"),
+        project=mon.project,
+        group=mon.group,
+        tags=tuple(mon.tags),
+        start_step=trainer.step,
+    )
     with MetricsLogger(
         result.run_dir,
         total_steps=cfg.trainer.total_steps,
@@ -72,6 +83,7 @@ def run_loop(setup: LoopSetup) -> None:
         progress=mon.progress if setup.progress is None else setup.progress,
         start_step=trainer.step,
         listener=setup.listener,
+        trackers=_start_trackers(setup, tracked),
     ) as logger:
         alerting = AlertController(cfg, result.run_dir, trainer, logger.alert)
         best = BestModel(result.run_dir, ck.best_metric, ck.best_mode) if ck.best_metric else None
@@ -108,6 +120,17 @@ def run_loop(setup: LoopSetup) -> None:
                     setup.on_step(step)
         finally:
             alerting.close()
+
+
+def _start_trackers(setup: LoopSetup, run: TrackerRun) -> list[Tracker]:
+    """``monitor.report_to``'s runs. One that cannot start (W&B without a login) ends the run before its
+    first step, and a run that had not trained yet leaves no folder behind, as a failed pre-flight does."""
+    try:
+        return open_trackers(setup.cfg.monitor.report_to, run)
+    except ConfigError:
+        if setup.trainer.step == 0:
+            discard_run_dir(setup.result.run_dir)
+        raise
 
 
 def _observe(setup: LoopSetup, logger: MetricsLogger, metrics: dict[str, Any], step: int, last: bool) -> None:

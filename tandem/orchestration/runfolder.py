@@ -102,6 +102,12 @@ def prepare_run_dir(cfg: TandemConfig, *, resume: bool) -> Path:
     return run_dir
 
 
+def discard_run_dir(run_dir: Path) -> None:
+    """Remove a run folder that :func:`prepare_run_dir` made for a run that then failed before its first
+    step (an experiment tracker that could not start): the corrected rerun must not find a "run" there."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
 def run_environment() -> dict[str, Any]:
     """What a run's floating-point results depend on besides its config and code.
 

@@ -9,6 +9,7 @@ how a step obtains its batch and publishes weights (:mod:`tandem.orchestration.c
 from __future__ import annotations
 
 from tandem.config.schema import TandemConfig
+from tandem.monitor.trackers import check_trackers
 from tandem.orchestration.colocated import train_colocated
 from tandem.orchestration.runfolder import RunResult
 
@@ -17,6 +18,7 @@ def train(cfg: TandemConfig, *, resume: bool = False, progress: bool | None = No
     """Train with the configured architecture; returns the run folder and before/after evaluation. Model
     folders given as URLs are used from this machine's copies (fetched by each process that loads them);
     the run's config keeps the URLs."""
+    check_trackers(cfg.monitor.report_to)  # a tracker that cannot start stops the run before any work
     if cfg.architecture.mode == "decoupled" and cfg.architecture.ray.learner_actor:  # runtime ray
         from tandem.orchestration.decoupled.ray_learner import train_in_learner_actor
 
