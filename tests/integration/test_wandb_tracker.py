@@ -50,9 +50,10 @@ def _offline(monkeypatch, tmp_path):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
 
 
-def _cfg(tiny_model_dir, out, **monitor):
+def _cfg(tiny_model_dir, out, mode="colocated", **monitor):
     return build_config(
         {
+            "architecture": {"mode": mode, "staleness": 0},
             "run": {"name": "tracked", "output_dir": str(out), "seed": 0},
             "model": {"path": str(tiny_model_dir)},
             "data": {"task": "arith", "prompts_per_step": 2, "eval_size": 4, "train_size": 16},
@@ -71,9 +72,13 @@ def _cfg(tiny_model_dir, out, **monitor):
     )
 
 
-def test_a_wandb_run_holds_the_config_every_metric_row_and_the_samples(tiny_model_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("mode", ["colocated", "decoupled"])
+def test_a_wandb_run_holds_the_config_every_metric_row_and_the_samples(
+    tiny_model_dir, tmp_path, monkeypatch, mode
+):
     _offline(monkeypatch, tmp_path)
-    result = train(_cfg(tiny_model_dir, tmp_path / "run", group="sweep-1", tags=["t1"]), progress=False)
+    cfg = _cfg(tiny_model_dir, tmp_path / "run", mode, group="sweep-1", tags=["t1"])
+    result = train(cfg, progress=False)
     (log,) = (result.run_dir / "wandb").glob("offline-run-*/run-*.wandb")
     records = list(wandb_records(log))
     run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
