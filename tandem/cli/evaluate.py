@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -9,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from tandem.cli.app import app, err, out, parse_options, user_errors
+from tandem.cli.app import app, check_json_out, err, out, parse_options, user_errors
 from tandem.cli.engines import EngineName, EngineOptions, check_engine, engine_options
 from tandem.cli.progress import count_progress
 from tandem.errors import ConfigError
@@ -75,6 +76,8 @@ def eval_cmd(
     """
     from tandem.evaluate.runner import run_eval
 
+    check_json_out(json_out)
+    check_generation(samples=samples, max_new_tokens=max_new_tokens, size=size, temperature=temperature)
     if engine is not None:
         check_engine(engine)
     with count_progress("eval", err) as on_progress:
@@ -143,6 +146,8 @@ def abtest_cmd(
         raise ConfigError(
             "--alpha must be in (0, 1) and --min-win-rate in [0, 1]", where="--alpha/--min-win-rate"
         )
+    check_json_out(json_out)
+    check_generation(samples=0, max_new_tokens=max_new_tokens, size=size, temperature=temperature)
     if engine is not None:
         check_engine(engine)
     settings = ABSettings(
@@ -170,6 +175,25 @@ def abtest_cmd(
     print_decision(result)
     write_json(json_out, result)
     raise typer.Exit(0 if result["decision"]["promote"] else 1)
+
+
+def check_generation(
+    *, samples: int, max_new_tokens: int | None, size: int | None, temperature: float
+) -> None:
+    """The generation options of ``eval`` / ``abtest``, before any model is loaded."""
+    checks = (
+        ("--samples", samples >= 0, f"{samples}: must be >= 0 (0 skips sampling)"),
+        (
+            "--max-new-tokens",
+            max_new_tokens is None or max_new_tokens >= 1,
+            f"{max_new_tokens}: must be >= 1",
+        ),
+        ("--size", size is None or size >= 1, f"{size}: must be >= 1 prompt"),
+        ("--temperature", math.isfinite(temperature) and temperature >= 0, f"{temperature}: must be >= 0"),
+    )
+    for flag, ok, why in checks:
+        if not ok:
+            raise ConfigError(why, where=flag)
 
 
 def print_decision(result: dict[str, Any]) -> None:

@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from tandem.cli.app import app, out, parse_options, user_errors
+from tandem.cli.app import app, check_json_out, out, parse_options, user_errors
 
 
 def _fmt(value, unit: str = "", digits: int = 3) -> str:
@@ -62,6 +62,7 @@ def export_cmd(
     from tandem.export.api import export_model
     from tandem.utils.io import atomic_write_json
 
+    check_json_out(json_out)
     task_opts = parse_options(task_option, "--task-option") if task_option else None
     name = model.rstrip("/").rsplit("/", 1)[-1] if is_remote(model) else Path(model).resolve().name
     target = out_dir or str(Path("exports") / f"{name}-{format}")

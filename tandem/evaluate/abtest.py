@@ -72,7 +72,9 @@ def compare_models(
 
     def params(offset: int) -> SamplingParams:
         return SamplingParams(
-            max_new_tokens=settings.max_new_tokens or data.max_new_tokens,
+            max_new_tokens=data.max_new_tokens
+            if settings.max_new_tokens is None
+            else settings.max_new_tokens,
             temperature=settings.temperature,
             stop=list(data.stop),
             seed=settings.seed + offset,

@@ -71,6 +71,12 @@ def target_engine(
     return build_engine(name, spec)
 
 
+def run_seed(target: Target) -> int:
+    """The sampling seed when none is given: the target's run's ``run.seed`` (the seed its prompts are
+    drawn with too), else 0."""
+    return target.config.run.seed if target.config is not None else 0
+
+
 def load_reference(path: str | Path, policy: torch.nn.Module) -> torch.nn.Module:
     """Reference model for the KL; must share the policy's vocabulary (same token ids)."""
     ref_target = resolve_target(path)
@@ -118,12 +124,12 @@ def run_eval(
     )
     policy, tokenizer = load_target(target) if ref is not None else (None, None)
     settings = EvalSettings(
-        max_new_tokens=max_new_tokens or data.max_new_tokens,
+        max_new_tokens=data.max_new_tokens if max_new_tokens is None else max_new_tokens,
         stop=data.stop,
         samples=samples,
         temperature=temperature,
         pass_k=pass_k,
-        seed=seed if seed is not None else 0,
+        seed=seed if seed is not None else run_seed(target),
     )
     name, _ = engine_choice(target, engine, engine_options)
     sampler = target_engine(

@@ -19,7 +19,7 @@ import torch
 from tandem.data.outputs import check_output_dir
 from tandem.errors import ConfigError
 from tandem.evaluate.heldout import evaluate_prompts
-from tandem.evaluate.targets import eval_data, resolve_target
+from tandem.evaluate.targets import EvalData, eval_data, resolve_target
 from tandem.export import FORMATS, MANIFEST
 from tandem.models import load_causal_lm, load_tokenizer
 from tandem.rollout import IN_PROCESS_ENGINE, EngineSpec, SamplingParams, build_engine
@@ -91,6 +91,7 @@ def export_model(
             where="--int8-min-weights",
         )
     target = resolve_target(path)
+    data = _int8_eval_data(target, fmt, task, task_options, eval_size)  # a bad --task before writing
     # An unrelated folder, a file or the source model (or a folder holding it) is refused; an earlier
     # export folder (tandem_export.json) is replaced atomically by atomic_dir.
     check_output_dir(out_dir, "export", sources=(Path(path), target.model_dir), where="--out")
@@ -115,7 +116,7 @@ def export_model(
         report.latency_export_ms = _latency_ms(torch.jit.load(str(Path(out_dir) / TS_FILE)), batch)
     else:
         names = _int8_names(model, int8_min_weights)
-        _export_int8(model, tokenizer, target, out_dir, report, batch, task, task_options, eval_size, names)
+        _export_int8(model, tokenizer, target, out_dir, report, batch, data, names)
     report.size_after = folder_bytes(Path(out_dir))
     return report
 
@@ -148,8 +149,29 @@ def _int8_names(model, min_weights: int) -> list[str] | None:
     return names
 
 
+def _int8_eval_data(
+    target, fmt: str, task: str | None, task_options: dict[str, Any] | None, eval_size: int
+) -> EvalData | None:
+    """The held-out prompts of the INT8 accuracy check (``--task``, else the run's task; None: no
+    check), built before anything is written so that a bad ``--task``, ``--task-option`` or
+    ``--eval-size`` leaves no export behind. The options belong to that check alone."""
+    if fmt != "int8":
+        if task is not None or task_options:
+            raise ConfigError(
+                "--task and --task-option choose the INT8 accuracy check",
+                where="--task",
+                hint="use --format int8",
+            )
+        return None
+    if task is None and (target.config is None or target.config.data.task is None):
+        return None
+    if eval_size < 1:
+        raise ConfigError(f"{eval_size} prompts: the accuracy check needs at least 1", where="--eval-size")
+    return eval_data(target.config, task=task, task_options=task_options, size=eval_size)
+
+
 def _export_int8(
-    model, tokenizer, target, out_dir, report: ExportReport, batch, task, task_options, eval_size, names
+    model, tokenizer, target, out_dir, report: ExportReport, batch, data: EvalData | None, names
 ) -> None:
     from tandem.export.int8 import load_int8, quantize_int8, save_int8
 
@@ -164,9 +186,8 @@ def _export_int8(
         report.parity_max_abs_diff = float(
             (LogitsForward(reloaded)(ids, mask, pos) - LogitsForward(model)(ids, mask, pos)).abs().max()
         )
-    if task is None and (target.config is None or target.config.data.task is None):
+    if data is None:
         return
-    data = eval_data(target.config, task=task, task_options=task_options, size=eval_size)
     report.eval_prompts = len(data.rows)
     report.accuracy_before = _accuracy(model, tokenizer, data)
     report.accuracy_after = _accuracy(reloaded, tokenizer, data)

@@ -51,6 +51,7 @@ def test_eval_agrees_with_training_heldout_eval(run_dir, tmp_path, which):
     for key, value in logged.items():
         assert metrics[key] == pytest.approx(value, abs=1e-7), key
     assert metrics["eval/num_prompts"] == 40
+    assert json.loads(out.read_text())["settings"]["seed"] == 1  # the run's seed, as the prompts' draw
     assert {"sampled/pass@1", "sampled/pass@4", "eval/length_p90"} <= set(metrics)
     assert "eval/accuracy" in res.output  # the table
 
@@ -108,6 +109,18 @@ def test_abtest_exit_codes_and_decision_json(run_dir, warm_model, tiny_model_dir
         ),
         (["abtest", "MODEL", "MODEL", "--task", "reverse", "--alpha", "2"], "--alpha must be in (0, 1)"),
         (["report", "/no/such/run"], "/no/such/run: not a run folder (no metrics.jsonl)"),
+        # checked before any model loads: a report path that is a folder, generation options out of range
+        (["eval", "MODEL", "--task", "reverse", "--json", "MODEL"], "--json: MODEL is a folder"),
+        (["abtest", "MODEL", "MODEL", "--task", "reverse", "--json", "MODEL"], "--json: MODEL is a folder"),
+        (["export", "MODEL", "--format", "hf", "--json", "MODEL"], "--json: MODEL is a folder"),
+        (
+            ["eval", "MODEL", "--task", "reverse", "--max-new-tokens", "0"],
+            "--max-new-tokens: 0: must be >= 1",
+        ),
+        (["abtest", "MODEL", "MODEL", "--max-new-tokens", "0"], "--max-new-tokens: 0: must be >= 1"),
+        (["eval", "MODEL", "--task", "reverse", "--samples", "-1"], "--samples: -1: must be >= 0"),
+        (["eval", "MODEL", "--task", "reverse", "--size", "0"], "--size: 0: must be >= 1 prompt"),
+        (["eval", "MODEL", "--task", "reverse", "--temperature", "nan"], "--temperature: nan: must be >= 0"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(tiny_model_dir, argv, message):
@@ -115,4 +128,21 @@ def test_bad_input_is_one_line_exit_2(tiny_model_dir, argv, message):
     res = CliRunner().invoke(app, argv)
     assert res.exit_code == 2, res.output
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
-    assert message in " ".join(lines) and "Traceback" not in res.output
+    assert message.replace("MODEL", str(tiny_model_dir)) in " ".join(lines) and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--task", "nosuch"], "unknown task 'nosuch'"),
+        (["--task", "reverse", "--task-option", "nokey=1"], "nokey"),
+        (["--task", "reverse", "--eval-size", "0"], "--eval-size: 0 prompts"),
+        (["--format", "hf", "--task", "reverse"], "--task: --task and --task-option choose the INT8"),
+    ],
+)
+def test_export_checks_its_accuracy_options_before_writing(tiny_model_dir, tmp_path, options, message):
+    out = tmp_path / "export"
+    fmt = [] if "--format" in options else ["--format", "int8"]
+    res = CliRunner().invoke(app, ["export", str(tiny_model_dir), *fmt, "--out", str(out), *options])
+    assert res.exit_code == 2 and message in " ".join(res.output.split()), res.output
+    assert not out.exists()
