@@ -204,7 +204,9 @@ class AlgorithmConfig(Section):
             return data
         name = data.get("name", "grpo")
         if name not in ALGORITHM_PRESETS:
-            raise ValueError(f"unknown algorithm '{name}'; valid: {', '.join(ALGORITHM_PRESETS)}")
+            raise CrossFieldError(  # the key, so an override that set it is the one blamed
+                "algorithm.name", f"unknown algorithm '{name}'; valid: {', '.join(ALGORITHM_PRESETS)}"
+            )
         preset = ALGORITHM_PRESETS[name]
         merged = dict(preset)
         merged.update({k: v for k, v in data.items() if v is not None and k not in LOSS_OPTION_SHORTHANDS})

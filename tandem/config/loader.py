@@ -58,8 +58,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
                 node[part] = value
                 continue
             nxt = node.get(part)
-            if nxt is None:
-                nxt = node[part] = {}
+            if nxt is None:  # a missing section, or a missing list when the next part is an index
+                nxt = node[part] = [] if path[i + 1].lstrip("-").isdigit() else {}
             if not isinstance(nxt, (dict, list)):
                 raise ConfigError(f"override '{text}': '{part}' is not a section")
             node = nxt
@@ -129,18 +129,30 @@ def config_error(
     command-line override that set the key (from ``overrides``), else the key's ``file:line`` in
     ``source``; an unknown key says which key of its section it is close to."""
     err = exc.errors()[0]
-    loc = [str(p) for p in err["loc"] if not isinstance(p, int)]
+    named = [p for p in err["loc"] if isinstance(p, int) or not _type_tag(str(p))]
+    loc = [str(p) for p in named if not isinstance(p, int)]
     key = ".".join(loc)
+    shown = ".".join(str(p) for p in named)  # with list indexes: reward.functions.0.weight
     cause = err.get("ctx", {}).get("error")
     if isinstance(cause, CrossFieldError):
         key, msg = cause.key, str(cause)
+        shown = key
     else:
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown key" + _did_you_mean(root, loc)
     unknown = err["type"] == "extra_forbidden"  # an unknown section: the override under it set it
     where = _override_of(overrides or [], key, unknown) or key_location(source, lines or {}, key)
-    return ConfigError(f"{key}: {msg}" if key else msg, where=where)
+    return ConfigError(f"{shown}: {msg}" if shown else msg, where=where)
+
+
+_TYPE_TAG = re.compile(r"[a-z][a-z0-9_-]*\[.*\]")  # list[str], literal['a'], function-after[...]
+
+
+def _type_tag(part: str) -> bool:
+    """A part pydantic adds to an error's location to say which member of a union failed (``list[str]``,
+    ``str``), not a key of the config."""
+    return bool(_TYPE_TAG.fullmatch(part)) or part in ("str", "int", "float", "bool", "none", "list", "dict")
 
 
 def _did_you_mean(root: type[BaseModel], loc: list[str]) -> str:

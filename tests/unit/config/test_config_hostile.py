@@ -110,7 +110,7 @@ def test_merge_keys_may_be_overridden(tmp_path):
         ("trainer.lr=.inf", "trainer.lr"),
         ("trainer.lr=.nan", "trainer.lr"),
         ("reward.format_weight=-.inf", "reward.format_weight"),
-        ("trainer.betas=[0.9, .nan]", "trainer.betas"),
+        ("trainer.betas=[0.9, .nan]", "trainer.betas.1"),
         ("algorithm.entropy_coef=.inf", "algorithm.entropy_coef"),
     ],
 )

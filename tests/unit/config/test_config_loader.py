@@ -102,9 +102,8 @@ def test_overrides_create_missing_sections_and_replace_values():
 
 def test_numeric_override_parts_index_lists_as_in_hydra():
     data = {"reward": {"functions": [{"path": "a:f"}, {"path": "b:g", "weight": 1}]}}
-    apply_overrides(data, ["reward.functions.1.weight=0.5", "reward.functions.-2.name=first", "x.0=y"])
+    apply_overrides(data, ["reward.functions.1.weight=0.5", "reward.functions.-2.name=first"])
     assert data["reward"]["functions"] == [{"path": "a:f", "name": "first"}, {"path": "b:g", "weight": 0.5}]
-    assert data["x"] == {"0": "y"}  # a new section's numeric key is a key, not an index
     apply_overrides(data, ["reward.functions.0={path: c:h}"])
     assert data["reward"]["functions"][0] == {"path": "c:h"}
 
@@ -121,6 +120,38 @@ def test_bad_list_override_is_a_one_line_error(override, fragment):
     data = {"reward": {"functions": [{"path": "a:f"}, {"path": "b:g"}]}}
     with pytest.raises(ConfigError, match=re.escape(fragment)):
         apply_overrides(data, [override])
+
+
+def test_an_index_into_a_list_the_config_does_not_have_says_so():
+    # no config key is a number: an index under a missing key means a list the config left empty
+    with pytest.raises(ConfigError, match=re.escape("'reward.functions' has 0 items, no index 0")):
+        apply_overrides({"reward": {}}, ["reward.functions.0.weight=2"])
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        # the override is blamed, not the YAML line of the section its key lives in
+        (
+            "algorithm.name=grpoo",
+            "override 'algorithm.name=grpoo': algorithm.name: unknown algorithm 'grpoo'",
+        ),
+        # list indexes stay in the key; a union member's type tag (list[str]) is not a key
+        (
+            "reward.functions.0.weight=abc",
+            "override 'reward.functions.0.weight=abc': reward.functions.0.weight:",
+        ),
+        ("model.lora.target_modules=[1]", "model.lora.target_modules.0: Input should be a valid string"),
+    ],
+)
+def test_validation_errors_name_the_override_and_the_indexed_key(tmp_path, override, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "model: {path: m}\ndata: {task: arith}\nalgorithm:\n  name: grpo\nreward:\n  functions:\n    - path: r.py:f\n"
+    )
+    with pytest.raises(ConfigError) as err:
+        load_config(path, [override])
+    assert message in str(err.value)
 
 
 @pytest.mark.parametrize(
@@ -220,7 +251,9 @@ def test_every_preset_resolves_to_its_fields(cfg_file, name):
 def test_unknown_algorithm_lists_the_presets(cfg_file):
     message = _error(cfg_file, "algorithm.name=ppo2")
     assert "unknown algorithm 'ppo2'" in message and "grpo" in message and "dapo" in message
-    assert f"{cfg_file}:{_line_of(cfg_file, 'algorithm:')}" in message
+    assert message.startswith("override 'algorithm.name=ppo2': algorithm.name:")  # the override set it
+    cfg_file.write_text(cfg_file.read_text().replace("  name: grpo", "  name: ppo2"))  # the file set it
+    assert f"{cfg_file}:{_line_of(cfg_file, '  name: ppo2')}: algorithm.name:" in _error(cfg_file)
 
 
 def test_custom_requires_every_choice(cfg_file):
@@ -385,6 +418,22 @@ def test_config_show_bad_input_is_one_line(cfg_file):
     assert result.exit_code == 2
     assert result.stderr.count("\n") == 1 and "rollout.n" in result.stderr
     assert result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("name", "command"), [("dpo.yaml", "dpo"), ("rm.yaml", "rm"), ("rlaif_dpo.yaml", "label")]
+)
+def test_config_show_resolves_the_rlhf_command_configs(name, command):
+    from tandem.config.rlhf import DPOConfig, LabelConfig, RMConfig, load_command_config
+
+    path = REPO / "configs" / name
+    plain = CliRunner().invoke(app, ["config", "show", str(path)])  # read as a train config: said so
+    assert plain.exit_code == 2 and "a tandem rm, dpo or label config" in plain.stderr
+    assert "--command rm|dpo|label" in plain.stderr and plain.stderr.count("\n") == 1
+    result = CliRunner().invoke(app, ["config", "show", str(path), "--command", command])
+    assert result.exit_code == 0, result.output
+    cls = {"dpo": DPOConfig, "rm": RMConfig, "label": LabelConfig}[command]
+    assert yaml.safe_load(result.stdout) == load_command_config(cls, path).model_dump(mode="json")
 
 
 def test_docs_configs_md_is_the_generated_reference():
