@@ -78,13 +78,10 @@ def _quiet_transformers() -> None:
 def check_json_out(path: Path | None, flag: str = "--json") -> None:
     """A ``--json`` report path that can be written once the work is done: not a folder, not inside a
     file. Checked first, so a long evaluation or export never ends in a traceback over its report."""
-    if path is None:
-        return
-    if path.is_dir():
-        raise ConfigError(f"{path} is a folder; give a file name, e.g. {path / 'report.json'}", where=flag)
-    parent = next((p for p in path.parents if p.exists()), None)
-    if parent is not None and not parent.is_dir():
-        raise ConfigError(f"{parent} is a file, so {path} cannot be written", where=flag)
+    if path is not None:
+        from tandem.data.outputs import check_output_file
+
+        check_output_file(path, where=flag)
 
 
 def parse_options(items: list[str] | None, flag: str) -> dict[str, Any]:

@@ -33,21 +33,43 @@ MaxLength = Annotated[int | None, typer.Option(help="Max characters of prompt + 
 MAX_LISTED = 50  # invalid rows `validate` lists before it only counts the rest
 
 
-def _load(path: str, skip_invalid: bool, sidecar: str | None, max_length: int | None):
-    """Validated pairs of ``path`` (local or URL). Invalid rows of a remote input go to a sidecar in the
-    current folder (``<name>.invalid.jsonl``), not into the temporary download folder."""
-    from tandem.data.preference import default_sidecar, load_preferences
-    from tandem.data.storage import is_remote, local_input
+def _load(path: str, skip_invalid: bool, sidecar: str, max_length: int | None):
+    """Validated pairs of ``path`` (local or URL); invalid rows go to ``sidecar`` (see :func:`_sidecar`)."""
+    from tandem.data.preference import load_preferences
+    from tandem.data.storage import local_input
 
     with local_input(path) as local:
-        if sidecar is None:
-            sidecar = str(
-                Path(local.name).with_suffix(".invalid.jsonl") if is_remote(path) else default_sidecar(local)
-            )
         data = load_preferences(local, skip_invalid=skip_invalid, sidecar=sidecar, max_length=max_length)
     if data.invalid:
         out.print(f"[yellow]{len(data.invalid)} invalid rows[/] written to {escape(sidecar)}")
     return data
+
+
+def _sidecar(path: str, sidecar: str | None, skip_invalid: bool, outputs: Sequence[str] = ()) -> str:
+    """The sidecar for invalid rows of ``path``, checked before anything is read or written.
+
+    Default: ``<name>.invalid.jsonl`` beside a local input; for a remote input in the current folder (not
+    in the temporary download folder). With ``--skip-invalid`` it is written, so it must be neither the
+    input (which it would replace) nor one of the command's ``outputs`` (which would overwrite it)."""
+    from tandem.data.outputs import check_output_file, same_path
+    from tandem.data.preference import default_sidecar
+    from tandem.data.storage import is_remote
+    from tandem.errors import ConfigError
+
+    if sidecar is None and is_remote(path):
+        sidecar = str(Path(path.rstrip("/").rsplit("/", 1)[-1]).with_suffix(".invalid.jsonl"))
+    elif sidecar is None:
+        sidecar = str(default_sidecar(path.removeprefix("file://")))
+    if skip_invalid:
+        check_output_file(sidecar, sources=(path,), where="--sidecar")
+        for output in outputs:
+            if same_path(sidecar, output):
+                raise ConfigError(
+                    f"{sidecar} is also the output {output}",
+                    where="--sidecar",
+                    hint="choose another --sidecar",
+                )
+    return sidecar
 
 
 @data_app.command("validate")
@@ -63,7 +85,7 @@ def validate(
     Example: tandem data validate data/prefs.jsonl --skip-invalid
     """
     if skip_invalid:
-        data = _load(path, skip_invalid, sidecar, max_length)
+        data = _load(path, skip_invalid, _sidecar(path, sidecar, skip_invalid), max_length)
         out.print(f"{len(data.pairs)} valid pairs, {len(data.invalid)} invalid rows in {escape(path)}")
         return
     from tandem.data.preference import read_preferences
@@ -106,7 +128,7 @@ def stats(path: InputFile, skip_invalid: SkipInvalid = False, sidecar: Sidecar =
     """Counts, lengths, margin and category balance as a table."""
     from tandem.data.preference_ops import preference_stats
 
-    s = preference_stats(_load(path, skip_invalid, sidecar, None).pairs)
+    s = preference_stats(_load(path, skip_invalid, _sidecar(path, sidecar, skip_invalid), None).pairs)
     table = Table(title=f"preference data: {path}")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -137,11 +159,19 @@ def dedup_cmd(
     skip_invalid: SkipInvalid = False,
     sidecar: Sidecar = None,
 ) -> None:
-    """Remove exact and near-duplicate pairs (first occurrence kept)."""
+    """Remove exact and near-duplicate pairs (first occurrence kept).
+
+    --out is a file (replaced atomically), never the input itself.
+    """
+    from tandem.data.outputs import check_output_file
     from tandem.data.preference_ops import dedup
     from tandem.data.storage import write_pairs_url
+    from tandem.errors import ConfigError
 
-    data = _load(path, skip_invalid, sidecar, None)
+    if not exact_only and not 0 < near_threshold <= 1:  # also refuses nan
+        raise ConfigError(f"must be in (0, 1], got {near_threshold}", where="--near-threshold")
+    check_output_file(out_file, sources=(path,), where="--out")  # before reading the input
+    data = _load(path, skip_invalid, _sidecar(path, sidecar, skip_invalid, (out_file,)), None)
     result = dedup(data.pairs, near_threshold=None if exact_only else near_threshold)
     write_pairs_url(result.kept, out_file)
     out.print(
@@ -174,19 +204,28 @@ def split_cmd(
 ) -> None:
     """Seeded split by prompt: no prompt appears in both train and validation.
 
-    Example: tandem data split prefs.jsonl --out-dir data/split --val-fraction 0.2 --seed 0
+    --out-dir may be new, empty or an earlier split (a folder with train.jsonl and val.jsonl, which are
+    replaced; nothing else there is touched); any other folder, and the folder holding the input, is
+    refused. Example: tandem data split prefs.jsonl --out-dir data/split --val-fraction 0.2 --seed 0
     """
     from tandem.data import preference_ops as ops
+    from tandem.data.outputs import KINDS, check_output_dir
     from tandem.data.storage import join_url, write_pairs_url
+    from tandem.errors import ConfigError
 
-    data = _load(path, skip_invalid, sidecar, None)
+    if not 0 <= val_fraction < 1:  # also refuses nan
+        raise ConfigError(f"must be in [0, 1), got {val_fraction}", where="--val-fraction")
+    check_output_dir(out_dir, "split", sources=(path,), where="--out-dir")  # before reading the input
+    files = [join_url(out_dir, name) for name in KINDS["split"].files]
+    hook = ops.load_hook(augment) if augment else None
+    data = _load(path, skip_invalid, _sidecar(path, sidecar, skip_invalid, files), None)
     train, val = ops.split_by_prompt(data.pairs, val_fraction=val_fraction, seed=seed)
     if rebalance:
         train = ops.rebalance(train, seed=seed)
-    if augment:
-        train = ops.augment(train, ops.load_hook(augment))
-    write_pairs_url(train, join_url(out_dir, "train.jsonl"))
-    write_pairs_url(val, join_url(out_dir, "val.jsonl"))
+    if hook is not None:
+        train = ops.augment(train, hook)
+    write_pairs_url(train, files[0])
+    write_pairs_url(val, files[1])
     out.print(f"train {len(train)} pairs, val {len(val)} pairs -> {escape(out_dir)}")
 
 
@@ -199,12 +238,14 @@ def aggregate_cmd(
 ) -> None:
     """Several annotators per pair: print agreement (Fleiss' / Cohen's kappa) and aggregate the votes."""
     from tandem.data.annotators import aggregate, agreement
+    from tandem.data.outputs import check_output_file
     from tandem.data.preference import iter_raw_rows
     from tandem.data.storage import local_input, write_rows_url
     from tandem.errors import DataError
 
     if method not in ("majority", "unanimous"):
         raise DataError(f"unknown method '{method}'", where="--method", hint="use majority or unanimous")
+    check_output_file(out_file, sources=(path,), where="--out")
     with local_input(path) as local:
         raw = list(iter_raw_rows(local))
     bad = [row for _, row in raw if not isinstance(row, dict)]
@@ -230,10 +271,16 @@ def make_safety(
     noise: Annotated[float, typer.Option(help="Share of training labels flipped (annotator noise).")] = 0.0,
     seed: Annotated[int, typer.Option(help="Seed.")] = 0,
 ) -> None:
-    """Generate the shipped preference set from the `safety` task (held-out labels are never noised)."""
+    """Generate the shipped preference set from the `safety` task (held-out labels are never noised).
+
+    --out-dir may be new, empty or an earlier split (train.jsonl and val.jsonl are replaced); any other
+    folder is refused.
+    """
+    from tandem.data.outputs import check_output_dir
     from tandem.data.storage import write_rows_url
     from tandem.rewards.tasks.safety import SafetyTask, make_preference_rows
 
+    check_output_dir(out_dir, "split", where="--out-dir")
     task = SafetyTask()
     train = make_preference_rows(task, "train", train_size, seed, noise=noise)
     val = make_preference_rows(task, "test", val_size, seed, noise=0.0)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from tandem.data.chat import ChatRow
+from tandem.data.jsonl import iter_json_objects
 from tandem.errors import ConfigError, DataError
 from tandem.train.sft import SFTRow, sft_pair
 
@@ -36,6 +36,8 @@ def _rows(
     if (data is None) == (task is None):
         raise ConfigError("give exactly one of --data or --task")
     if task is not None:
+        if train_size < 1:
+            raise ConfigError(f"must be an integer >= 1, got {train_size}", where="--train-size")
         from tandem.data import rows_from_task
         from tandem.rewards import get_task
 
@@ -48,17 +50,8 @@ def _rows(
 
         rows = read_parquet_rows(data)
         return [sft_pair(r, f"{data}:row {i + 1}") for i, r in enumerate(rows)]
-    pairs = []
-    for lineno, line in enumerate(data.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"invalid JSON ({exc.msg})", where=f"{data}:{lineno}") from None
-        if not isinstance(row, dict):
-            raise DataError("line is not a JSON object", where=f"{data}:{lineno}")
-        pairs.append(sft_pair(row, f"{data}:{lineno}"))
+    # The same reader as tandem train and tandem data: not UTF-8, bad JSON or a non-object is file:line.
+    pairs = [sft_pair(row, f"{data}:{lineno}") for lineno, row in iter_json_objects(data)]
     if not pairs:
         raise DataError("dataset is empty", where=str(data))
     return pairs

@@ -124,13 +124,14 @@ def sft(
     from tandem.config import parse_override
     from tandem.data.outputs import check_output_dir
     from tandem.models import load_causal_lm, load_tokenizer, save_pretrained_atomic
-    from tandem.train.sft import SFTSettings, run_sft
+    from tandem.train.sft import SFTSettings, check_loop_settings, run_sft
 
-    check_output_dir(out_dir, "model", sources=(model,), where="--out")  # before any training
+    settings = SFTSettings(steps=steps, lr=lr, batch_size=batch_size, weight_decay=weight_decay, seed=seed)
+    check_loop_settings(settings)  # a bad option fails in one line before anything is read or written
+    check_output_dir(out_dir, "model", sources=(model, data), where="--out")  # before any training
     options = {".".join(key): value for key, value in map(parse_override, task_option or [])}
     pairs = sft_pairs(data=data, task=task, train_size=train_size, seed=seed, task_options=options)
     policy, tok = load_causal_lm(model), load_tokenizer(model)
-    settings = SFTSettings(steps=steps, lr=lr, batch_size=batch_size, weight_decay=weight_decay, seed=seed)
     with step_progress("sft", steps, key="sft/loss") as on_step:
         metrics = run_sft(policy, tok, pairs, settings, on_step=on_step)
     save_pretrained_atomic(policy, tok, out_dir, created_by="tandem sft", source=model)

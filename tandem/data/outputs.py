@@ -1,11 +1,13 @@
 """Output folders: which folders a Tandem command may replace, and how it publishes them.
 
 Every command that writes a whole folder (``tandem init-model``, ``sft``, ``dpo``, ``rm``, ``export``,
-``train``) marks it as its output with a small file of its kind (:data:`KINDS`), and may later replace
-only an empty folder or an output of the same kind: an unrelated folder (photos, a thesis, a downloaded
-model) is refused with one line naming it, never deleted. A command also refuses to write onto a folder
-it reads (its source model) or one that holds it. Local folders are then replaced atomically
-(:func:`tandem.utils.io.atomic_dir`); remote ones (``s3://...``) through :func:`output_folder`.
+``train``, ``data split``, ``data make-safety``) marks it as its output with a small file of its kind
+(:data:`KINDS`), and may later replace only an empty folder or an output of the same kind: an unrelated
+folder (photos, a thesis, a downloaded model) is refused with one line naming it, never deleted. A command
+also refuses to write onto a folder it reads (its source model, its input file) or one that holds it.
+Local folders are then replaced atomically (:func:`tandem.utils.io.atomic_dir`); remote ones
+(``s3://...``) through :func:`output_folder`. A command that writes one file (``tandem data dedup --out``,
+a sidecar) checks it with :func:`check_output_file`: never its own input, never an existing folder.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ KINDS: dict[str, OutputKind] = {
     "reward": OutputKind("reward-model folder", (REWARD_MARKER,)),  # rm (normalisation stats)
     "export": OutputKind("export folder", (EXPORT_MARKER,)),  # export, every format
     "run": OutputKind("run folder", ("config.yaml", "metrics.jsonl")),  # train, written first
+    # data split, data make-safety: the two files are the output; other files there are left alone
+    "split": OutputKind("data split folder", ("train.jsonl", "val.jsonl")),
 }
 
 
@@ -67,7 +71,33 @@ def _holds(out: PathLike, source: PathLike) -> bool:
         a, b = str(out).rstrip("/"), str(source).rstrip("/")
         return a == b or b.startswith(a + "/")
     resolved, src = Path(out).resolve(), Path(source).resolve()
-    return resolved == src or resolved in src.parents
+    return resolved == src or resolved in src.parents or _same_file(out, source)
+
+
+def _same_file(a: PathLike, b: PathLike) -> bool:
+    """Whether the local paths ``a`` and ``b`` both exist and are one file (a hard link counts)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return False
+
+
+def _source_label(source: PathLike) -> str:
+    """``source file`` or ``source folder``, for the one-line refusal."""
+    return "source file" if not storage.is_remote(source) and Path(source).is_file() else "source folder"
+
+
+def _check_parents(out: PathLike, where: str | None, label: str) -> None:
+    """Refuse a local ``out`` below a file (``prefs.jsonl/split``): creating it would fail half-way."""
+    if storage.is_remote(out):
+        return
+    for parent in Path(out).parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(
+                    f"{parent} is a file, not a folder", where=where, hint=f"choose another {label}"
+                )
+            return
 
 
 def check_output_dir(
@@ -87,10 +117,11 @@ def check_output_dir(
     for source in sources:
         if source is not None and _holds(out, source):
             raise ConfigError(
-                f"{out} is (or holds) the source folder {source}; writing there would replace it",
+                f"{out} is (or holds) the {_source_label(source)} {source}; writing there would replace it",
                 where=where,
                 hint=f"choose another {label}",
             )
+    _check_parents(out, where, label)
     if storage.is_remote(out):
         holds = bool(storage.list_names(str(out)))
     else:
@@ -105,6 +136,42 @@ def check_output_dir(
             where=where,
             hint=hint or f"choose another {label}, or remove that folder yourself",
         )
+
+
+def check_output_file(
+    out: PathLike,
+    *,
+    sources: Iterable[PathLike | None] = (),
+    where: str | None = None,
+) -> None:
+    """Refuse an output file (``tandem data dedup --out``, a sidecar) that would lose data; writes nothing.
+
+    A file is written atomically over whatever file was at ``out``, so the losses to prevent are the ones
+    a rename causes: ``out`` is one of ``sources`` (the input, replaced by its own output: the same path,
+    a symbolic or a hard link to it), an existing folder, or below a file (the write would fail after the
+    work). ``out`` and ``sources`` may be local paths or fsspec URLs (compared as text)."""
+    label = where or "output file"
+    for source in sources:
+        if source is not None and same_path(out, source):
+            raise ConfigError(
+                f"{out} is the input {source}; writing there would replace it",
+                where=where,
+                hint=f"choose another {label}",
+            )
+    if storage.is_remote(out):
+        return
+    _check_parents(out, where, label)
+    if Path(out).is_dir():
+        raise ConfigError(f"{out} is a folder, not a file", where=where, hint=f"choose another {label}")
+
+
+def same_path(a: PathLike, b: PathLike) -> bool:
+    """Whether ``a`` and ``b`` name one file: equal URLs, or local paths (``file://`` ones too) equal once
+    resolved or linked."""
+    if storage.is_remote(a) or storage.is_remote(b):
+        return str(a).rstrip("/") == str(b).rstrip("/")
+    a, b = str(a).removeprefix("file://"), str(b).removeprefix("file://")
+    return Path(a).resolve() == Path(b).resolve() or _same_file(a, b)
 
 
 def write_model_marker(folder: PathLike, *, created_by: str, source: PathLike | None = None) -> None:

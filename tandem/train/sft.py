@@ -10,6 +10,7 @@ The loss reuses the RL forward (:func:`response_logprobs`), so SFT and RL score 
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import Any, Protocol
 import torch
 
 from tandem.data.chat import ChatRow, RenderedChat, chat_row, render_training
-from tandem.errors import DataError
+from tandem.errors import ConfigError, DataError
 from tandem.models.forward import response_logprobs
 from tandem.utils.seed import seed_everything
 
@@ -126,6 +127,30 @@ class LoopSettings(Protocol):
     seed: int
 
 
+def cli_option(name: str) -> str:
+    """The command-line option of a settings field: ``batch_size`` -> ``--batch-size``."""
+    return "--" + name.replace("_", "-")
+
+
+def check_loop_settings(settings: LoopSettings, option: Callable[[str], str] = cli_option) -> None:
+    """Refuse settings the loop cannot train with, as one line naming ``option(field)``: a command calls
+    this before it writes anything, since the loop would otherwise fail after the work (no step, so no
+    metrics; an empty batch) or in torch's own words (AdamW's invalid learning rate). A NaN or infinite
+    value is refused too: it would train a model of NaN weights without an error."""
+    steps, batch, lr, decay = settings.steps, settings.batch_size, settings.lr, settings.weight_decay
+    warmup, clip = settings.warmup_steps, settings.max_grad_norm
+    for name, ok, rule, value in (
+        ("steps", steps >= 1, "an integer >= 1", steps),
+        ("batch_size", batch >= 1, "an integer >= 1", batch),
+        ("lr", math.isfinite(lr) and lr > 0, "a finite number > 0", lr),
+        ("weight_decay", math.isfinite(decay) and decay >= 0, "a finite number >= 0", decay),
+        ("warmup_steps", warmup >= 0, "an integer >= 0", warmup),
+        ("max_grad_norm", math.isfinite(clip) and clip > 0, "a finite number > 0", clip),
+    ):
+        if not ok:
+            raise ConfigError(f"must be {rule}, got {value}", where=option(name))
+
+
 def supervised_loop(
     model: torch.nn.Module,
     n_rows: int,
@@ -138,7 +163,8 @@ def supervised_loop(
     """The supervised training loop SFT and offline distillation share: AdamW with linear warmup, batches of
     ``settings.batch_size`` row indices drawn epoch by epoch in a seeded shuffle, ``step_loss(indices)`` →
     (scalar loss, its metrics), gradient clipping. Adds ``<prefix>/grad_norm`` and ``<prefix>/lr`` to each
-    step's metrics; returns the last step's."""
+    step's metrics; returns the last step's. Settings are checked first (:func:`check_loop_settings`)."""
+    check_loop_settings(settings)
     seed_everything(settings.seed)
     rng = random.Random(settings.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)

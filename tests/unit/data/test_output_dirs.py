@@ -5,6 +5,7 @@ command reads (or one holding it) — local folders and s3:// URLs alike."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -15,6 +16,7 @@ from tandem.data.outputs import (
     MODEL_MARKER,
     REWARD_MARKER,
     check_output_dir,
+    check_output_file,
     is_output,
     output_folder,
 )
@@ -74,6 +76,52 @@ def test_output_dir_refuses_a_file(tmp_path):
     with pytest.raises(ConfigError, match="notes.txt is a file, not a folder"):
         check_output_dir(target, "model")
     assert target.read_text() == "keep me"
+
+
+def test_output_dir_refuses_its_source_file_and_the_folder_holding_it(tmp_path):
+    source = tmp_path / "split" / "train.jsonl"  # `tandem data split split/train.jsonl --out-dir split`
+    source.parent.mkdir()
+    source.write_text("{}\n")
+    (tmp_path / "split" / "val.jsonl").write_text("{}\n")  # even an earlier split: it holds the input
+    for out in (source.parent, source):
+        with pytest.raises(ConfigError, match=r"is \(or holds\) the source file .*train.jsonl"):
+            check_output_dir(out, "split", sources=(source,), where="--out-dir")
+    assert source.read_text() == "{}\n"
+
+
+def test_output_dir_refuses_a_path_below_a_file(tmp_path):
+    (tmp_path / "prefs.jsonl").write_text("{}\n")
+    with pytest.raises(ConfigError, match=r"^--out-dir: .*prefs.jsonl is a file, not a folder"):
+        check_output_dir(tmp_path / "prefs.jsonl" / "split" / "deeper", "split", where="--out-dir")
+
+
+def test_output_file_refuses_its_input_by_any_name(tmp_path):
+    source = tmp_path / "prefs.jsonl"
+    source.write_text("keep me")
+    (tmp_path / "link.jsonl").symlink_to(source)
+    os.link(source, tmp_path / "hard.jsonl")
+    names = (source, tmp_path / "." / "prefs.jsonl", f"file://{source}", tmp_path / "link.jsonl")
+    for out in (*names, tmp_path / "hard.jsonl"):
+        with pytest.raises(ConfigError, match=r"^--out: .* is the input .*prefs.jsonl; writing there"):
+            check_output_file(out, sources=(None, source), where="--out")
+    check_output_file(tmp_path / "dedup.jsonl", sources=(source,), where="--out")  # a sibling is fine
+    check_output_file(source, where="--out")  # an existing file that is not an input is replaced
+    assert source.read_text() == "keep me"
+
+
+def test_output_file_refuses_a_folder_and_a_path_below_a_file(tmp_path):
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "prefs.jsonl").write_text("{}\n")
+    with pytest.raises(ConfigError, match=r"^--out: .*dir is a folder, not a file \(choose another --out\)$"):
+        check_output_file(tmp_path / "dir", where="--out")
+    with pytest.raises(ConfigError, match=r"^--sidecar: .*prefs.jsonl is a file, not a folder"):
+        check_output_file(tmp_path / "prefs.jsonl" / "bad.jsonl", where="--sidecar")
+
+
+def test_output_file_compares_urls_as_text():
+    with pytest.raises(ConfigError, match="s3://b/prefs.jsonl is the input"):
+        check_output_file("s3://b/prefs.jsonl", sources=("s3://b/prefs.jsonl",), where="--out")
+    check_output_file("s3://b/dedup.jsonl", sources=("s3://b/prefs.jsonl",), where="--out")
 
 
 def test_markers_are_the_files_the_commands_write():
