@@ -148,11 +148,15 @@ def serve(
     require_serve_deps()
     import torch
 
-    from tandem.serve.server import build_state, check_bind, check_tls, run_server
+    from tandem.serve.server import bind_port, build_state, check_bind, check_tls, run_server
     from tandem.serve.state import ServeSettings
 
-    if threads:
-        torch.set_num_threads(threads)
+    # every flag is checked, and the port bound, before a model loads: a mistake costs no load time
+    # and nothing is announced that will not be served
+    if workers < 1:
+        raise ConfigError(f"must be >= 1, got {workers}", where="--workers")
+    if threads < 0:
+        raise ConfigError(f"must be >= 0 (0: torch's default), got {threads}", where="--threads")
     keys, admin_key = _keys(api_key, admin_key)
     settings = ServeSettings(
         max_batch_size=max_batch_size,
@@ -174,35 +178,44 @@ def serve(
         scale_up_queue=scale_up_queue,
         scale_down_idle_s=scale_down_idle_s,
     )
+    arms, weights = _arms(model, arm), _split(split)
     check_bind(host, bool(keys))
     check_tls(ssl_certfile, ssl_keyfile)
-    if note := best_model_note(model):
-        out.print(note)
-    if workers > 1:
-        from tandem.serve.server import run_replicas
+    sock = bind_port(host, port)
+    port = sock.getsockname()[1]  # the free port that --port 0 picked
+    try:  # closed however this ends (the servers also close it when they stop)
+        if threads:
+            torch.set_num_threads(threads)
+        if note := best_model_note(model):
+            out.print(note)
+        if workers > 1:
+            from tandem.serve.server import run_replicas
 
-        out.print(f"serving {escape(model)} with {workers} replicas on {host}:{port}")
-        display = name or Path(model).resolve().name
-        run_replicas(
-            _arms(model, arm),
-            settings,
-            display,
-            _split(split),
-            host,
-            port,
-            workers,
-            ssl_certfile,
-            ssl_keyfile,
+            out.print(f"serving {escape(model)} with {workers} replicas on {host}:{port}")
+            display = name or Path(model).resolve().name
+            run_replicas(
+                arms, settings, display, weights, host, port, workers, ssl_certfile, ssl_keyfile, sock=sock
+            )
+            return
+        state = build_state(arms, settings, name=name, split=weights)
+        scheme = "https" if ssl_certfile else "http"
+        replicas = f"{min_replicas}" if max_replicas == min_replicas else f"{min_replicas}..{max_replicas}"
+        out.print(
+            f"serving [bold]{escape(state.name)}[/] arms={dict(state.router.split)} engine={escape(engine)} "
+            f"replicas={replicas} on {scheme}://{host}:{port}"
         )
-        return
-    state = build_state(_arms(model, arm), settings, name=name, split=_split(split))
-    scheme = "https" if ssl_certfile else "http"
-    replicas = f"{min_replicas}" if max_replicas == min_replicas else f"{min_replicas}..{max_replicas}"
-    out.print(
-        f"serving [bold]{escape(state.name)}[/] arms={dict(state.router.split)} engine={escape(engine)} "
-        f"replicas={replicas} on {scheme}://{host}:{port}"
-    )
-    run_server(state, host, port, ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile)
+        run_server(state, host, port, ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile, sock=sock)
+    finally:
+        sock.close()
+
+
+def _check_export(db: Path, out_file: Path) -> None:
+    """The feedback database exists, and ``--out`` is a file that is not the database itself."""
+    from tandem.data.outputs import check_output_file
+
+    if not db.is_file():
+        raise ConfigError("feedback database does not exist", where=str(db))
+    check_output_file(out_file, sources=(db,), where="--out")
 
 
 @data_app.command("export-feedback")
@@ -215,8 +228,7 @@ def export_feedback(
     """Write user feedback as a preference dataset that tandem dpo / tandem rm read."""
     from tandem.serve.feedback import export_preferences
 
-    if not db.is_file():
-        raise ConfigError("feedback database does not exist", where=str(db))
+    _check_export(db, out_file)
     n = export_preferences(db, out_file, threshold)
     out.print(f"wrote {n} preference rows to {escape(str(out_file))}")
 
@@ -232,8 +244,7 @@ def export_conversations(
     """Write the chat conversations a server recorded (tool calls included) as training rows."""
     from tandem.serve.feedback import export_conversations as export
 
-    if not db.is_file():
-        raise ConfigError("feedback database does not exist", where=str(db))
+    _check_export(db, out_file)
     n = export(db, out_file)
     out.print(f"wrote {n} conversation rows to {escape(str(out_file))}")
 

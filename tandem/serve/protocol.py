@@ -19,6 +19,7 @@ from pydantic import (
     Field,
     StrictBool,
     StrictInt,
+    StrictStr,
     field_validator,
     model_validator,
 )
@@ -393,12 +394,14 @@ def _check_response_format(value: dict[str, Any] | None) -> None:
 
 
 class PredictRequest(BaseModel):
-    """Body of ``POST /predict``: the simplest possible client."""
+    """Body of ``POST /predict``: the simplest possible client. As strict as the OpenAI bodies (a
+    ``"3"`` or ``3.0`` for ``max_tokens`` is a 400 naming it, not silently converted), so one client
+    sees the same rules on every route."""
 
     model_config = ConfigDict(extra="ignore")
 
-    text: str = Field(..., description="Prompt text.")
-    max_tokens: int = Field(32, ge=1, description="Tokens to generate at most.")
+    text: StrictStr = Field(..., description="Prompt text.")
+    max_tokens: StrictInt = Field(32, ge=1, description="Tokens to generate at most.")
 
 
 def validation_param(loc: tuple[Any, ...]) -> str | None:

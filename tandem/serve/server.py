@@ -6,13 +6,15 @@ interface is a mistake we do not let through). Only this package imports uvicorn
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import os
-from contextlib import asynccontextmanager
+import socket
 from pathlib import Path
 
-from tandem.errors import ConfigError, MissingDependencyError
+from tandem.errors import ConfigError, MissingDependencyError, first_line
 from tandem.serve import heap
 from tandem.serve.router import build_arm
 from tandem.utils.net import is_loopback_host
@@ -37,6 +39,8 @@ def build_state(
         start = admin_state.initial(arms, split)
     except admin_state.SplitError as err:
         raise ConfigError(str(err), where="--split") from None
+    if settings.feedback_db:  # opened before the models load: a bad path fails fast, not after minutes
+        state.feedback = open_feedback(settings.feedback_db)
     for arm_name, path in arms.items():
         state.loaded[start.current.arms[arm_name]] = build_arm(state, arm_name, path)
     state.store = (
@@ -44,11 +48,23 @@ def build_state(
     )
     state.router.show(start.current, state.loaded)
     state.applied = start.version
-    if settings.feedback_db:
-        from tandem.serve.feedback import FeedbackStore
-
-        state.feedback = FeedbackStore(settings.feedback_db)
     return state
+
+
+def open_feedback(path: str):
+    """The :class:`~tandem.serve.feedback.FeedbackStore` at ``path``, created if missing; ConfigError
+    naming ``--feedback-db`` where SQLite cannot open or create a database there (a folder, a file that
+    is not a database, a read-only place) instead of a ``sqlite3`` traceback."""
+    import sqlite3
+
+    from tandem.serve.feedback import FeedbackStore
+
+    try:
+        return FeedbackStore(path)
+    except (sqlite3.Error, OSError) as err:
+        raise ConfigError(
+            f"cannot open {path} as a SQLite database: {first_line(err)}", where="--feedback-db"
+        ) from None
 
 
 def make_app(state):
@@ -78,7 +94,7 @@ def make_app(state):
     app.add_middleware(Gate, **gate)
     limited = BodyLimit(Direct(app, endpoints), **body)  # the generation POSTs' own chain (Front)
 
-    @asynccontextmanager
+    @contextlib.asynccontextmanager
     async def lifespan(_app):
         for arm in state.loaded.values():
             arm.batcher.start()
@@ -106,6 +122,44 @@ def check_bind(host: str, has_keys: bool) -> None:
             where="--host",
             hint="set --api-key / TANDEM_API_KEYS or bind 127.0.0.1",
         )
+
+
+MAX_PORT = 65535
+STARTUP_FAILURE = 3  # uvicorn's exit status when the app fails to start
+
+
+def bind_port(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (not yet listening) for uvicorn to serve on, made as uvicorn makes
+    its own (IPv6 for a host with ``:``, ``SO_REUSEADDR``). Binding before the model loads turns a port
+    in use, a privileged port or an address not on this machine into one ConfigError, before anything
+    starts or is announced, and tells which port ``0`` (any free port) picked; passing this very socket
+    on leaves no window for another process to take the port meanwhile.
+
+    uvicorn does not check the range itself: asyncio truncates ``99999`` to 16 bits and serves on 34463.
+    """
+    if not 0 <= port <= MAX_PORT:
+        raise ConfigError(f"must be 0..{MAX_PORT} (0: any free port), got {port}", where="--port")
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        if err.errno == errno.EADDRINUSE:
+            raise ConfigError(
+                f"{host}:{port} is already in use",
+                where="--port",
+                hint="stop what holds it or pick another port",
+            ) from None
+        if err.errno == errno.EACCES:
+            raise ConfigError(
+                f"no permission to bind {host}:{port}",
+                where="--port",
+                hint="ports below 1024 need privileges",
+            ) from None
+        raise ConfigError(f"cannot bind {host}:{port}: {first_line(err)}", where="--host") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def app_from_env():
@@ -164,9 +218,15 @@ def run_replicas(
     workers: int,
     ssl_certfile: str | None = None,
     ssl_keyfile: str | None = None,
+    sock: socket.socket | None = None,
 ) -> None:
     """Serve with ``workers`` uvicorn worker processes behind one port (replicas). The admin state they
-    share lives in a temporary folder, removed when the server stops."""
+    share lives in a temporary folder, removed when the server stops.
+
+    ``sock`` (:func:`bind_port`; bound here when None) proves the port can be bound; it is closed just
+    before uvicorn binds the same port for its workers (it takes an address, not a socket, for them).
+    The feedback database is opened once here, so a bad ``--feedback-db`` fails before any worker starts.
+    """
     import dataclasses
     import shutil
     import tempfile
@@ -182,6 +242,13 @@ def run_replicas(
         start = admin_state.initial(arms, split)
     except admin_state.SplitError as err:
         raise ConfigError(str(err), where="--split") from None
+    sock = sock or bind_port(host, port)
+    try:
+        if settings.feedback_db:
+            open_feedback(settings.feedback_db).close()
+        port = sock.getsockname()[1]  # the free port that 0 picked
+    finally:
+        sock.close()
     folder = tempfile.mkdtemp(prefix="tandem-serve-")
     try:
         admin_state.FileStore(folder).create(start)
@@ -218,23 +285,34 @@ def run_server(
     ssl_certfile: str | None = None,
     ssl_keyfile: str | None = None,
     log_level: str = "warning",
+    sock: socket.socket | None = None,
 ) -> None:
-    """Serve ``state`` with uvicorn until interrupted."""
+    """Serve ``state`` with uvicorn until interrupted, on ``sock`` (:func:`bind_port`, bound here when
+    None; closed when the server stops)."""
     check_bind(host, bool(state.settings.api_keys))
     check_tls(ssl_certfile, ssl_keyfile)
     uvicorn = _uvicorn()
     from tandem.serve.connections import uvicorn_limits
 
-    app = make_app(state)
-    heap.freeze()
-    uvicorn.run(
-        app,
-        host=host,
-        port=port,
-        ssl_certfile=ssl_certfile,
-        ssl_keyfile=ssl_keyfile,
-        log_level=log_level,
-        access_log=_logs_access(log_level),
-        timeout_graceful_shutdown=5,
-        **uvicorn_limits(state.settings),
-    )
+    sock = sock or bind_port(host, port)
+    try:
+        app = make_app(state)
+        heap.freeze()
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=sock.getsockname()[1],
+            ssl_certfile=ssl_certfile,
+            ssl_keyfile=ssl_keyfile,
+            log_level=log_level,
+            access_log=_logs_access(log_level),
+            timeout_graceful_shutdown=5,
+            **uvicorn_limits(state.settings),
+        )
+        server = uvicorn.Server(config)
+        with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run: Ctrl-C is a clean stop
+            server.run(sockets=[sock])
+    finally:
+        sock.close()
+    if not server.started:  # the app's startup failed (logged by uvicorn): uvicorn.run's exit status
+        raise SystemExit(STARTUP_FAILURE)

@@ -8,8 +8,10 @@ the state's type can import it without the web framework.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tandem.agents.tool_calls import get_format
@@ -48,6 +50,24 @@ class ServeSettings:
     tool_format: str = "hermes"  # how tool calls are written when the chat template does not render tools
 
     def __post_init__(self) -> None:
+        """ConfigError naming the flag of the first out-of-range limit: checked here, when the flags are
+        read, so a bad value is refused before any model loads (the batcher, cache and replica pool
+        built later would otherwise fail mid-start with a ValueError naming their own parameter)."""
+        for flag, value, least in (
+            ("--max-batch-size", self.max_batch_size, 1),
+            ("--max-queue", self.max_queue, 1),
+            ("--cache-size", self.cache_size, 0),
+            ("--max-tokens-limit", self.max_tokens_limit, 1),
+            ("--max-body-bytes", self.max_body_bytes, 1),
+        ):
+            if value < least:
+                raise ConfigError(f"must be >= {least}, got {value}", where=flag)
+        if not 0 <= self.max_wait_ms < math.inf:  # also refuses NaN
+            raise ConfigError(f"must be a finite number >= 0, got {self.max_wait_ms}", where="--max-wait-ms")
+        if self.feedback_db is not None and Path(self.feedback_db).is_dir():
+            raise ConfigError(
+                f"{self.feedback_db} is a directory, not a database file", where="--feedback-db"
+            )
         get_format(self.tool_format, key="--tool-format")
         for key in self.api_keys:
             check_key(key, "--api-key")

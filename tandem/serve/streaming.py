@@ -44,15 +44,21 @@ class _Choice:
         self.sent, self.reported, self.length = "", 0, 0
 
     def add(self, token: TokenLogprob, text: str) -> str | None:
-        """Record ``token`` (``text``: all tokens decoded); the new safe text to send, or None."""
+        """Record ``token`` (``text``: all tokens decoded); the new safe text to send, or None.
+
+        Safe is the text before the first stop string once one has appeared (the row ends there, and
+        the non-streamed answer is cut there too), else all but the last ``hold`` characters: those
+        may still be the start of a stop string that the next tokens complete."""
         self.ids.append(token.token)
         self.entries.append(token)
         self.starts.append(self.length)
         self.length = len(text)
-        safe = text[: max(len(self.sent), len(text) - self.hold)] if self.hold else text
-        if len(safe) > len(self.sent) and not any(s in safe for s in self.stops):
-            return safe
-        return None
+        cuts = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+        if cuts:
+            safe = text[: min(cuts)]
+        else:
+            safe = text[: max(len(self.sent), len(text) - self.hold)]
+        return safe if len(safe) > len(self.sent) else None
 
     def take(self, upto_text: int | None = None, upto_tokens: int | None = None) -> tuple:
         """The unsent tokens up to those whose text starts before ``upto_text`` (or up to index

@@ -150,6 +150,28 @@ def test_predict_and_cache_hit_for_greedy(server):
     assert "tandem_batch_size_bucket" in metrics and "tandem_queue_depth" in metrics
 
 
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"text": "12+34=", "max_tokens": "3"}, "max_tokens"),  # /v1/completions refuses this too
+        ({"text": "12+34=", "max_tokens": 3.0}, "max_tokens"),
+        ({"text": "12+34=", "max_tokens": True}, "max_tokens"),
+        ({"text": "12+34=", "max_tokens": 0}, "max_tokens"),
+        ({"text": 12}, "text"),
+        ({}, "text"),
+    ],
+)
+def test_predict_is_as_strict_as_completions(server, body, param):
+    with server.client() as c:
+        r = c.post("/predict", json=body)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == param
+        if "max_tokens" in body:
+            same = c.post("/v1/completions", json={"prompt": body["text"], "max_tokens": body["max_tokens"]})
+            assert same.status_code == 400 and same.json()["error"]["param"] == param
+        assert c.post("/predict", json={"text": "12+34=", "max_tokens": 3}).status_code == 200
+
+
 def test_concurrent_requests_are_batched_with_their_own_params(server):
     async def many():
         headers = {"Authorization": f"Bearer {USER_KEY}"}
