@@ -37,6 +37,7 @@ class AdvantageInputs:
     gamma: float = 1.0
     lam: float = 1.0
     norm_by_std: bool = True
+    std_scope: str = "group"  # grpo: divide by the std of the group's scores, or of the whole batch's
     eps: float = 1e-6  # added to the group std (grpo); batch whitening adds 1e-8 to the variance
     pass_k: int = 2  # passk: the k of the pass@k objective (clamped to the group size)
 
@@ -51,6 +52,8 @@ class AdvantageSpec:
     ``requires``: optional inputs it cannot work without (``values`` means a critic). ``group_relative``:
     it compares the samples of one prompt, so groups need two or more (``rollout.n >= 2``).
     ``uses_token_rewards``: it consumes per-token rewards, so a KL penalty can go into the reward.
+    ``batch_std``: it can divide by the std of the whole batch's scores instead of the group's
+    (``algorithm.std_scope: batch``).
     """
 
     fn: EstimatorFn
@@ -58,6 +61,7 @@ class AdvantageSpec:
     summary: str = ""
     group_relative: bool = False
     uses_token_rewards: bool = False
+    batch_std: bool = False
 
     @property
     def needs_critic(self) -> bool:
@@ -74,9 +78,10 @@ def _register(
     *,
     group_relative: bool = False,
     uses_token_rewards: bool = False,
+    batch_std: bool = False,
 ) -> Callable[[EstimatorFn], EstimatorFn]:
     def deco(fn: EstimatorFn) -> EstimatorFn:
-        spec = AdvantageSpec(fn, requires, summary, group_relative, uses_token_rewards)
+        spec = AdvantageSpec(fn, requires, summary, group_relative, uses_token_rewards, batch_std)
         ADVANTAGE_ESTIMATORS.add(name, spec)
         return fn
 
@@ -101,6 +106,7 @@ def compute_advantages(
     norm_by_std: bool = True,
     eps: float = 1e-6,
     pass_k: int = 2,
+    std_scope: str = "group",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantages and returns with the estimator registered as ``name``.
 
@@ -127,6 +133,7 @@ def compute_advantages(
         norm_by_std=norm_by_std,
         eps=eps,
         pass_k=pass_k,
+        std_scope=std_scope,
     )
     _check_inputs(name, spec, inp)
     with torch.no_grad():
@@ -229,11 +236,16 @@ def _gae(inp: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     return adv, returns
 
 
-@_register("grpo", summary="(R - group mean) / (group std + eps)", group_relative=True)
+@_register("grpo", summary="(R - group mean) / (group std + eps)", group_relative=True, batch_std=True)
 def _grpo(inp: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """``std_scope="batch"``: divide by the std of every score in the batch instead (TRL's
+    ``scale_rewards="batch"``; group mean with batch std, as LitePPO recommends): a group with one success
+    in many is not scaled up to advantages of several units."""
     mean, std, _ = group_stats(inp.scores, inp.group_ids)
     adv = inp.scores - mean
     if inp.norm_by_std:
+        if inp.std_scope == "batch":
+            std = inp.scores.std() if inp.scores.numel() > 1 else torch.zeros(())  # unbiased, as TRL
         adv = adv / (std + inp.eps)
     return _broadcast(adv, inp.response_mask), _broadcast(inp.scores, inp.response_mask)
 

@@ -116,6 +116,12 @@ class AlgorithmConfig(Section):
         "listed below. algorithm.clip_low, clip_high and dual_clip are shorthands for the option of that name.",
     )
     norm_by_std: bool | None = Field(None, description="Divide group-relative advantages by the group std.")
+    std_scope: Literal["group", "batch"] = Field(
+        "group",
+        description="With norm_by_std, the grpo estimator divides by the std of the group's scores (group) "
+        "or of every score in the batch (batch: TRL's scale_rewards='batch'; the group mean stays the "
+        "baseline). Other estimators refuse batch.",
+    )
     pass_k: int = Field(
         2,
         ge=1,

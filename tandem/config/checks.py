@@ -307,6 +307,26 @@ def _check_adaptive_group(cfg: CheckedConfig) -> None:
         )
 
 
+def _check_std_scope(cfg: CheckedConfig) -> None:
+    """``algorithm.std_scope: batch`` changes the std an estimator divides by: it needs one that divides
+    by a std (``norm_by_std``) and can take it from the batch (its registry entry's ``batch_std``)."""
+    from tandem.algos import ADVANTAGE_ESTIMATORS
+
+    a = cfg.algorithm
+    if a.std_scope == "group":
+        return
+    if not a.norm_by_std:
+        raise CrossFieldError(
+            "algorithm.std_scope", "batch scales by a std, but algorithm.norm_by_std is false"
+        )
+    if not ADVANTAGE_ESTIMATORS.get(a.advantage).batch_std:
+        able = [n for n in ADVANTAGE_ESTIMATORS.names() if ADVANTAGE_ESTIMATORS.get(n).batch_std]
+        raise CrossFieldError(
+            "algorithm.std_scope",
+            f"advantage '{a.advantage}' has no batch std; batch works with {', '.join(able)}",
+        )
+
+
 def _check_top_entropy_quantile(cfg: CheckedConfig) -> None:
     """``algorithm.top_entropy_quantile`` < 1 works by zeroing advantages, so the loss must be a multiple
     of them."""
@@ -415,6 +435,7 @@ def check_config(cfg: CheckedConfig) -> None:
     """Cross-field checks, each naming the key to change."""
     _check_algorithm(cfg)
     _check_entropy_target(cfg)
+    _check_std_scope(cfg)
     _check_top_entropy_quantile(cfg)
     _check_ref_sync(cfg)
     _check_adaptive_temperature(cfg)

@@ -45,6 +45,7 @@ class ExperienceSettings:
     needs_teacher: bool = False  # the estimator needs a teacher's log-probs (registry metadata)
     reward_weight: float = 0.0  # opd: weight of the task reward beside the teacher term
     pass_k: int = 2  # the passk estimator's k
+    std_scope: str = "group"  # grpo: the std of the group's scores or of the batch's (algorithm.std_scope)
     needs_baseline: bool = False  # the estimator needs the greedy rows' scores (remax; registry metadata)
     mask_truncated: bool = False  # truncated samples (finish reason "length") leave the loss
 
@@ -78,6 +79,7 @@ class ExperienceSettings:
             needs_teacher="teacher_logprobs" in ADVANTAGE_ESTIMATORS.get(algo.advantage).requires,
             reward_weight=algo.opd.reward_weight,
             pass_k=algo.pass_k,
+            std_scope=algo.std_scope,
             needs_baseline="baseline_scores" in ADVANTAGE_ESTIMATORS.get(algo.advantage).requires,
             mask_truncated=algo.mask_truncated,
         )
@@ -217,6 +219,7 @@ def make_experience(
         teacher_logprobs=teacher_lp,
         reward_weight=s.reward_weight,
         pass_k=s.pass_k,
+        std_scope=s.std_scope,
     )
     exp = Experience(
         rollout=rollout,

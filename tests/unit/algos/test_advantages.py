@@ -78,6 +78,19 @@ def test_grpo_hand_computed() -> None:
     assert ret[2, 1] == 0.0  # masked
 
 
+def test_grpo_batch_std_keeps_the_group_mean_and_divides_by_the_batch_std() -> None:
+    scores = [1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0]  # a group with one success, one with three
+    ids = [0, 0, 0, 0, 1, 1, 1, 1]
+    adv, _ = _adv("grpo", scores, ids, [1] * 8, t=1, std_scope="batch")
+    batch_std = torch.tensor(scores).std()  # unbiased, over all 8 (TRL's scale_rewards="batch")
+    means = torch.tensor([0.25] * 4 + [0.75] * 4)
+    torch.testing.assert_close(adv[:, 0], (torch.tensor(scores) - means) / (batch_std + 1e-6))
+    group_adv, _ = _adv("grpo", scores, ids, [1] * 8, t=1)  # group std 0.5 < batch std 0.53
+    assert float(adv.abs().max()) < float(group_adv.abs().max())
+    one, _ = _adv("grpo", [1.0], [0], [1], t=1, std_scope="batch")  # a batch of one: no std, no nan
+    assert torch.isfinite(one).all()
+
+
 def test_grpo_without_std_is_dr_grpo() -> None:
     a1, _ = _adv("grpo", [1.0, 0.0, 3.0], [0, 0, 0], [3, 3, 3], norm_by_std=False)
     a2, _ = _adv("dr_grpo", [1.0, 0.0, 3.0], [0, 0, 0], [3, 3, 3])

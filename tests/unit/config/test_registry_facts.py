@@ -47,6 +47,23 @@ def test_builtin_facts():
     assert [n for n in POLICY_LOSSES if POLICY_LOSSES[n].off_policy_safe] == ["decoupled_ppo", "topr", "agro"]
 
 
+def test_batch_std_is_a_registry_fact_and_needs_a_std():
+    assert [n for n in ADVANTAGE_ESTIMATORS if ADVANTAGE_ESTIMATORS[n].batch_std] == ["grpo"]
+    batch = {"advantage": "grpo", "norm_by_std": True, "std_scope": "batch"}
+    assert build_config(_data(batch)).algorithm.std_scope == "batch"
+    with pytest.raises(
+        ConfigError, match=r"algorithm.std_scope: advantage 'rloo' has no batch std; batch works with grpo"
+    ):
+        build_config(_data({**batch, "advantage": "rloo"}))
+    with pytest.raises(
+        ConfigError, match=r"algorithm.std_scope: batch scales by a std, but algorithm.norm_by_std"
+    ):
+        build_config(_data({**batch, "norm_by_std": False}))
+    spec = dataclasses.replace(ADVANTAGE_ESTIMATORS["rloo"], batch_std=True)
+    with _registered(ADVANTAGE_ESTIMATORS, "test_batch_std", spec):
+        assert build_config(_data({**batch, "advantage": "test_batch_std"})).algorithm.std_scope == "batch"
+
+
 def test_group_relative_estimator_registered_in_a_test_needs_two_samples():
     spec = dataclasses.replace(ADVANTAGE_ESTIMATORS["dr_grpo"], group_relative=True)
     with _registered(ADVANTAGE_ESTIMATORS, "test_grouped", spec):
