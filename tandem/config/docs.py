@@ -84,7 +84,7 @@ def config_reference(extra: Mapping[str, list[str]] | None = None) -> str:
         "",
         "Generated from the pydantic schema by `tandem config docs` — do not edit by hand.",
         "Every key can be set in YAML or overridden on the command line as `section.key=value`; a number",
-        "indexes a list (`reward.functions.0.weight=0.5`; an index past the end is an error).",
+        "indexes a list (`reward.functions.0.weight=0.5`; -1 is the last item, as in Python; an index past the end is an error).",
         "Floats must be finite (`.inf`/`.nan` are errors); a key given twice in one mapping, a recursive",
         "alias, aliases that expand to more than 100,000 nodes, or nesting deeper than 64 levels is an error",
         "naming the file (and line).",
