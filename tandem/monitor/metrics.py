@@ -166,6 +166,8 @@ class MetricsLogger:
         """Surface a warning (e.g. reward collapse, NaN loss) in the progress display, or log it."""
         self.alerts.append(message)
         self._view.alert(message)
+        for tracker in self.trackers:
+            tracker.alert(message)
         if self.listener is not None:
             self.listener.alert(message)
 

@@ -66,6 +66,8 @@ def _cfg(tiny_model_dir, out, mode="colocated", **monitor):
                 "tensorboard": False,
                 "progress": False,
                 "report_to": ["wandb"],
+                # fires at every step: each alert the run raises becomes a W&B alert
+                "alerts": [{"name": "always", "metric": "reward/mean", "kind": "above", "threshold": -1.0}],
                 **monitor,
             },
         }
@@ -106,6 +108,11 @@ def test_a_wandb_run_holds_the_config_every_metric_row_and_the_samples(
     # samples at step 1 (always) and 2 (sample_every), as W&B tables of num_samples rows
     tables = {s: json.loads(row["samples/nrows"]) for s, row in rows.items() if "samples/nrows" in row}
     assert tables == {1: 2, 2: 2}
+    alerts = [r.alert.text for r in records if r.WhichOneof("record_type") == "alert"]
+    raised = [json.loads(x) for x in (result.run_dir / "alerts.jsonl").read_text().splitlines()]
+    assert len(alerts) == len(raised) >= 1 and all(
+        r["message"] in a for r, a in zip(raised, alerts, strict=True)
+    )
     exits = [r.exit.exit_code for r in records if r.WhichOneof("record_type") == "exit"]
     assert exits == [0]
 

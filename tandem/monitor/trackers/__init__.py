@@ -5,7 +5,8 @@ A tracker is one module here plus one line in :data:`TRACKERS` (``name -> "modul
 only when a run asks for it, so the service's package stays optional). It receives what
 :class:`~tandem.monitor.MetricsLogger` writes to ``metrics.jsonl`` and ``samples.jsonl`` — the same
 values, at the same steps — and is closed when the run ends. Only the process that runs the training loop
-reports (the colocated driver, the decoupled learner's rank 0), so a multi-process run is one tracked run.
+reports (the colocated driver, the decoupled learner's rank 0), so a multi-process run is one tracked run. The
+run's alerts go to the trackers too.
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ class Tracker(Protocol):
     def log(self, step: int, values: Mapping[str, float]) -> None: ...
 
     def log_samples(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None: ...
+
+    def alert(self, message: str) -> None:
+        """An alert the run raised (``monitor.alerts``, a non-finite metric), as the service shows one."""
+        ...
 
     def close(self, *, failed: bool = False) -> None: ...
 

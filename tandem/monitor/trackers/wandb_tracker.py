@@ -3,7 +3,7 @@
 W&B reads its own environment: ``WANDB_API_KEY`` (or ``wandb login``), ``WANDB_ENTITY``,
 ``WANDB_MODE=offline`` (no network: the run is kept in ``<run>/wandb/`` for ``wandb sync``). The project is
 ``monitor.project``, else ``$WANDB_PROJECT``, else ``tandem``; the W&B run is named after ``run.name`` and
-holds the resolved config. Every row carries Tandem's ``step`` (completed training steps), the x-axis of
+holds the resolved config, and each alert the run raises is a W&B alert. Every row carries Tandem's ``step`` (completed training steps), the x-axis of
 every chart (W&B's own counter only ever grows, so a rollback to an earlier checkpoint shows as the curve
 going back rather than as rows W&B drops). A resumed run (``--resume``) starts a new W&B run in the same
 group, tagged ``resumed@N``, as the Hugging Face trainer's W&B callback does.
@@ -69,6 +69,12 @@ class WandbTracker:
         columns = list(dict.fromkeys(k for row in rows for k in row))
         data = [[_cell(row.get(c)) for c in columns] for row in rows]
         self.run.log({STEP: step, "samples": self._wandb.Table(columns=columns, data=data)})
+
+    def alert(self, message: str) -> None:
+        """A W&B alert (its Slack / e-mail notifications, online), titled by the message's start. W&B holds
+        back an alert whose title it sent within ``wait_duration`` (a minute by default); the run's alerts
+        are already rate-limited by their rules, so a second is enough to keep each one."""
+        self.run.alert(title=message[:64], text=message, level=self._wandb.AlertLevel.WARN, wait_duration=1)
 
     def close(self, *, failed: bool = False) -> None:
         self.run.finish(exit_code=1 if failed else 0)

@@ -18,7 +18,10 @@ class Recorder:
     """A tracker that keeps what it is told (a stand-in for a service, inside this unit test only)."""
 
     def __init__(self, run=None):
-        self.run, self.rows, self.samples, self.closed = run, [], [], []
+        self.run, self.rows, self.samples, self.closed, self.alerts = run, [], [], [], []
+
+    def alert(self, message):
+        self.alerts.append(message)
 
     def log(self, step, values):
         self.rows.append((step, dict(values)))
@@ -36,10 +39,15 @@ def test_the_logger_hands_every_row_and_sample_to_its_trackers_and_closes_them(t
         log.log(0, {"eval/accuracy": 0.25})
         log.log_samples(1, [{"prompt": "1+1=", "completion": "2", "reward": 1.0}])
         log.log(1, {"reward/mean": 0.5, "actor/kl": float("nan"), "note": "text"})
+        log.alert("grad spike at step 1")
     assert rec.rows[0] == (0, {"eval/accuracy": 0.25})
     step, row = rec.rows[1]
     assert step == 1 and row["reward/mean"] == 0.5 and math.isnan(row["actor/kl"]) and row["note"] == "text"
     assert rec.samples == [(1, [{"prompt": "1+1=", "completion": "2", "reward": 1.0}])]
+    assert rec.alerts == [
+        "actor/kl is nan at step 1",
+        "grad spike at step 1",
+    ]  # the non-finite one, then ours
     assert rec.closed == [False]
     log.close()  # twice is safe: the tracker's run is ended once
     assert rec.closed == [False]
