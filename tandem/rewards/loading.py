@@ -64,6 +64,8 @@ def _import_module(name: str, spec: str, key: str | None) -> ModuleType:
         return importlib.import_module(name)
     except ModuleNotFoundError as err:
         if err.name and (name == err.name or name.startswith(err.name + ".")):
+            if _in_working_dir(name.partition(".")[0]):  # as `python` finds a module beside the script
+                return _import_module(name, spec, key)
             raise ConfigError(
                 f"{spec!r}: module '{name}' not found", where=key, hint="is it installed or on PYTHONPATH?"
             ) from None
@@ -72,6 +74,19 @@ def _import_module(name: str, spec: str, key: str | None) -> ModuleType:
         raise ConfigError(
             f"{spec!r}: importing '{name}' raised {type(err).__name__}: {err}", where=key
         ) from None
+
+
+def _in_working_dir(top: str) -> bool:
+    """Put the working directory on ``sys.path`` when it holds module or package ``top`` and is not on it
+    yet (a console script's path starts at its own folder, not the working directory, unlike ``python
+    -m`` or ``python script.py`` run there); whether it did."""
+    cwd = Path.cwd()
+    found = (cwd / f"{top}.py").is_file() or (cwd / top / "__init__.py").is_file()
+    if not found or any(Path(p or ".").resolve() == cwd for p in sys.path):
+        return False
+    sys.path.insert(0, str(cwd))
+    importlib.invalidate_caches()
+    return True
 
 
 def _load_file(target: str, spec: str, key: str | None, base_dir: str | Path | None) -> ModuleType:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 import textwrap
 
 import pytest
@@ -89,3 +90,18 @@ def test_module_whose_own_import_fails(tmp_path, monkeypatch):
         ConfigError, match=r"importing 'needs_dep' failed: No module named 'no_such_dependency_xyz'"
     ):
         load_callable("needs_dep:f")
+
+
+def test_a_module_in_the_working_directory_is_found_as_python_finds_one(tmp_path, monkeypatch):
+    # a console script's sys.path starts at its own folder, not the working directory
+    (tmp_path / "cwd_rewards_mod.py").write_text(
+        "def correct(completions, **kw):\n    return [1.0] * len(completions)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "cwd_rewards_mod", raising=False)
+    fn = load_callable("cwd_rewards_mod:correct")
+    assert fn(completions=["a", "b"]) == [1.0, 1.0]
+    with pytest.raises(ConfigError, match="module 'cwd_missing_mod' not found"):
+        load_callable("cwd_missing_mod:correct")  # nothing of that name there: the error as before
+    monkeypatch.delitem(sys.modules, "cwd_rewards_mod", raising=False)
