@@ -230,7 +230,14 @@ def report_cmd(
 
     Example: tandem report runs/grpo runs/dapo
     """
+    from tandem.cli.report import print_diagnosis
     from tandem.report import build_report
+    from tandem.report.data import load_run
 
-    path = build_report([run] if run_b is None else [run, run_b], out_dir)
+    runs = [run] if run_b is None else [run, run_b]
+    path = build_report(runs, out_dir)
+    for folder in runs:  # the report's "what the metrics say", also here
+        if run_b is not None:
+            out.print(f"[bold]{escape(str(folder))}[/]")
+        print_diagnosis(out, folder, load_run(folder).eval_size)
     out.print(f"report written to [bold]{escape(str(path))}[/]")

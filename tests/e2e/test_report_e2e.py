@@ -97,6 +97,7 @@ def test_report_single_run_has_every_section(runs, tmp_path):
     assert "class='samples'" in html and "reverse " in html  # sample completions
     assert "eval/accuracy" in html and "class='eval'" in html  # eval table
     assert "class='diagnosis'" in html and ("<td>learned</td>" in html or "<td>flat</td>" in html)  # verdict
+    assert "what the metrics say" in res.output  # the same findings on the console, as train prints them
     assert "task: reverse" in html  # the config
 
 
@@ -117,6 +118,7 @@ def test_report_two_runs_side_by_side(runs, tmp_path):
     run_a, run_b = runs
     res = CliRunner().invoke(app, ["report", str(run_a), str(run_b), "--out", str(tmp_path / "cmp")])
     assert res.exit_code == 0, res.output
+    assert res.output.count("what the metrics say") == 2  # each run's findings
     html = (tmp_path / "cmp" / "report.html").read_text()
     assert "run-a vs run-b" in html and "<div class='cols'>" in html
     assert html.count("<h3>run-a</h3>") >= 2 and html.count("<h3>run-b</h3>") >= 2
