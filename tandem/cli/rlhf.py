@@ -393,6 +393,8 @@ def label(
     table.add_column("value", justify="right")
     for name in ("rows", "resumed", "kept", "disagreements", "ties", "parse_failures", "timeouts"):
         table.add_row(name, str(getattr(stats, name)))
+    if stats.empty:  # the policy sampled an empty answer: skipped, not blamed on the input
+        table.add_row("empty answers (skipped)", str(stats.empty))
     table.add_row("agreement rate", f"{100 * stats.agreement_rate:.1f}%")
     if stats.gold_rows:
         table.add_row("label accuracy, single verdict", f"{100 * stats.accuracy_single:.1f}%")

@@ -174,6 +174,7 @@ class LabelStats:
     parse_failures: int = 0
     timeouts: int = 0
     ties: int = 0
+    empty: int = 0  # pairs with an empty answer (a policy that sampled nothing), skipped
     label_correct_single: int = 0  # first-order verdict matches the row's 'gold' (when present)
     label_correct_kept: int = 0
     gold_rows: int = 0  # rows with a 'gold' label and a first-order verdict
@@ -219,7 +220,12 @@ def _noisy(verdict: Verdict, rng: random.Random, noise: float) -> Verdict:
 def judge_row(
     judge: Judge, row: dict[str, Any], where: str, *, both_orders: bool, noise: float, seed: int
 ) -> dict[str, Any]:
-    """One row's decision: ``{"status": kept|disagree|tie|parse_failure|timeout, "first": verdict, ...}``."""
+    """One row's decision: ``{"status": kept|disagree|tie|parse_failure|timeout|empty, "first": verdict,
+    ...}``. ``empty``: one of two ``completions`` (a policy's samples) is empty — nothing to compare, so the
+    row is skipped and counted rather than blamed on the input file."""
+    pair = row.get("completions")
+    if "response_a" not in row and isinstance(pair, list) and len(pair) == 2 and "" in pair:
+        return {"status": "empty"}
     prompt, a, b = row_pair(row, where)
     rng = random.Random(f"{seed}|{where}")
     try:
@@ -324,6 +330,7 @@ def _tally(stats: LabelStats, rec: dict[str, Any]) -> None:
     stats.parse_failures += status == "parse_failure"
     stats.timeouts += status == "timeout"
     stats.ties += status == "tie"
+    stats.empty += status == "empty"
     if "gold" in rec and rec.get("first") is not None:
         stats.gold_rows += 1
         stats.label_correct_single += rec["first"] == rec["gold"]

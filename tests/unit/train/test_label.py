@@ -172,6 +172,23 @@ def test_parse_verdict_and_row_shapes():
         labeling.row_pair({"prompt": "p"}, "w")
 
 
+def test_an_empty_sampled_answer_is_skipped_and_counted_not_blamed_on_the_input(tmp_path):
+    rows = [
+        (f"in.jsonl:{i}", {"prompt": "p", "completions": pair})
+        for i, pair in enumerate([["x", ""], ["x", "y"]])
+    ]
+    judged = []
+
+    def judge(prompt, a, b, row):
+        judged.append((a, b))
+        return "a" if a == "x" else "b"  # prefers "x" in either order: swap-consistent
+
+    stats = labeling.label_rows(rows, judge, tmp_path / "out.jsonl")
+    assert (stats.rows, stats.empty, stats.kept) == (2, 1, 1)
+    assert ("x", "") not in judged and ("", "x") not in judged  # the judge never sees the empty pair
+    assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 1
+
+
 def test_hf_judge_is_deterministic(tiny_model_dir):
     from tandem.models import load_causal_lm, load_tokenizer
 
