@@ -31,7 +31,11 @@ def _pairs(data_cfg: Any, tokenizer: Any, seed: int) -> tuple[list, list]:
     def load(url: str) -> list:
         with local_input(url) as local:
             data = load_preferences(
-                local, skip_invalid=data_cfg.skip_invalid, max_length=data_cfg.max_length, length_fn=length
+                local,
+                skip_invalid=data_cfg.skip_invalid,
+                max_length=data_cfg.max_length,
+                length_fn=length,
+                skip_switch="data.skip_invalid=true",
             )
         if data.invalid:
             out.print(f"[yellow]{len(data.invalid)} invalid rows skipped[/] ({escape(url)})")
@@ -346,6 +350,28 @@ def _with_policy_samples(cfg: Any, rows: list) -> list:
     return rows
 
 
+def _check_label_output(out_file: str, input_file: str) -> None:
+    """``out_file`` is rewritten whole from the progress log at the end: it must not be the input, a
+    folder, or a file this command did not write (an earlier label output has its ``.progress.jsonl``
+    beside it, which a rerun resumes from)."""
+    from tandem.data.outputs import check_output_file
+    from tandem.data.storage import is_remote
+    from tandem.errors import ConfigError
+
+    check_output_file(out_file, sources=(input_file,), where="out_file")
+    out = Path(out_file)
+    if (
+        not is_remote(out_file)
+        and out.is_file()
+        and not out.with_name(out.name + ".progress.jsonl").is_file()
+    ):
+        raise ConfigError(
+            f"{out} exists and is not an earlier tandem label output (no {out.name}.progress.jsonl beside it)",
+            where="out_file",
+            hint="choose another out_file, or remove the file",
+        )
+
+
 @user_errors
 def label(
     config: ConfigPath,
@@ -371,6 +397,7 @@ def label(
         cfg.engine_options = {**cfg.engine_options, **engine_options(engine_option)}
     if cfg.policy:
         check_engine(cfg.engine, "--engine" if engine is not None else "engine")
+    _check_label_output(cfg.out_file, cfg.input_file)
     with local_input(cfg.input_file) as local:
         rows = list(iter_raw_rows(local))
     bad = [r for _, r in rows if isinstance(r, InvalidRow)]

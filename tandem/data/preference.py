@@ -317,15 +317,17 @@ def load_preferences(
     sidecar: str | Path | None = None,
     max_length: int | None = None,
     length_fn: LengthFn = len,
+    skip_switch: str = "--skip-invalid",
 ) -> PreferenceData:
     """Read and validate ``path``. Without ``skip_invalid`` the first invalid row is a DataError
-    ``file:LINE: reason``; with it, invalid rows go to ``sidecar`` (default ``<path>.invalid.jsonl``)
+    ``file:LINE: reason`` whose hint names ``skip_switch`` (how the caller's user turns skipping on: a
+    flag, or a config key); with it, invalid rows go to ``sidecar`` (default ``<path>.invalid.jsonl``)
     as ``{"where", "reason", "row"}`` lines. An input with no valid pair is always an error."""
     data = read_preferences(path, max_length=max_length, length_fn=length_fn)
     if data.invalid and not skip_invalid:
         first = data.invalid[0]
         more = f" (+{len(data.invalid) - 1} more invalid rows)" if len(data.invalid) > 1 else ""
-        raise DataError(first.reason + more, where=first.where, hint="fix the row or pass --skip-invalid")
+        raise DataError(first.reason + more, where=first.where, hint=f"fix the row or pass {skip_switch}")
     if data.invalid:
         write_invalid(data.invalid, sidecar or default_sidecar(path))
     if not data.pairs:

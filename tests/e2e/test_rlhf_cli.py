@@ -187,6 +187,31 @@ def test_label_cli_rule_judge_with_noise(prefs, tmp_path):
     )
     again = invoke("label", cfg)
     assert "resumed" in again.output and "│ resumed" in again.output and "16" in again.output
+    # out_file is rewritten whole: never the input, never a file label did not write
+    unrelated = tmp_path / "notes.jsonl"
+    unrelated.write_text('{"keep": 1}\n')
+    for target, message in ((rows, "is the input"), (unrelated, "is not an earlier tandem label output")):
+        before = target.read_text()
+        refused = invoke("label", cfg, f"out_file={target}")
+        assert refused.exit_code == 2 and message in " ".join(refused.output.split()), refused.output
+        assert target.read_text() == before
+
+
+def test_rm_invalid_rows_name_the_config_key_that_skips_them(prefs, tiny_model_dir, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text((prefs / "train.jsonl").read_text() + '{"prompt": "p", "chosen": "a"}\n')
+    cfg = tmp_path / "rm.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {"model": str(tiny_model_dir), "out_dir": str(tmp_path / "rm"), "data": {"train_file": str(bad)}}
+        )
+    )
+    result = invoke("rm", cfg)
+    assert (
+        result.exit_code == 2
+        and "data.skip_invalid=true" in result.output
+        and "--skip-invalid" not in result.output
+    )
 
 
 def test_console_script_prints_one_line_and_exits_2(tmp_path):
