@@ -9,6 +9,7 @@ continues it). Both architectures use these functions; the step loop itself is
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import shutil
@@ -25,8 +26,10 @@ from tandem.data.outputs import check_output_dir
 from tandem.errors import ConfigError
 from tandem.monitor.metrics import METRICS_FILE
 from tandem.orchestration.remote import check_remote, fetch_newer_checkpoint
-from tandem.train.checkpoint import latest_checkpoint
+from tandem.train.checkpoint import checkpoint_step, latest_checkpoint
 from tandem.utils.io import atomic_write_json, atomic_write_text
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -68,6 +71,8 @@ def check_run_dir(cfg: TandemConfig, *, resume: bool) -> Path:
             where="run.output_dir",
             hint="pass --resume to continue it, run.overwrite=true, or another run.output_dir",
         )
+    if resume:
+        _check_resume_step(cfg, run_dir)
     if holds and not resume:
         check_output_dir(
             run_dir,
@@ -77,6 +82,66 @@ def check_run_dir(cfg: TandemConfig, *, resume: bool) -> Path:
             hint="run.overwrite replaces only run folders; choose another run.output_dir",
         )
     return run_dir
+
+
+def _check_resume_step(cfg: TandemConfig, run_dir: Path) -> None:
+    """A resume continues from the latest checkpoint up to ``trainer.total_steps``: a checkpoint past it
+    has nothing to train, and would end with a run that reports no evaluation."""
+    latest = latest_checkpoint(run_dir / "checkpoints")
+    step = checkpoint_step(latest.name) if latest is not None else None
+    if step is not None and step > cfg.trainer.total_steps:
+        raise ConfigError(
+            f"{cfg.trainer.total_steps}, but the run's latest checkpoint is at step {step}",
+            where="trainer.total_steps",
+            hint=f"resume with trainer.total_steps >= {step}",
+        )
+
+
+def _record_changed_config(cfg: TandemConfig, run_dir: Path) -> None:
+    """On a resume whose resolved config differs from the one the run was started (or last resumed)
+    with, keep the old one as ``config.before-step-N.yaml`` and warn with the keys that changed: the
+    steps after N train with the new values, and ``config.yaml`` holds only those."""
+    import yaml
+
+    old_path = run_dir / "config.yaml"
+    if not old_path.is_file():
+        return
+    old = yaml.safe_load(old_path.read_text(encoding="utf-8")) or {}
+    new = cfg.model_dump(mode="json")
+    changed = [k for k in _flat_keys(old) | _flat_keys(new) if _at(old, k) != _at(new, k)]
+    changed = [k for k in sorted(changed) if k not in ("run.overwrite",)]
+    if not changed:
+        return
+    latest = latest_checkpoint(run_dir / "checkpoints")
+    step = checkpoint_step(latest.name) if latest is not None else 0
+    atomic_write_text(run_dir / f"config.before-step-{step}.yaml", old_path.read_text(encoding="utf-8"))
+    shown = ", ".join(f"{k}: {_at(old, k)!r} -> {_at(new, k)!r}" for k in changed[:8])
+    more = f" (+{len(changed) - 8} more)" if len(changed) > 8 else ""
+    log.warning(
+        "resuming at step %d with a changed config: %s%s; the config before is kept in %s",
+        step,
+        shown,
+        more,
+        f"config.before-step-{step}.yaml",
+    )
+
+
+def _flat_keys(tree: Any, prefix: str = "") -> set[str]:
+    """Dotted keys of the leaves of a nested mapping (lists are leaves)."""
+    if not isinstance(tree, dict):
+        return {prefix} if prefix else set()
+    keys: set[str] = set()
+    for k, v in tree.items():
+        keys |= _flat_keys(v, f"{prefix}.{k}" if prefix else str(k))
+    return keys
+
+
+def _at(tree: Any, key: str) -> Any:
+    for part in key.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return None
+        tree = tree[part]
+    return tree
 
 
 def prepare_run_dir(cfg: TandemConfig, *, resume: bool) -> Path:
@@ -95,6 +160,8 @@ def prepare_run_dir(cfg: TandemConfig, *, resume: bool) -> Path:
         shutil.rmtree(aside)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "summary.json").unlink(missing_ok=True)
+    if resume:
+        _record_changed_config(cfg, run_dir)
     atomic_write_text(run_dir / "config.yaml", config_to_yaml(cfg))
     (run_dir / METRICS_FILE).touch()  # with config.yaml: what marks a Tandem run folder
     if resume:  # checkpoint.remote_dir: continue from a newer copy there (e.g. on a fresh machine)

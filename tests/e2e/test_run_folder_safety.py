@@ -114,3 +114,23 @@ def test_run_whose_reward_needs_an_absent_column_fails_preflight_and_writes_noth
     assert not (tmp_path / "run").exists()
     result = _train(_config(tmp_path, tiny_model_dir), f"reward.functions=[{{path: '{rewards}:by_answer'}}]")
     assert result.exit_code == 0, result.output
+
+
+def test_a_resume_refuses_steps_below_its_checkpoint_and_records_a_changed_config(
+    tmp_path, tiny_model_dir, caplog
+):
+    cfg = _config(tmp_path, tiny_model_dir)
+    assert _train(cfg, "trainer.total_steps=2", "checkpoint.save_final=true").exit_code == 0
+    run = tmp_path / "run"
+    below = _train(cfg, "trainer.total_steps=1", "--resume")
+    assert (
+        below.exit_code == 2
+        and "trainer.total_steps: 1, but the run's latest checkpoint is at step 2" in below.output
+    )
+    first = (run / "config.yaml").read_text()
+    with caplog.at_level("WARNING"):
+        more = _train(cfg, "trainer.total_steps=3", "rollout.max_new_tokens=3", "--resume")
+    assert more.exit_code == 0, more.output
+    assert (run / "config.before-step-2.yaml").read_text() == first  # what steps 1-2 trained with
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert "rollout.max_new_tokens: 2 -> 3" in warned and "trainer.total_steps: 2 -> 3" in warned
