@@ -447,6 +447,13 @@ def _check_step(out: Any, where: str) -> tuple[str, float, bool, dict[str, Any]]
         info = {}
     if not isinstance(info, dict):
         raise EnvError(f"step's info must be a dict, got {type(info).__name__}", where=where)
+    for key in INFO_COUNTERS:  # counted per episode: a whole number (or nothing)
+        value = info.get(key)
+        whole = (isinstance(value, int) and not isinstance(value, bool)) or (
+            isinstance(value, float) and value.is_integer()
+        )
+        if value is not None and not whole:
+            raise EnvError(f"step's info[{key!r}] must be a whole number, got {value!r}", where=where)
     return obs, reward, bool(done), info
 
 

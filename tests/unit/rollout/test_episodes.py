@@ -287,6 +287,15 @@ def test_max_turns_and_bad_environments(tiny_model_dir):
     with pytest.raises(EnvError, match="step raised RuntimeError: boom"):
         EpisodeRunner(engine, Raises, EpisodeSettings(max_turns=2)).generate(["a"], SamplingParams(4))
 
+    for counter in ("many", 1.5, float("nan"), True):
+
+        class BadCounter(Echo):
+            def step(self, action, counter=counter):
+                return "obs", 0.0, False, {"tool_calls": counter}
+
+        with pytest.raises(EnvError, match=r"step's info\['tool_calls'\] must be a whole number"):
+            EpisodeRunner(engine, BadCounter, EpisodeSettings(max_turns=2)).generate(["a"], SamplingParams(4))
+
 
 def test_env_config_errors_are_one_line():
     with pytest.raises(ConfigError, match="env.name.*unknown environment 'nope'"):
