@@ -10,10 +10,60 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import queue
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
+
+
+class DaemonPool(ThreadPoolExecutor):
+    """Up to ``max_workers`` daemon threads running submitted calls in turn, started as calls arrive.
+
+    A ``ThreadPoolExecutor`` (asyncio's default executor must be one) whose threads are daemons: Python
+    joins a plain one's threads when it exits, so one environment step that never returns (past
+    ``env.timeout_s``, the episode long given up) kept a finished run's process alive forever. Only
+    ``submit`` and ``shutdown`` are used, and both are its own."""
+
+    def __init__(self, max_workers: int) -> None:
+        super().__init__(max_workers=max(1, max_workers))  # no thread starts here
+        self.max_workers = max(1, max_workers)
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        future: Future = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("cannot submit to a pool that is shut down")
+            self._jobs.put((future, fn, args, kwargs))
+            if len(self._threads) < self.max_workers:
+                thread = threading.Thread(target=self._work, name="tandem-env-step", daemon=True)
+                self._threads.append(thread)
+                thread.start()
+        return future
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            future, fn, args, kwargs = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as err:
+                future.set_exception(err)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._lock:
+            self._closed = True
+            threads = list(self._threads)
+        for _ in threads:
+            self._jobs.put(None)  # each idle thread ends; a stuck one is left behind (a daemon)
+        if wait:
+            for thread in threads:
+                thread.join()
 
 
 class EnvLoop:
@@ -25,7 +75,7 @@ class EnvLoop:
 
     def __init__(self, workers: int, threaded: bool) -> None:
         self.loop = asyncio.new_event_loop()
-        self.pool = ThreadPoolExecutor(max_workers=workers)  # threads start only when a plain step runs
+        self.pool = DaemonPool(workers)  # threads start only when a plain step runs
         self.loop.set_default_executor(self.pool)
         self.thread: threading.Thread | None = None
         if threaded:

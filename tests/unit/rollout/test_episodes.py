@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
@@ -317,3 +320,25 @@ def test_an_episode_that_would_pass_the_models_positions_ends(tiny_model_dir):
     assert runner.last.metrics["agent/context_full"] == 2 and runner.last.metrics["agent/turns_mean"] == 1
     engine, _, _ = _hf(tiny_model_dir)
     assert episode_runner(EnvConfig(name="guess"), engine).settings.max_context_tokens == 256
+
+
+def test_a_step_that_never_returns_does_not_keep_the_process_alive():
+    # Python joins a ThreadPoolExecutor's threads at exit: a step stuck past env.timeout_s hung the process
+    script = textwrap.dedent(
+        """
+        import threading, time
+        from concurrent.futures import FIRST_COMPLETED
+        from tandem.rollout.env_loop import EnvLoop, call
+
+        loop = EnvLoop(2, threaded=False)
+        never = threading.Event()
+        job = loop.submit(call(never.wait))
+        assert not loop.wait([job], 0.2, FIRST_COMPLETED)  # still stuck
+        loop.close()
+        print("closed", flush=True)
+        """
+    )
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "closed" in out.stdout, out.stderr
+    assert time.perf_counter() - t0 < 30
