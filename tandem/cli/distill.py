@@ -58,7 +58,8 @@ def distill(
     targets: Annotated[
         Path | None,
         typer.Option(
-            help="Teacher targets file (.safetensors): read if it exists, else computed and written there."
+            help="Teacher targets file (.safetensors): read if it exists and was made by this teacher from the "
+            "same data and --top-k, else computed and written there."
         ),
     ] = None,
     steps: Annotated[int, typer.Option(help="Optimiser steps.")] = 300,
@@ -85,6 +86,8 @@ def distill(
         load_targets,
         run_distill,
         save_targets,
+        stored_fingerprint,
+        targets_fingerprint,
         teacher_completions,
         teacher_targets,
     )
@@ -108,15 +111,23 @@ def distill(
         out.print(f"teacher answers {len(pairs)} prompts")
         prompts = [p for p, _ in pairs]
         pairs = teacher_completions(teacher_model, tok, prompts, max_new_tokens=max_new_tokens, seed=seed)
+    # the targets file is a cache: reused only when made by this teacher (same files) from these pairs
+    fingerprint = targets_fingerprint(teacher.resolve(), pairs, top_k) if targets is not None else None
+    stored = None
     if targets is not None and targets.exists():
-        stored = load_targets(targets, len(pairs))
-    else:
+        if stored_fingerprint(targets) == fingerprint:
+            stored = load_targets(targets, len(pairs))
+        else:
+            out.print(
+                f"{escape(str(targets))} was made by another teacher or from other data: recomputing it"
+            )
+    if stored is None:
         with count_progress("teacher top-k logits") as on_progress:
             stored = teacher_targets(
                 teacher_model, tok, pairs, top_k=top_k, on_batch=lambda done: on_progress(done, len(pairs))
             )
         if targets is not None:
-            save_targets(stored, targets)
+            save_targets(stored, targets, fingerprint)
     del teacher_model
     settings = DistillSettings(
         steps=steps,

@@ -11,6 +11,8 @@ a new student that keeps its tokenizer.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +21,7 @@ from typing import Any
 import torch
 
 from tandem.algos import topk_forward_kl
-from tandem.errors import ConfigError, DataError
+from tandem.errors import ConfigError, DataError, first_line
 from tandem.models.forward import accepts_logits_to_keep, positions_from_mask
 from tandem.models.packing import attended
 from tandem.train.sft import encode_pairs, supervised_loop
@@ -114,15 +116,45 @@ def teacher_targets(
     return TeacherTargets(values=torch.cat(values), indices=torch.cat(indices))
 
 
-def save_targets(targets: TeacherTargets, path: str | Path) -> Path:
-    """Write the targets as one safetensors file, atomically (a temporary sibling renamed into place)."""
+def targets_fingerprint(teacher: str | Path, pairs: list[tuple[str, str]], top_k: int) -> str:
+    """Hash of everything that determines a targets file: the teacher folder's path and files (size and
+    ``mtime_ns`` each, so a teacher retrained in place counts as another teacher), every (prompt,
+    completion) pair (which fixes the rows and the completion lengths) and ``top_k``. Stored in the file's
+    metadata so that a later run with another teacher or other data recomputes instead of reusing it."""
+    from tandem.train.dpo import model_identity
+
+    h = hashlib.blake2b(model_identity(str(teacher)).encode(), digest_size=16)
+    h.update(f"\ntop_k={top_k}\n".encode())
+    for prompt, completion in pairs:
+        h.update(json.dumps([prompt, completion]).encode())
+    return h.hexdigest()
+
+
+def save_targets(targets: TeacherTargets, path: str | Path, fingerprint: str | None = None) -> Path:
+    """Write the targets as one safetensors file, atomically (a temporary sibling renamed into place),
+    creating its folder; ``fingerprint`` (:func:`targets_fingerprint`) goes into the file's metadata."""
     from safetensors.torch import save_file
 
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    save_file({"values": targets.values, "indices": targets.indices}, str(tmp))
+    metadata = {"fingerprint": fingerprint} if fingerprint is not None else None
+    save_file({"values": targets.values, "indices": targets.indices}, str(tmp), metadata=metadata)
     tmp.replace(path)
     return path
+
+
+def stored_fingerprint(path: str | Path) -> str | None:
+    """The fingerprint a targets file was saved with (None for files written without one, e.g. by older
+    versions); DataError when ``path`` is not a safetensors file, so a wrong file is never overwritten."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return (f.metadata() or {}).get("fingerprint")
+    except (SafetensorError, OSError) as exc:
+        reason = first_line(exc)
+        raise DataError(f"not a targets file written by tandem distill ({reason})", where=str(path)) from None
 
 
 def load_targets(path: str | Path, n_pairs: int) -> TeacherTargets:

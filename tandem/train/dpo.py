@@ -103,9 +103,30 @@ def reference_logps(
     return torch.cat(out) if out else torch.zeros(0, 2)
 
 
+def model_identity(model_id: str) -> str:
+    """``model_id`` plus, when it names a local model folder, every file's name, size and ``mtime_ns``.
+
+    A folder retrained (or re-exported) in place keeps its path, so the path alone would let a cache keyed
+    on it serve the old weights' numbers; stat-ing the files is cheap (no hashing of the weights) and changes
+    whenever a file is rewritten. Hidden files (temporaries, locks) are left out. Anything else (a remote
+    address, a plain label) is returned unchanged."""
+    folder = Path(model_id)
+    if not folder.is_dir():
+        return model_id
+    parts = [model_id]
+    for file in sorted(folder.rglob("*")):
+        rel = file.relative_to(folder)
+        if file.is_file() and not any(part.startswith(".") for part in rel.parts):
+            stat = file.stat()
+            parts.append(f"{rel.as_posix()}:{stat.st_size}:{stat.st_mtime_ns}")
+    return "\n".join(parts)
+
+
 def pairs_fingerprint(pairs: Sequence[PreferencePair], ref_id: str) -> str:
-    """Hash of the pairs' content and the reference model's identity: the key of a ref-logp cache."""
-    h = hashlib.blake2b(ref_id.encode(), digest_size=16)
+    """Hash of the pairs' content and the reference model's identity: the key of a ref-logp cache.
+    A ``ref_id`` naming a local model folder also covers its files (:func:`model_identity`), so a
+    reference retrained in place is scored again instead of reusing the old weights' log-probs."""
+    h = hashlib.blake2b(model_identity(ref_id).encode(), digest_size=16)
     for p in pairs:
         h.update(json.dumps([p.prompt, p.chosen, p.rejected], sort_keys=True).encode())
     return h.hexdigest()

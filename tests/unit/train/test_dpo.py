@@ -4,6 +4,7 @@ loaded again), the first step's loss is log 2 (policy == reference), and trainin
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -150,3 +151,31 @@ def test_unknown_dpo_loss_type_names_the_valid_ones(tmp_path):
 
     with pytest.raises(ValueError, match="valid: .*ipo"):
         DPOConfig(model="m", out_dir=str(tmp_path / "o"), data={"train_file": "x.jsonl"}, loss_type="nope")
+
+
+def test_reference_retrained_in_place_is_scored_again(model_tok, tmp_path):
+    """The cache key covers the reference folder's weights, not only its path: a model folder rewritten
+    in place (same path, new weights) must not reuse the old weights' log-probs."""
+    model, tok = model_tok
+    pairs = toy_pairs(3)
+    ref_dir = tmp_path / "ref"
+    ref_dir.mkdir()
+    weights = ref_dir / "model.safetensors"
+    weights.write_bytes(b"old weights")
+    loads = []
+
+    def load_ref():
+        loads.append(1)
+        return model
+
+    cache = tmp_path / "out.ref_logps.safetensors"
+    dpo.cached_reference_logps(cache, load_ref, tok, pairs, str(ref_dir))
+    dpo.cached_reference_logps(cache, load_ref, tok, pairs, str(ref_dir))  # unchanged folder: reused
+    assert loads == [1]
+    weights.write_bytes(b"new weights!")  # retrained in place
+    dpo.cached_reference_logps(cache, load_ref, tok, pairs, str(ref_dir))
+    assert loads == [1, 1]
+    stat = weights.stat()
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))  # same size, rewritten
+    dpo.cached_reference_logps(cache, load_ref, tok, pairs, str(ref_dir))
+    assert loads == [1, 1, 1]
