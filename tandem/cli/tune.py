@@ -123,9 +123,11 @@ def tune(
     from tandem.cli.progress import step_progress
     from tandem.config import load_config
     from tandem.config.loader import config_to_yaml
+    from tandem.data.outputs import check_output_dir
     from tandem.evaluate import confirm as confirmation
     from tandem.monitor.diagnose import noise
     from tandem.monitor.trackers import check_trackers
+    from tandem.orchestration.runfolder import run_inputs
     from tandem.orchestration.runner import train as run_train
     from tandem.orchestration.tune import Trial, finished_run, grid, plan_rungs, successive_halving
 
@@ -138,6 +140,7 @@ def tune(
     base = list(overrides or [])
     cfg = load_config(config, base)
     check_trackers(cfg.monitor.report_to)  # before the sweep writes anything
+    check_output_dir(out_dir, "tune", sources=run_inputs(cfg), where="--out")  # an earlier sweep, or new
     if cfg.data.eval_size == 0 or (cfg.data.eval_file is None and cfg.data.task is None):
         where = "data.eval_size" if cfg.data.eval_size == 0 else "data.eval_file"
         raise ConfigError(

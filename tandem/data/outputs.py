@@ -47,6 +47,8 @@ KINDS: dict[str, OutputKind] = {
     "run": OutputKind("run folder", ("config.yaml", "metrics.jsonl")),  # train, written first
     # data split, data make-safety: the two files are the output; other files there are left alone
     "split": OutputKind("data split folder", ("train.jsonl", "val.jsonl")),
+    "report": OutputKind("report folder", ("report.html",)),  # tandem report
+    "tune": OutputKind("tune folder", ("tune.jsonl",)),  # tandem tune: its trial runs, tune.jsonl, best.yaml
 }
 
 

@@ -12,6 +12,8 @@ import html
 from pathlib import Path
 from typing import Any
 
+from tandem.data.outputs import check_output_dir
+from tandem.errors import ConfigError
 from tandem.monitor.diagnose import diagnose
 from tandem.report.data import RunData, load_run
 from tandem.report.plots import PANELS, render_panel
@@ -57,7 +59,12 @@ def build_report(run_paths: list[str | Path], out_dir: str | Path | None = None)
     runs = [load_run(p) for p in run_paths]
     default = runs[0].path / ("report" if len(runs) == 1 else f"report-vs-{runs[1].name}")
     out = Path(out_dir) if out_dir is not None else default
-    out.mkdir(parents=True, exist_ok=True)
+    # a new or empty folder, or an earlier report; never an unrelated folder, a file, or a run itself
+    check_output_dir(out, "report", sources=run_paths, where="--out")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"cannot create {out}: {err.strerror}", where="--out") from None
     alert_steps = {r.name: sorted({int(a["step"]) for a in r.alerts if a.get("step", -1) >= 0}) for r in runs}
     figures = []
     for panel in PANELS:

@@ -139,3 +139,14 @@ def test_report_renders_for_a_decoupled_run(warm_model, tmp_path):
     attrs = _body_attrs(render(html_path, tmp_path))
     assert "errors" not in attrs and attrs["plots-loaded"] == attrs["plots-total"]
     assert int(attrs["plots-total"]) == len(COLOCATED_PLOTS) + 1
+
+
+def test_report_out_is_a_new_folder_or_an_earlier_report(runs, tmp_path):
+    run_a, _ = runs
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("mine")
+    for target, message in ((precious, "not a Tandem report folder"), (precious / "notes.txt", "is a file")):
+        res = CliRunner().invoke(app, ["report", str(run_a), "--out", str(target)])
+        assert res.exit_code == 2 and message in res.output, res.output
+    assert [p.name for p in precious.iterdir()] == ["notes.txt"]

@@ -356,3 +356,13 @@ def test_confirm_seeds_retrains_both_configs_and_pools_the_pairs(tiny_model_dir,
     assert "10/10" in result.output  # the bar grew by the three confirmation runs
     bad = CliRunner().invoke(app, [*args[:-1], "0"])
     assert bad.exit_code == 2 and "--confirm-seeds: --confirm-seeds 0 must be at least 1" in bad.output
+
+
+def test_tune_refuses_an_unrelated_out_folder_before_anything_runs(tiny_model_dir, tmp_path) -> None:
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("mine")
+    args = ["tune", str(_config(tmp_path, tiny_model_dir)), "--budget", "40", "--out", str(precious)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "not a Tandem tune folder" in result.output, result.output
+    assert [p.name for p in precious.iterdir()] == ["notes.txt"]
