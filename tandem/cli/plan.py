@@ -39,6 +39,25 @@ def _etas(text: str) -> list[int]:
     return etas
 
 
+def _check_groups(samples_per_step: int, group_size: int) -> None:
+    """Refuse a step that is not whole groups: GRPO-style training samples ``group_size`` completions per
+    prompt, so a step of fewer (or of a remainder) is not a batch any run could have and its plan is wrong.
+    """
+    if samples_per_step < group_size:
+        raise ConfigError(
+            f"{samples_per_step} is less than one group of --group-size {group_size}",
+            where="--samples-per-step",
+            hint="use a multiple of --group-size",
+        )
+    if samples_per_step % group_size != 0:
+        raise ConfigError(
+            f"{samples_per_step} is not a multiple of --group-size {group_size}",
+            where="--samples-per-step",
+            hint=f"e.g. {samples_per_step // group_size * group_size} or "
+            f"{(samples_per_step // group_size + 1) * group_size}",
+        )
+
+
 INTERFERENCE_KINDS = ("generate", "update")
 
 
@@ -134,6 +153,11 @@ def plan_cmd(
             raise ConfigError(f"{flag} applies to --calibrate only", where=flag)
     if model_params is None:
         raise ConfigError("nothing to plan", where="--model-params", hint="or --calibrate RUN_DIR")
+    _check_groups(samples_per_step, group_size)
+    if plot is not None:  # an unwritable chart path fails here in one line, not after the planning
+        from tandem.data.outputs import check_output_file
+
+        check_output_file(plot, where="--plot")
     from tandem.plan.cost import Efficiency, LengthDist, ModelShape, Workload
     from tandem.plan.devices import get_device
     from tandem.plan.layouts import candidates, recommend

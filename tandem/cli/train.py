@@ -60,7 +60,14 @@ def init_model(
         str,
         typer.Option(help="char (one token per character) or bpe (byte-level BPE with a ChatML template)."),
     ] = "char",
-    vocab_size: Annotated[int, typer.Option(help="BPE vocabulary size (--tokenizer bpe only).")] = 512,
+    vocab_size: Annotated[
+        int | None,
+        typer.Option(
+            help="BPE vocabulary size (--tokenizer bpe only; default 512). Capped at what the built-in "
+            "tasks' text yields (~4.7k entries); the output says when it is.",
+            show_default=False,
+        ),
+    ] = None,
     max_position_embeddings: Annotated[int, typer.Option(help="Longest sequence (positions).")] = 256,
     seed: Annotated[int, typer.Option(help="Initialisation seed.")] = 0,
 ) -> None:
@@ -72,14 +79,21 @@ def init_model(
     tandem init-model models/qwen --arch qwen2 --tokenizer bpe --hidden-size 512 --num-layers 8 --num-heads 8
     """
     from tandem.data.outputs import check_output_dir
+    from tandem.errors import ConfigError
     from tandem.models import init_model as build_model
+    from tandem.models.bpe import DEFAULT_VOCAB_SIZE
 
+    if vocab_size is not None and tokenizer != "bpe":  # a char vocabulary is fixed: never ignore it silently
+        raise ConfigError(
+            "applies to --tokenizer bpe only (a char tokenizer's vocabulary is fixed)", where="--vocab-size"
+        )
+    wanted_vocab = DEFAULT_VOCAB_SIZE if vocab_size is None else vocab_size
     check_output_dir(out_dir, "model", where="OUT")
     path = build_model(
         out_dir,
         arch=arch,
         tokenizer=tokenizer,
-        vocab_size=vocab_size,
+        vocab_size=wanted_vocab,
         hidden_size=hidden_size,
         num_layers=num_layers,
         num_heads=num_heads,
@@ -89,6 +103,22 @@ def init_model(
         seed=seed,
     )
     out.print(f"{escape(arch)}/{escape(tokenizer)} model written to [bold]{escape(str(path))}[/]")
+    if tokenizer == "bpe":  # BPE training stops when the corpus runs out of merges: say so, not silently
+        got = _vocab_size(path)
+        if got < wanted_vocab:
+            out.print(
+                f"note: --vocab-size {wanted_vocab} capped at {got}: the built-in tasks' text has no more "
+                "BPE merges",
+                highlight=False,
+                soft_wrap=True,
+            )
+
+
+def _vocab_size(model_dir: Path) -> int:
+    """The vocabulary size recorded in a model folder's ``config.json`` (what init-model really built)."""
+    import json
+
+    return int(json.loads((model_dir / "config.json").read_text(encoding="utf-8"))["vocab_size"])
 
 
 @app.command()

@@ -22,7 +22,7 @@ from transformers import (
     Qwen2Config,
 )
 
-from tandem.errors import ModelError
+from tandem.errors import ConfigError, ModelError
 from tandem.models.bpe import DEFAULT_VOCAB_SIZE, IM_END, build_bpe_tokenizer
 from tandem.models.loading import save_pretrained_atomic
 from tandem.models.tokenizer import build_char_tokenizer
@@ -30,6 +30,55 @@ from tandem.models.tokenizer import build_char_tokenizer
 ARCHITECTURES = {"llama": LlamaConfig, "qwen2": Qwen2Config}
 TOKENIZERS = ("char", "bpe")
 _BPE_STYLE = {"llama": "llama3", "qwen2": "qwen2"}  # each family splits digits its own way
+
+
+def check_model_sizes(
+    *,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int | None = None,
+    intermediate_size: int | None = None,
+    max_position_embeddings: int = 256,
+) -> None:
+    """Refuse sizes that would build a broken model, in one line naming the ``tandem init-model`` option.
+
+    Without this, 0 heads or 0 hidden units die in a ZeroDivisionError, an odd head size in a transformers
+    validation traceback, and 0 layers/positions or a head size of 1 build a folder that only fails later
+    (``tandem eval``: rotary embeddings need an even head size). ``None`` for ``num_kv_heads`` /
+    ``intermediate_size`` means "the default"; an explicit 0 is refused, not silently replaced by it.
+    """
+    given = {
+        "--hidden-size": hidden_size,
+        "--num-layers": num_layers,
+        "--num-heads": num_heads,
+        "--num-kv-heads": num_kv_heads,
+        "--intermediate-size": intermediate_size,
+        "--max-position-embeddings": max_position_embeddings,
+    }
+    for option, value in given.items():
+        if value is not None and value < 1:
+            raise ConfigError(f"must be at least 1, got {value}", where=option)
+    if hidden_size % num_heads != 0:
+        raise ConfigError(
+            f"hidden size {hidden_size} is not divisible by num_heads {num_heads}",
+            where="--hidden-size",
+            hint="pick --num-heads that divides --hidden-size",
+        )
+    head_dim = hidden_size // num_heads
+    if head_dim % 2 != 0:
+        raise ConfigError(
+            f"head size {hidden_size} / {num_heads} = {head_dim} is odd; rotary position embeddings need "
+            "an even one",
+            where="--hidden-size",
+            hint="pick --hidden-size and --num-heads whose quotient is even, e.g. 32 or more for vLLM",
+        )
+    if num_kv_heads is not None and num_heads % num_kv_heads != 0:
+        raise ConfigError(
+            f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}",
+            where="--num-kv-heads",
+            hint="pick --num-kv-heads that divides --num-heads",
+        )
 
 
 def tiny_llama_config(
@@ -48,15 +97,17 @@ def tiny_llama_config(
 
     With the default character vocabulary (100 tokens) and defaults here the model has ~1.06M parameters.
     """
-    if hidden_size % num_heads != 0:
-        raise ModelError(
-            f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}",
-            hint="pick num_heads that divides hidden_size",
-        )
+    check_model_sizes(
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+    )
     return LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
-        intermediate_size=intermediate_size or 4 * hidden_size,
+        intermediate_size=4 * hidden_size if intermediate_size is None else intermediate_size,
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
         num_key_value_heads=num_heads,
@@ -126,21 +177,19 @@ def small_model_config(
     ``num_heads``. Qwen2 differs from Llama by biases on the q/k/v projections; sliding window is off.
     """
     _check_choice("architecture", arch, tuple(ARCHITECTURES), "--arch")
-    kv_heads = num_kv_heads or num_heads
-    if hidden_size % num_heads != 0:
-        raise ModelError(
-            f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}",
-            hint="pick num_heads that divides hidden_size",
-        )
-    if num_heads % kv_heads != 0:
-        raise ModelError(
-            f"num_heads {num_heads} is not a multiple of num_kv_heads {kv_heads}",
-            hint="pick num_kv_heads that divides num_heads",
-        )
+    check_model_sizes(
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+    )
+    kv_heads = num_heads if num_kv_heads is None else num_kv_heads
     return ARCHITECTURES[arch](
         vocab_size=vocab_size,
         hidden_size=hidden_size,
-        intermediate_size=intermediate_size or 4 * hidden_size,
+        intermediate_size=4 * hidden_size if intermediate_size is None else intermediate_size,
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
         num_key_value_heads=kv_heads,
@@ -177,6 +226,14 @@ def init_model(
     """
     _check_choice("architecture", arch, tuple(ARCHITECTURES), "--arch")
     _check_choice("tokenizer", tokenizer, TOKENIZERS, "--tokenizer")
+    check_model_sizes(
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+    )  # before the (seconds-long) BPE training and before anything is written
     if arch == "qwen2" and tokenizer == "char":
         raise ModelError(
             "a qwen2 model needs --tokenizer bpe",

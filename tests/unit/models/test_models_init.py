@@ -11,7 +11,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
 from tandem.cli.main import app
-from tandem.errors import ModelError
+from tandem.errors import ConfigError, ModelError
 from tandem.models import init_model, init_tiny_model, load_causal_lm, load_tokenizer
 from tandem.models.bpe import build_bpe_tokenizer, task_corpus
 from tandem.models.tiny import small_model_config
@@ -95,7 +95,7 @@ def test_bad_options_are_model_errors(tmp_path):
         init_model(tmp_path / "x", tokenizer="wordpiece")
     with pytest.raises(ModelError, match="a qwen2 model needs --tokenizer bpe"):
         init_model(tmp_path / "x", arch="qwen2", tokenizer="char")
-    with pytest.raises(ModelError, match="not a multiple of num_kv_heads 3"):
+    with pytest.raises(ConfigError, match="not a multiple of num_kv_heads 3"):
         init_model(tmp_path / "x", tokenizer="bpe", num_kv_heads=3)
     assert not (tmp_path / "x").exists()
 
@@ -112,3 +112,50 @@ def test_cli_builds_a_qwen2_bpe_model_and_refuses_a_bad_arch(tmp_path):
     assert (
         bad.exit_code != 0 and "unknown architecture 'gpt2'" in bad.output and "Traceback" not in bad.output
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--hidden-size", "0"], "--hidden-size: must be at least 1, got 0"),
+        (["--num-heads", "0"], "--num-heads: must be at least 1, got 0"),
+        (["--hidden-size", "120", "--num-heads", "8"], "--hidden-size: head size 120 / 8 = 15 is odd"),
+        (["--hidden-size", "64", "--num-heads", "64"], "--hidden-size: head size 64 / 64 = 1 is odd"),
+        (["--hidden-size", "60", "--num-heads", "8"], "--hidden-size: hidden size 60 is not divisible"),
+        (["--num-layers", "-1"], "--num-layers: must be at least 1, got -1"),
+        (["--num-layers", "0"], "--num-layers: must be at least 1, got 0"),
+        (["--max-position-embeddings", "0"], "--max-position-embeddings: must be at least 1, got 0"),
+        (["--num-kv-heads", "0"], "--num-kv-heads: must be at least 1, got 0"),
+        (["--num-kv-heads", "3"], "--num-kv-heads: num_heads 4 is not a multiple of num_kv_heads 3"),
+        (["--intermediate-size", "0"], "--intermediate-size: must be at least 1, got 0"),
+        (["--tokenizer", "bpe", "--num-layers", "0"], "--num-layers: must be at least 1, got 0"),
+        (["--vocab-size", "600"], "--vocab-size: applies to --tokenizer bpe only"),
+    ],
+)
+def test_cli_refuses_bad_sizes_in_one_line_and_writes_nothing(tmp_path, args, message):
+    """Zero/negative sizes, an odd head size (rotary needs it even) or a char --vocab-size used to crash
+    with a traceback, be silently replaced by a default, or build a model that fails only in tandem eval."""
+    result = CliRunner().invoke(app, ["init-model", str(tmp_path / "m"), *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output, result.output
+    assert not (tmp_path / "m").exists()
+
+
+def test_config_builders_refuse_sizes_the_cli_would(tmp_path):
+    with pytest.raises(ConfigError, match="--intermediate-size: must be at least 1"):
+        small_model_config("llama", 100, intermediate_size=0)
+    with pytest.raises(ConfigError, match="--num-kv-heads: must be at least 1"):
+        small_model_config("qwen2", 100, num_kv_heads=0)
+    with pytest.raises(ConfigError, match="head size 8 / 8 = 1 is odd"):
+        init_tiny_model(tmp_path / "t", hidden_size=8, num_heads=8)
+    assert not (tmp_path / "t").exists()
+
+
+def test_cli_says_when_the_bpe_vocabulary_is_capped(tmp_path):
+    """The built-in corpus runs out of merges (~4.7k entries): a larger --vocab-size is capped, and said so."""
+    args = ["--tokenizer", "bpe", "--hidden-size", "32", "--num-layers", "1", "--num-heads", "1"]
+    result = CliRunner().invoke(app, ["init-model", str(tmp_path / "m"), *args, "--vocab-size", "100000000"])
+    assert result.exit_code == 0, result.output
+    vocab = AutoConfig.from_pretrained(tmp_path / "m", local_files_only=True).vocab_size
+    assert vocab < 100_000_000
+    assert f"note: --vocab-size 100000000 capped at {vocab}" in " ".join(result.output.split())

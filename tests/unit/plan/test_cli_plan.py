@@ -175,3 +175,25 @@ def test_calibrate_a_run_with_cpu_times_predicts_from_them_under_its_own_load():
     measured = float(loaded.output.split("measured ")[1].split(" s/step")[0])
     assert _rows(loaded.output)["colocated"] == pytest.approx(measured, rel=0.05)
     assert _rows(idle.output)["colocated"] < 0.6 * measured  # the run got well under half a core
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--samples-per-step", "4", "--group-size", "8"], "--samples-per-step: 4 is less than one group"),
+        (["--samples-per-step", "10", "--group-size", "3"], "--samples-per-step: 10 is not a multiple"),
+    ],
+)
+def test_a_step_that_is_not_whole_groups_is_refused(args, message):
+    result = invoke("--model-params", "7B", *args)
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("where", ["below_a_file", "a_folder"])
+def test_an_unwritable_plot_path_is_refused_in_one_line(tmp_path, where):
+    """A --plot below an existing file used to end in a FileExistsError traceback after the planning."""
+    (tmp_path / "afile").write_text("keep")
+    plot = tmp_path / "afile" / "p.svg" if where == "below_a_file" else tmp_path
+    result = invoke("--model-params", "7B", "--plot", str(plot))
+    assert result.exit_code == 2 and "--plot:" in result.output and "Traceback" not in result.output
+    assert (tmp_path / "afile").read_text() == "keep"
