@@ -12,11 +12,21 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from tandem.cli.app import Overrides, app, user_errors
+from tandem.cli.app import app, user_errors
 from tandem.cli.engines import EngineName, EngineOptions, check_engine, engine_options
 
 out = Console()
-ConfigPath = Annotated[Path, typer.Argument(help="YAML config, e.g. configs/rm.yaml.")]
+ConfigPath = Annotated[
+    Path,
+    typer.Argument(
+        help="The command's YAML config (configs/rm.yaml, configs/dpo.yaml, configs/rlaif_dpo.yaml)."
+    ),
+]
+# rm / dpo / label configs are flat: their keys sit at the top (lr, epochs, beta, data.train_file)
+CommandOverrides = Annotated[
+    list[str] | None,
+    typer.Argument(help="Overrides of the config's keys, e.g. lr=5e-4 epochs=2 data.val_file=null."),
+]
 
 
 def _pairs(data_cfg: Any, tokenizer: Any, seed: int) -> tuple[list, list]:
@@ -64,7 +74,7 @@ def _save_to(out_dir: str, kind: str, save: Any) -> None:
 
 
 @user_errors
-def rm(config: ConfigPath, overrides: Overrides = None) -> None:
+def rm(config: ConfigPath, overrides: CommandOverrides = None) -> None:
     """Train a Bradley–Terry reward model; prints held-out pairwise accuracy per epoch.
 
     Example: tandem rm configs/rm.yaml epochs=3 out_dir=runs/rm
@@ -116,7 +126,7 @@ def rm(config: ConfigPath, overrides: Overrides = None) -> None:
 
 
 @user_errors
-def dpo(config: ConfigPath, overrides: Overrides = None) -> None:
+def dpo(config: ConfigPath, overrides: CommandOverrides = None) -> None:
     """Offline DPO with reference log-probs computed once and cached (no reference model in memory).
 
     Example: tandem dpo configs/dpo.yaml beta=0.1 out_dir=runs/dpo
@@ -375,7 +385,7 @@ def _check_label_output(out_file: str, input_file: str) -> None:
 @user_errors
 def label(
     config: ConfigPath,
-    overrides: Overrides = None,
+    overrides: CommandOverrides = None,
     engine: EngineName = None,
     engine_option: EngineOptions = None,
 ) -> None:
