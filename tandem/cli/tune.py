@@ -35,8 +35,27 @@ def parse_space(items: list[str]) -> dict[str, list[str]]:
             raise ConfigError(
                 f"--space '{item}' is not KEY=V1,V2,...", hint="e.g. --space trainer.lr=1e-4,3e-4"
             )
+        if key.strip() in SWEEP_KEYS or key.strip().startswith("checkpoint."):
+            raise ConfigError(
+                f"'{key.strip()}' is set by the sweep itself (run lengths, folders, evaluation, checkpoints)",
+                where="--space",
+                hint="sweep another key; the run length comes from trainer.total_steps and --budget",
+            )
         space[key.strip()] = vals
     return space
+
+
+# keys every trial's run gets from the sweep, which a --space value would be overridden by
+SWEEP_KEYS = frozenset(
+    {
+        "trainer.total_steps",
+        "run.output_dir",
+        "run.overwrite",
+        "run.seed",
+        "monitor.eval_every",
+        "monitor.progress",
+    }
+)
 
 
 def _unusable(config: Path, base: list[str], key: str, values: list[str]) -> str | None:

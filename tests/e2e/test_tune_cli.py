@@ -241,6 +241,13 @@ def test_tune_bad_space_and_small_budget_are_one_line(tiny_model_dir, tmp_path) 
     cfg = _config(tmp_path, tiny_model_dir)
     bad = CliRunner().invoke(app, ["tune", str(cfg), "--space", "trainer.lr", "--out", str(tmp_path / "a")])
     assert bad.exit_code == 2 and "--space 'trainer.lr' is not KEY=V1,V2" in bad.output
+    swept = ["tune", str(cfg), "--space", "trainer.total_steps=2,4", "--out", str(tmp_path / "f")]
+    controlled = CliRunner().invoke(
+        app, swept
+    )  # every trial's length is the sweep's: the value would be lost
+    assert (
+        controlled.exit_code == 2 and "'trainer.total_steps' is set by the sweep itself" in controlled.output
+    )
     small = CliRunner().invoke(app, ["tune", str(cfg), "--budget", "1", "--out", str(tmp_path / "b")])
     assert small.exit_code == 2 and "too small for 6 candidates" in small.output
     decoupled = [str(cfg), "architecture.mode=decoupled", "--budget", "1", "--out", str(tmp_path / "d")]
