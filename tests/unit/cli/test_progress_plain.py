@@ -1,0 +1,24 @@
+"""Progress of command-line loops in a pipe or log file (not a terminal): plain lines, not a bar that
+draws nothing until it ends."""
+
+from __future__ import annotations
+
+from tandem.cli import progress
+
+
+def test_steps_in_a_pipe_are_plain_lines_with_the_metric(capsys, monkeypatch):
+    monkeypatch.setattr(progress, "PLAIN_INTERVAL_S", 0.0)
+    with progress.step_progress("sft", 3, key="sft/loss") as on_step:
+        for step in (1, 2, 3):
+            on_step(step, {"sft/loss": 1.0 / step})
+    out = capsys.readouterr().out
+    assert "sft 1/3" in out and "sft 3/3" in out and "loss 0.3333" in out and "━" not in out
+
+
+def test_counts_in_a_pipe_are_plain_lines(capsys, monkeypatch):
+    monkeypatch.setattr(progress, "PLAIN_INTERVAL_S", 3600.0)  # only the first and the final line
+    with progress.count_progress("eval") as on_progress:
+        for done in range(1, 11):
+            on_progress(done, 10)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert lines[0].startswith("eval 1/10") and lines[-1].startswith("eval 10/10") and len(lines) == 2
