@@ -183,6 +183,10 @@ def demo(
     if not config.exists():
         config = Path("configs/quickstart.yaml")
     cfg = load_config(config, ["run.overwrite=true", *(overrides or [])])
+    shipped = config.resolve().parents[1] / cfg.model.path  # the warm start beside the config's repository
+    if not Path(cfg.model.path).is_absolute() and not Path(cfg.model.path).exists() and shipped.exists():
+        # run from another folder: use the shipped warm start rather than rebuild it (minutes) here
+        cfg = load_config(config, ["run.overwrite=true", f"model.path={shipped}", *(overrides or [])])
     out.print(
         f"[bold]Tandem quickstart[/]: {cfg.algorithm.name} on '{cfg.data.task}', {cfg.trainer.total_steps} steps"
     )
