@@ -12,7 +12,8 @@ def print_run_result(console: Console, result, eval_size: int | None = None) -> 
     if result.eval_before or result.eval_after:  # data.eval_size 0 or no held-out data: no table
         _print_eval_table(console, result)
     print_diagnosis(console, result.run_dir, eval_size)
-    console.print(f"run folder: [bold]{escape(str(result.run_dir))}[/]  ({result.steps} steps)")
+    steps = f"{result.steps} step" + ("" if result.steps == 1 else "s")
+    console.print(f"run folder: [bold]{escape(str(result.run_dir))}[/]  ({steps})")
     if result.best:  # checkpoint.best_metric
         b = result.best
         value = f"{100 * b['value']:.1f}%" if b["metric"].endswith("accuracy") else f"{b['value']:.4g}"
