@@ -84,11 +84,16 @@ def check_run_dir(cfg: TandemConfig, *, resume: bool) -> Path:
     return run_dir
 
 
+def _latest_step(run_dir: Path) -> int | None:
+    """The step of the run's latest complete checkpoint, None without one."""
+    latest = latest_checkpoint(run_dir / "checkpoints")
+    return checkpoint_step(latest.name) if latest is not None else None
+
+
 def _check_resume_step(cfg: TandemConfig, run_dir: Path) -> None:
     """A resume continues from the latest checkpoint up to ``trainer.total_steps``: a checkpoint past it
     has nothing to train, and would end with a run that reports no evaluation."""
-    latest = latest_checkpoint(run_dir / "checkpoints")
-    step = checkpoint_step(latest.name) if latest is not None else None
+    step = _latest_step(run_dir)
     if step is not None and step > cfg.trainer.total_steps:
         raise ConfigError(
             f"{cfg.trainer.total_steps}, but the run's latest checkpoint is at step {step}",
@@ -106,42 +111,33 @@ def _record_changed_config(cfg: TandemConfig, run_dir: Path) -> None:
     old_path = run_dir / "config.yaml"
     if not old_path.is_file():
         return
-    old = yaml.safe_load(old_path.read_text(encoding="utf-8")) or {}
-    new = cfg.model_dump(mode="json")
-    changed = [k for k in _flat_keys(old) | _flat_keys(new) if _at(old, k) != _at(new, k)]
-    changed = [k for k in sorted(changed) if k not in ("run.overwrite",)]
+    text = old_path.read_text(encoding="utf-8")
+    old, new = _flat(yaml.safe_load(text) or {}), _flat(cfg.model_dump(mode="json"))
+    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k != "run.overwrite")
     if not changed:
         return
-    latest = latest_checkpoint(run_dir / "checkpoints")
-    step = checkpoint_step(latest.name) if latest is not None else 0
-    atomic_write_text(run_dir / f"config.before-step-{step}.yaml", old_path.read_text(encoding="utf-8"))
-    shown = ", ".join(f"{k}: {_at(old, k)!r} -> {_at(new, k)!r}" for k in changed[:8])
+    step = _latest_step(run_dir) or 0
+    kept = f"config.before-step-{step}.yaml"
+    atomic_write_text(run_dir / kept, text)
+    shown = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed[:8])
     more = f" (+{len(changed) - 8} more)" if len(changed) > 8 else ""
     log.warning(
         "resuming at step %d with a changed config: %s%s; the config before is kept in %s",
         step,
         shown,
         more,
-        f"config.before-step-{step}.yaml",
+        kept,
     )
 
 
-def _flat_keys(tree: Any, prefix: str = "") -> set[str]:
-    """Dotted keys of the leaves of a nested mapping (lists are leaves)."""
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """The leaves of a nested mapping by dotted key (lists are leaves)."""
     if not isinstance(tree, dict):
-        return {prefix} if prefix else set()
-    keys: set[str] = set()
+        return {prefix: tree} if prefix else {}
+    flat: dict[str, Any] = {}
     for k, v in tree.items():
-        keys |= _flat_keys(v, f"{prefix}.{k}" if prefix else str(k))
-    return keys
-
-
-def _at(tree: Any, key: str) -> Any:
-    for part in key.split("."):
-        if not isinstance(tree, dict) or part not in tree:
-            return None
-        tree = tree[part]
-    return tree
+        flat.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+    return flat
 
 
 def prepare_run_dir(cfg: TandemConfig, *, resume: bool) -> Path:
