@@ -230,7 +230,7 @@ def report_cmd(
 
     Example: tandem report runs/grpo runs/dapo
     """
-    from tandem.cli.report import print_diagnosis
+    from tandem.cli.report import print_findings
     from tandem.report import build_report
     from tandem.report.data import load_run
 
@@ -239,5 +239,6 @@ def report_cmd(
     for folder in runs:  # the report's "what the metrics say", also here
         if run_b is not None:
             out.print(f"[bold]{escape(str(folder))}[/]")
-        print_diagnosis(out, folder, load_run(folder).eval_size)
+        run_data = load_run(folder)  # the rows the report's own table is computed from
+        print_findings(out, run_data.rows, run_data.eval_size)
     out.print(f"report written to [bold]{escape(str(path))}[/]")

@@ -38,9 +38,15 @@ def _print_eval_table(console: Console, result) -> None:
 def print_diagnosis(console: Console, run_dir, eval_size: int | None) -> None:
     """The findings of :func:`tandem.monitor.diagnose.diagnose` on the run's ``metrics.jsonl`` as a table."""
     from tandem.monitor import read_metrics
+
+    print_findings(console, read_metrics(run_dir), eval_size)
+
+
+def print_findings(console: Console, rows: list, eval_size: int | None) -> None:
+    """:func:`tandem.monitor.diagnose.diagnose` of metric ``rows`` as the "what the metrics say" table."""
     from tandem.monitor.diagnose import diagnose
 
-    findings = diagnose(read_metrics(run_dir), eval_size)
+    findings = diagnose(rows, eval_size)
     if not findings:
         return
     table = Table(title="what the metrics say", show_header=True, header_style="bold")
