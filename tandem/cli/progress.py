@@ -71,7 +71,20 @@ def count_progress(label: str, console: Console | None = None) -> Iterator[Calla
         return
     with Progress(*_columns(), console=console, transient=False) as bar:
         task = bar.add_task(label, total=None)
-        yield lambda done, total: bar.update(task, completed=done, total=total)
+        moved = False
+
+        def update(done: int, total: int) -> None:
+            nonlocal moved
+            moved = True
+            bar.update(task, completed=done, total=total)
+
+        try:
+            yield update
+        except BaseException:
+            # a command that fails before any progress (a missing folder) leaves its error, not an empty bar;
+            # one that fails half-way keeps the bar that shows how far it got
+            bar.live.transient = not moved
+            raise
 
 
 class StepCallback(Protocol):

@@ -22,3 +22,29 @@ def test_counts_in_a_pipe_are_plain_lines(capsys, monkeypatch):
             on_progress(done, 10)
     lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
     assert lines[0].startswith("eval 1/10") and lines[-1].startswith("eval 10/10") and len(lines) == 2
+
+
+def _terminal_run(fail: bool, moved: bool = False) -> str:
+    import io
+
+    import pytest
+    from rich.console import Console
+
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=80)
+    if fail:
+        with pytest.raises(FileNotFoundError), progress.count_progress("eval", console) as on_progress:
+            if moved:
+                on_progress(1, 2)
+            raise FileNotFoundError("no such run")
+    else:
+        with progress.count_progress("eval", console) as on_progress:
+            on_progress(1, 1)
+    return buf.getvalue()
+
+
+def test_a_failed_count_in_a_terminal_erases_its_bar():
+    erase = "\x1b[1A\x1b[2K"  # cursor up one line, clear it: the error then prints where the bar was
+    assert _terminal_run(fail=True).endswith(erase)
+    assert erase not in _terminal_run(fail=False)  # a finished bar stays on screen
+    assert erase not in _terminal_run(fail=True, moved=True)  # so does one that shows how far it got
