@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Annotated
 
@@ -148,7 +149,14 @@ def tune(
     from tandem.monitor.trackers import check_trackers
     from tandem.orchestration.runfolder import run_inputs
     from tandem.orchestration.runner import train as run_train
-    from tandem.orchestration.tune import Trial, finished_run, grid, plan_rungs, successive_halving
+    from tandem.orchestration.tune import (
+        Trial,
+        earlier_trials,
+        finished_run,
+        grid,
+        plan_rungs,
+        successive_halving,
+    )
 
     if not 0 < alpha < 1:
         raise ConfigError(
@@ -200,6 +208,11 @@ def tune(
                 f"{cfg.data.eval_file} split: {split.ranked} rows rank the sweep, "
                 f"{split.confirming} confirm its winner"
             )
+    stale = [] if resume else earlier_trials(out_dir)
+    if stale:  # a new sweep replaces the earlier one's runs; none of them would be read back
+        out.print(f"replacing the earlier sweep in {out_dir}: {len(stale)} trial runs (--resume reuses them)")
+        for folder in stale:
+            shutil.rmtree(folder)
     out_dir.mkdir(parents=True, exist_ok=True)
     log_path = out_dir / "tune.jsonl"
     log_path.write_text("")

@@ -31,6 +31,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,6 +114,21 @@ def successive_halving(
                 on_result(trial, steps)
     winner = min(alive, key=lambda t: (-t.last(), t.index))
     return winner, trials
+
+
+TRIAL_FOLDER = re.compile(r"\d{5}-")  # a trial run's folder: its steps, then its overrides' values
+
+
+def earlier_trials(out_dir: Path) -> list[Path]:
+    """The trial run folders an earlier sweep left in ``out_dir``: named as ``tandem tune`` names them and
+    holding a run's ``config.yaml``. Other files and folders there are not trials."""
+    if not out_dir.is_dir():
+        return []
+    return sorted(
+        p
+        for p in out_dir.iterdir()
+        if p.is_dir() and TRIAL_FOLDER.match(p.name) and (p / "config.yaml").is_file()
+    )
 
 
 def finished_run(folder: Path, resolved: str) -> dict[str, float] | None:

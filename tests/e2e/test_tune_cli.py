@@ -373,3 +373,23 @@ def test_tune_refuses_an_unrelated_out_folder_before_anything_runs(tiny_model_di
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2 and "not a Tandem tune folder" in result.output, result.output
     assert [p.name for p in precious.iterdir()] == ["notes.txt"]
+
+
+def test_a_new_sweep_replaces_an_earlier_ones_runs_unless_resumed(tiny_model_dir, tmp_path) -> None:
+    """Without --resume a sweep into an earlier sweep's folder removes that sweep's trial runs (an earlier
+    candidate left beside the new ones would read as part of this sweep); files of the user's stay."""
+    cfg, out = _config(tmp_path, tiny_model_dir), tmp_path / "tune"
+    args = ["tune", str(cfg), "--budget", "6", "--min-steps", "1", "--out", str(out), "--no-confirm"]
+    first = CliRunner().invoke(app, [*args, "--space", "trainer.lr=2e-3,3e-3"])
+    assert first.exit_code == 0, first.output
+    assert (out / "00001-3e-3" / "config.yaml").is_file()
+    (out / "notes.txt").write_text("mine")
+    (out / "00009-kept").mkdir()  # not a run folder
+    resumed = CliRunner().invoke(app, [*args, "--resume", "--space", "trainer.lr=1e-3,2e-3"])
+    assert resumed.exit_code == 0, resumed.output
+    assert (out / "00001-3e-3").is_dir()  # --resume keeps what it may read back
+    again = CliRunner().invoke(app, [*args, "--space", "trainer.lr=1e-3,2e-3"])
+    assert again.exit_code == 0, again.output
+    assert "replacing the earlier sweep" in again.output
+    assert not (out / "00001-3e-3").exists() and (out / "00001-1e-3" / "config.yaml").is_file()
+    assert (out / "notes.txt").read_text() == "mine" and (out / "00009-kept").is_dir()
