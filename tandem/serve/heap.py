@@ -8,6 +8,11 @@ collector's permanent generation (``gc.freeze``), so later collections walk only
 allocate (about 19,000 objects). vLLM's OpenAI server does the same after start-up. Served arms are
 never unloaded, so nothing frozen becomes garbage the collector would have had to find.
 
+When the server stops, :func:`unfreeze` hands the heap back to the collector, so the interpreter's
+teardown frees it as usual: frozen objects are never freed, and extension modules that count their
+objects at exit (triton's nanobind bindings, imported by torch) would print hundreds of "leaked" lines
+after a Ctrl-C.
+
 Only a serving process freezes (:func:`tandem.serve.server.run_server` and each replica worker); an
 app built in a test process leaves that process's collector alone.
 """
@@ -32,3 +37,11 @@ def refreeze() -> None:
     at start-up. The collection walks only what is not frozen yet."""
     if _frozen:
         freeze()
+
+
+def unfreeze() -> None:
+    """The server stopped: frozen objects back to the collector (``gc.unfreeze``), if this process froze."""
+    global _frozen
+    if _frozen:
+        gc.unfreeze()
+        _frozen = False

@@ -107,6 +107,7 @@ def make_app(state):
             state.ready = False
             for batcher in state.batchers:
                 await batcher.stop()
+            heap.unfreeze()  # the process may now tear down as usual (heap.py)
 
     app.router.lifespan_context = lifespan
     return Front(app, Gate(limited, **gate), set(endpoints))
