@@ -13,6 +13,7 @@ from tandem.algos.advantages import (
     discounted_returns,
     gae_scan,
     greedy_baseline,
+    weight_positive,
 )
 from tandem.algos.aggregation import AGGREGATIONS, aggregate
 from tandem.algos.core import (
@@ -79,6 +80,7 @@ __all__ = [
     "aggregate",
     "clipped_surrogate",
     "compute_advantages",
+    "weight_positive",
     "greedy_baseline",
     "correction_weights",
     "degeneracy_metrics",

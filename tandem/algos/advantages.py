@@ -250,6 +250,15 @@ def _grpo(inp: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     return _broadcast(adv, inp.response_mask), _broadcast(inp.scores, inp.response_mask)
 
 
+def weight_positive(advantages: torch.Tensor, weight: float) -> torch.Tensor:
+    """Positive advantages times ``weight``, the others as they are: W-REINFORCE (Zhu et al., "The Surprising
+    Effectiveness of Negative Reinforcement in LLM Reasoning", 2025) with ``weight`` its λ; 0 keeps only the
+    push away from wrong samples (their NSR), 1 is the estimator unchanged. ``[B, T]`` -> ``[B, T]``."""
+    if weight == 1.0:
+        return advantages
+    return torch.where(advantages > 0, advantages * weight, advantages)
+
+
 @_register("dr_grpo", summary="R - group mean (no std)", group_relative=True)
 def _dr_grpo(inp: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     mean, _, _ = group_stats(inp.scores, inp.group_ids)

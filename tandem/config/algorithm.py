@@ -122,6 +122,14 @@ class AlgorithmConfig(Section):
         "or of every score in the batch (batch: TRL's scale_rewards='batch'; the group mean stays the "
         "baseline). Other estimators refuse batch.",
     )
+    positive_weight: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="Positive advantages are multiplied by this, negative ones kept (W-REINFORCE's λ, Zhu et "
+        "al. 2025): below 1 the update pushes away from wrong samples more than towards right ones; 0 = "
+        "negative samples only. Every estimator, after its own normalisation.",
+    )
     pass_k: int = Field(
         2,
         ge=1,

@@ -18,6 +18,7 @@ from tandem.algos import (
     greedy_baseline,
     kl_penalty,
     logprob_mismatch,
+    weight_positive,
 )
 from tandem.config.schema import AlgorithmConfig
 from tandem.models.forward import response_logprobs
@@ -48,6 +49,7 @@ class ExperienceSettings:
     std_scope: str = "group"  # grpo: the std of the group's scores or of the batch's (algorithm.std_scope)
     needs_baseline: bool = False  # the estimator needs the greedy rows' scores (remax; registry metadata)
     mask_truncated: bool = False  # truncated samples (finish reason "length") leave the loss
+    positive_weight: float = 1.0  # positive advantages times this (algorithm.positive_weight, W-REINFORCE)
 
     @classmethod
     def from_config(
@@ -82,6 +84,7 @@ class ExperienceSettings:
             std_scope=algo.std_scope,
             needs_baseline="baseline_scores" in ADVANTAGE_ESTIMATORS.get(algo.advantage).requires,
             mask_truncated=algo.mask_truncated,
+            positive_weight=algo.positive_weight,
         )
 
 
@@ -221,6 +224,7 @@ def make_experience(
         pass_k=s.pass_k,
         std_scope=s.std_scope,
     )
+    advantages = weight_positive(advantages, s.positive_weight)  # [B, R]
     exp = Experience(
         rollout=rollout,
         scores=scores,
