@@ -56,3 +56,12 @@ def sampled_batch(
         completions=["c"] * B,
         finish_reasons=finish_reasons or ["stop"] * B,
     )
+
+
+def groups_batch(B: int = 12, n: int = 4, P: int = 3, R: int = 5, seed: int = 0) -> RolloutBatch:
+    """:func:`sampled_batch` of ``B // n`` groups of ``n`` rows sharing a random prompt of ``P`` tokens,
+    random response lengths below ``R``, all stopped; drawn from a generator seeded with ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, R, (B,), generator=g)
+    prompts = torch.randint(4, 40, (B // n, P), generator=g).repeat_interleave(n, dim=0)
+    return sampled_batch(prompts, torch.ones(B, P, dtype=torch.bool), lengths, R, n, g, ["stop"] * B)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from rollout_batches import sampled_batch
+from rollout_batches import groups_batch
 
 from tandem.algos import compute_advantages
 from tandem.config.schema import AlgorithmConfig
@@ -11,11 +11,7 @@ from tandem.train.experience import ExperienceSettings, make_experience
 
 
 def test_batch_std_reaches_the_experience():
-    g = torch.Generator().manual_seed(0)
-    B, n, P, R = 12, 4, 3, 5
-    lengths = torch.randint(1, R, (B,), generator=g)
-    prompts = torch.randint(4, 40, (B // n, P), generator=g).repeat_interleave(n, dim=0)
-    rollout = sampled_batch(prompts, torch.ones(B, P, dtype=torch.bool), lengths, R, n, g, ["stop"] * B)
+    rollout = groups_batch()
     scores = torch.tensor([1.0, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 0])
     kw = {"temperature": 1.0, "autocast_bf16": False, "micro_batch_size": None}
     got = {}
