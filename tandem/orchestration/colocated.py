@@ -40,7 +40,7 @@ from tandem.orchestration.rollout_step import (
 from tandem.orchestration.runfolder import RunResult, check_run_dir, finish_run, prepare_run_dir
 from tandem.orchestration.trainer import Trainer
 from tandem.rollout.base import RolloutEngine
-from tandem.train.checkpoint import latest_checkpoint
+from tandem.train.checkpoint import checkpoint_step, latest_checkpoint
 from tandem.types import RolloutBatch
 
 log = logging.getLogger(__name__)
@@ -147,20 +147,28 @@ def train_colocated(cfg: TandemConfig, *, resume: bool = False, progress: bool |
     after a resume's checkpoint is loaded and receive rank 0's weights, optimiser and learner state."""
     check_run_dir(cfg, resume=resume)
     parts = build_parts(local_models(cfg))  # fails on a bad model or reward before anything is written
-    run_dir = prepare_run_dir(cfg, resume=resume)  # only now: a failed pre-flight leaves no folder behind
-    trainer = ColocatedTrainer(parts)
+    prepared = prepare_run_dir(cfg, resume=resume)  # only now: a failed pre-flight leaves no folder behind
+    run_dir = prepared.path
     result = RunResult(run_dir=run_dir, steps=0)
     latest = latest_checkpoint(run_dir / "checkpoints") if resume else None
-    if latest is not None:
-        extra = load_run_checkpoint(latest, parts)["extra_state"]
-        trainer.restore(extra)
-        result.eval_before = extra.get("eval_before", {})
-        log.info("resumed from %s at step %d", latest, trainer.step)
-    else:
-        trainer.publish()
-    ranks = DataParallelLearner.start(cfg, trainer.learn) if cfg.trainer.world_size > 1 else None
+    first = checkpoint_step(latest.name) if latest is not None else 0
+    trainer: ColocatedTrainer | None = None
+    ranks = None
     try:
+        trainer = ColocatedTrainer(parts)
+        if latest is not None:
+            extra = load_run_checkpoint(latest, parts)["extra_state"]
+            trainer.restore(extra)
+            result.eval_before = extra.get("eval_before", {})
+            log.info("resumed from %s at step %d", latest, trainer.step)
+        else:
+            trainer.publish()
+        ranks = DataParallelLearner.start(cfg, trainer.learn) if cfg.trainer.world_size > 1 else None
         run_loop(LoopSetup(cfg, parts, trainer, result, KEY_METRICS, progress=progress))
+    except BaseException:
+        if trainer is None or trainer.step <= first:  # nothing trained: the folder goes back as it was
+            prepared.undo()
+        raise
     finally:
         if ranks is not None:
             ranks.close()  # never raises

@@ -29,14 +29,13 @@ from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
 from tandem.config.schema import TandemConfig
-from tandem.errors import ConfigError
 from tandem.monitor import MetricsLogger
 from tandem.monitor.metrics import MetricsListener
 from tandem.monitor.trackers import Tracker, TrackerRun, open_trackers
 from tandem.orchestration.alerting import AlertController, AlertStopError
 from tandem.orchestration.best import BestModel
 from tandem.orchestration.parts import RunParts, evaluated_weights, run_state, save_run_checkpoint
-from tandem.orchestration.runfolder import RunResult, discard_run_dir, finish_run
+from tandem.orchestration.runfolder import RunResult, finish_run
 from tandem.orchestration.trainer import Trainer
 from tandem.train.checkpoint import latest_checkpoint
 
@@ -124,13 +123,9 @@ def run_loop(setup: LoopSetup) -> None:
 
 def _start_trackers(setup: LoopSetup, run: TrackerRun) -> list[Tracker]:
     """``monitor.report_to``'s runs. One that cannot start (W&B without a login) ends the run before its
-    first step, and a run that had not trained yet leaves no folder behind, as a failed pre-flight does."""
-    try:
-        return open_trackers(setup.cfg.monitor.report_to, run)
-    except ConfigError:
-        if setup.trainer.step == 0:
-            discard_run_dir(setup.result.run_dir)
-        raise
+    first step, which the architectures undo as a failed pre-flight (:meth:`~tandem.orchestration.
+    runfolder.PreparedRunDir.undo`)."""
+    return open_trackers(setup.cfg.monitor.report_to, run)
 
 
 def _observe(setup: LoopSetup, logger: MetricsLogger, metrics: dict[str, Any], step: int, last: bool) -> None:

@@ -102,23 +102,28 @@ def _check_resume_step(cfg: TandemConfig, run_dir: Path) -> None:
         )
 
 
-def _record_changed_config(cfg: TandemConfig, run_dir: Path) -> None:
+def _record_changed_config(cfg: TandemConfig, run_dir: Path) -> Path | None:
     """On a resume whose resolved config differs from the one the run was started (or last resumed)
     with, keep the old one as ``config.before-step-N.yaml`` and warn with the keys that changed: the
-    steps after N train with the new values, and ``config.yaml`` holds only those."""
+    steps after N train with the new values, and ``config.yaml`` holds only those. An earlier record of
+    the same step is never replaced (``config.before-step-N.2.yaml``, ...). Returns the file written."""
     import yaml
 
     old_path = run_dir / "config.yaml"
     if not old_path.is_file():
-        return
+        return None
     text = old_path.read_text(encoding="utf-8")
     old, new = _flat(yaml.safe_load(text) or {}), _flat(cfg.model_dump(mode="json"))
     changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k != "run.overwrite")
     if not changed:
-        return
+        return None
     step = _latest_step(run_dir) or 0
-    kept = f"config.before-step-{step}.yaml"
-    atomic_write_text(run_dir / kept, text)
+    kept = run_dir / f"config.before-step-{step}.yaml"
+    n = 1
+    while kept.exists():
+        n += 1
+        kept = run_dir / f"config.before-step-{step}.{n}.yaml"
+    atomic_write_text(kept, text)
     shown = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed[:8])
     more = f" (+{len(changed) - 8} more)" if len(changed) > 8 else ""
     log.warning(
@@ -126,8 +131,9 @@ def _record_changed_config(cfg: TandemConfig, run_dir: Path) -> None:
         step,
         shown,
         more,
-        kept,
+        kept.name,
     )
+    return kept
 
 
 def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -140,11 +146,37 @@ def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def prepare_run_dir(cfg: TandemConfig, *, resume: bool) -> Path:
+@dataclass
+class PreparedRunDir:
+    """A run folder :func:`prepare_run_dir` created or reopened, and what it takes to put it back."""
+
+    path: Path
+    resumed: bool
+    config_before: str | None = None  # resumed: config.yaml as the earlier run left it
+    summary_before: str | None = None  # resumed: its summary.json (a finished run being extended)
+    config_record: Path | None = None  # resumed: the config.before-step-N.yaml written for it
+
+    def undo(self) -> None:
+        """A run that fails before its first step leaves the folder as it found it: a new run's folder is
+        removed (the corrected rerun must not find a "run" there), a resumed run gets its config.yaml and
+        summary.json back and loses the config record this attempt wrote."""
+        if not self.resumed:
+            shutil.rmtree(self.path, ignore_errors=True)
+            return
+        if self.config_before is not None:
+            atomic_write_text(self.path / "config.yaml", self.config_before)
+        if self.summary_before is not None:
+            atomic_write_text(self.path / "summary.json", self.summary_before)
+        if self.config_record is not None:
+            self.config_record.unlink(missing_ok=True)
+
+
+def prepare_run_dir(cfg: TandemConfig, *, resume: bool) -> PreparedRunDir:
     """Create (or reopen on resume) the run folder and write the resolved config into it.
 
     Call it after the run's pre-flight checks (:func:`check_run_dir`, building the model and rewards):
-    a run that fails them must leave nothing behind, or the corrected rerun would find a "run" there.
+    a run that fails them must leave nothing behind, or the corrected rerun would find a "run" there; a
+    failure after it and before the first step is undone with :meth:`PreparedRunDir.undo`.
     ``run.overwrite`` moves the old run aside in one rename before deleting it, so a crash never
     leaves a half-deleted run that still looks like one."""
     run_dir = check_run_dir(cfg, resume=resume)
@@ -154,21 +186,23 @@ def prepare_run_dir(cfg: TandemConfig, *, resume: bool) -> Path:
         aside = run_dir.with_name(f".{run_dir.name}.replaced-{os.getpid()}")
         os.replace(run_dir, aside)
         shutil.rmtree(aside)
+    prepared = PreparedRunDir(run_dir, resumed=resume and run_dir.is_dir())
+    if prepared.resumed:
+        prepared.config_before = _text_or_none(run_dir / "config.yaml")
+        prepared.summary_before = _text_or_none(run_dir / "summary.json")
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "summary.json").unlink(missing_ok=True)
     if resume:
-        _record_changed_config(cfg, run_dir)
+        prepared.config_record = _record_changed_config(cfg, run_dir)
     atomic_write_text(run_dir / "config.yaml", config_to_yaml(cfg))
     (run_dir / METRICS_FILE).touch()  # with config.yaml: what marks a Tandem run folder
     if resume:  # checkpoint.remote_dir: continue from a newer copy there (e.g. on a fresh machine)
         fetch_newer_checkpoint(cfg, run_dir / "checkpoints")
-    return run_dir
+    return prepared
 
 
-def discard_run_dir(run_dir: Path) -> None:
-    """Remove a run folder that :func:`prepare_run_dir` made for a run that then failed before its first
-    step (an experiment tracker that could not start): the corrected rerun must not find a "run" there."""
-    shutil.rmtree(run_dir, ignore_errors=True)
+def _text_or_none(path: Path) -> str | None:
+    return path.read_text(encoding="utf-8") if path.is_file() else None
 
 
 def run_environment() -> dict[str, Any]:

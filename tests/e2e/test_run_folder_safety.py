@@ -134,3 +134,46 @@ def test_a_resume_refuses_steps_below_its_checkpoint_and_records_a_changed_confi
     assert (run / "config.before-step-2.yaml").read_text() == first  # what steps 1-2 trained with
     warned = " ".join(r.getMessage() for r in caplog.records)
     assert "rollout.max_new_tokens: 2 -> 3" in warned and "trainer.total_steps: 2 -> 3" in warned
+
+
+def _raising_reward(tmp_path: Path) -> str:
+    """A reward function that raises when it is first called (the run's first step)."""
+    module = tmp_path / "raising_reward.py"
+    module.write_text("def score(prompts, completions, **kw):\n    raise RuntimeError('judge is down')\n")
+    return f"{module}:score"
+
+
+def test_a_run_that_fails_in_its_first_step_leaves_no_folder_and_the_rerun_works(tmp_path, tiny_model_dir):
+    cfg = _config(tmp_path, tiny_model_dir, _raising_reward(tmp_path))
+    failed = _train(cfg)
+    assert failed.exit_code != 0 and "judge is down" in failed.output
+    assert not (tmp_path / "run").exists()  # nothing trained: no "run" for the rerun to trip over
+    assert _train(_config(tmp_path, tiny_model_dir)).exit_code == 0
+
+
+def test_a_decoupled_run_that_fails_in_its_first_step_leaves_no_folder(tmp_path, tiny_model_dir):
+    cfg = _config(tmp_path, tiny_model_dir, _raising_reward(tmp_path))
+    failed = _train(cfg, "architecture.mode=decoupled", "architecture.learner_timeout_s=60")
+    assert failed.exit_code != 0
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_resume_that_fails_before_a_step_leaves_the_run_as_it_was(tmp_path, tiny_model_dir):
+    """A refused resume (here: its first step fails) must not rewrite config.yaml, drop summary.json or
+    leave a config record; and a record of a step is never replaced by a later resume's."""
+    cfg = _config(tmp_path, tiny_model_dir)
+    assert _train(cfg, "trainer.total_steps=2", "checkpoint.save_final=true").exit_code == 0
+    run = tmp_path / "run"
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    reward = _raising_reward(tmp_path)
+    failed = _train(cfg, "trainer.total_steps=3", f"reward.functions=[{{path: '{reward}'}}]", "--resume")
+    assert failed.exit_code != 0 and "judge is down" in failed.output
+    after = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    assert after.keys() == before.keys() and after["config.yaml"] == before["config.yaml"]
+    assert after["summary.json"] == before["summary.json"]
+    first = before["config.yaml"].decode()
+    assert _train(cfg, "trainer.total_steps=3", "rollout.max_new_tokens=3", "--resume").exit_code == 0
+    assert (run / "config.before-step-2.yaml").read_text() == first
+    assert _train(cfg, "trainer.total_steps=3", "rollout.max_new_tokens=4", "--resume").exit_code == 0
+    assert (run / "config.before-step-2.yaml").read_text() == first  # kept, not replaced
+    assert "max_new_tokens: 3" in (run / "config.before-step-2.2.yaml").read_text()

@@ -21,6 +21,7 @@ import multiprocessing as mp
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from multiprocessing.context import BaseContext
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -53,7 +54,7 @@ from tandem.orchestration.rollout_step import temperature_controller
 from tandem.orchestration.runfolder import RunResult, check_run_dir, finish_run, prepare_run_dir
 from tandem.orchestration.staleness import StalenessController
 from tandem.orchestration.trainer import Trainer
-from tandem.train.checkpoint import latest_checkpoint
+from tandem.train.checkpoint import checkpoint_step, latest_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -95,15 +96,46 @@ def train_decoupled(
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.architecture.learner.threads)
     parts = build_parts(local_models(cfg))  # URLs: this machine's copies (workers fetch their own)
-    run_dir = prepare_run_dir(cfg, resume=resume)  # after the pre-flight build: a failed one writes nothing
+    prepared = prepare_run_dir(cfg, resume=resume)  # after the pre-flight build: a failed one writes nothing
+    run_dir = prepared.path
     result = RunResult(run_dir=run_dir, steps=0)
     latest = latest_checkpoint(run_dir / "checkpoints") if resume else None
-    extra = load_run_checkpoint(latest, parts)["extra_state"] if latest is not None else None
+    first = checkpoint_step(latest.name) if latest is not None else 0
+    holder: list[Trainer] = []
+    try:
+        trainer = _run(cfg, parts, latest, result, threads, progress, hooks, holder)
+    except BaseException:
+        if not holder or holder[0].step <= first:  # nothing trained: the folder goes back as it was
+            prepared.undo()
+        raise
+    result.steps = trainer.step
+    return finish_run(result, run_dir / "checkpoints", **trainer.summary())
+
+
+def _run(
+    cfg: TandemConfig,
+    parts: RunParts,
+    latest: Path | None,
+    result: RunResult,
+    threads: int,
+    progress: bool | None,
+    hooks: RunHooks,
+    holder: list[Trainer],
+) -> Trainer:
+    """The run after its folder is prepared: restore ``latest`` (a resume), open the channels, start the
+    workers and the loop; everything opened is closed however it ends. The learner goes into ``holder``
+    as soon as it exists (the caller's undo asks it whether a step was trained)."""
     ctx = mp.get_context("spawn")
     controller = StalenessController(cfg.architecture.staleness, cfg.samples_per_step)
-    controls = learner_controls(cfg, len(parts.data.train))  # published with the weights (.controls)
-    template = {**publishable_state_dict(parts.policy), **controls.tensors()}
-    backend = open_backend(cfg, controller, template, ctx)  # by runtime
+    try:
+        extra = load_run_checkpoint(latest, parts)["extra_state"] if latest is not None else None
+        controls = learner_controls(cfg, len(parts.data.train))  # published with the weights (.controls)
+        template = {**publishable_state_dict(parts.policy), **controls.tensors()}
+        backend = open_backend(cfg, controller, template, ctx)  # by runtime
+    except BaseException:  # what the finally below closes once the backend is open
+        torch._C.set_num_threads(threads)
+        parts.engine.close()
+        raise
     supervisor = backend.supervisor
     dp: DataParallelLearner | None = None
     try:
@@ -138,6 +170,7 @@ def train_decoupled(
             evaluate=evaluate,
             group_size=cfg.rollout.group_size,
         )
+        holder.append(trainer)
         if extra is not None:  # policy, critic, optimisers, ledger, β, critic warm-up count; publishes
             trainer.restore(extra)
             result.eval_before = extra.get("eval_before", {})
@@ -161,8 +194,7 @@ def train_decoupled(
             backend.close()  # channel, weights (and the Ray instance it started)
             torch._C.set_num_threads(threads)  # torch.set_num_threads is a no-op once vLLM ran on CPU
             parts.engine.close()  # the learner's evaluation engine
-    result.steps = trainer.step
-    return finish_run(result, run_dir / "checkpoints", **trainer.summary())
+    return trainer
 
 
 def _loop_setup(run: DecoupledRun, result: RunResult, progress: bool | None, hooks: RunHooks) -> LoopSetup:
