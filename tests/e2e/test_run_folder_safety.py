@@ -177,3 +177,33 @@ def test_a_resume_that_fails_before_a_step_leaves_the_run_as_it_was(tmp_path, ti
     assert _train(cfg, "trainer.total_steps=3", "rollout.max_new_tokens=4", "--resume").exit_code == 0
     assert (run / "config.before-step-2.yaml").read_text() == first  # kept, not replaced
     assert "max_new_tokens: 3" in (run / "config.before-step-2.2.yaml").read_text()
+
+
+def test_a_decoupled_run_whose_channel_cannot_open_leaves_nothing_behind(tmp_path, tiny_model_dir):
+    """Redis down: one line, no run folder, and no shared memory left for Python's resource tracker to
+    report at exit (the weights' block was created before the channel failed)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = _config(tmp_path, tiny_model_dir)
+    overrides = [
+        "architecture.mode=decoupled",
+        "architecture.channel.backend=redis",
+        f"architecture.channel.options.redis_url=redis://127.0.0.1:{port}/0",
+    ]
+    code = "import sys; from tandem.cli.main import app; sys.argv = ['tandem'] + sys.argv[1:]; app()"
+    done = subprocess.run(
+        [sys.executable, "-c", code, "train", str(cfg), *overrides, "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 2 and "cannot reach Redis" in done.stderr, done.stderr[-800:]
+    assert "leaked" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-800:]
+    assert not (tmp_path / "run").exists()

@@ -70,7 +70,11 @@ def open_backend(
         return _open_ray(cfg, controller, ctx)
     coord = Coordination(ctx, controller)
     weights = SharedMemoryWeights(template, ctx)
-    channel = open_trajectory_channel(cfg, ctx)
+    try:  # a channel that cannot open (Redis down) must not leave the weights' shared memory behind
+        channel = open_trajectory_channel(cfg, ctx)
+    except BaseException:
+        weights.unlink()
+        raise
     supervisor = LocalSupervisor(ctx, cfg, channel, weights, coord)
     return Backend(coord, weights, channel, supervisor, [weights.unlink, channel.close])
 
