@@ -85,7 +85,8 @@ class ModelConfig(Section):
     warm_start_sft: WarmStartConfig | None = Field(
         None,
         description="If set and model.path does not exist, build it by `tandem sft` with these options "
-        "(task, steps, lr; base, or model_options for a new one: arch, tokenizer, sizes) and cache it there.",
+        "(task, steps, lr; base, or model_options for a new one: arch, tokenizer, sizes) and cache it there; "
+        "the options are recorded with it, and a cached model built with other ones is refused (not the seed).",
     )
     lora: LoraConfig = Field(
         default_factory=LoraConfig,

@@ -176,11 +176,20 @@ def same_path(a: PathLike, b: PathLike) -> bool:
     return Path(a).resolve() == Path(b).resolve() or _same_file(a, b)
 
 
-def write_model_marker(folder: PathLike, *, created_by: str, source: PathLike | None = None) -> None:
-    """Write ``tandem_model.json`` into ``folder`` (a model folder being built): what made it, from what."""
+def write_model_marker(
+    folder: PathLike,
+    *,
+    created_by: str,
+    source: PathLike | None = None,
+    recipe: dict[str, Any] | None = None,
+) -> None:
+    """Write ``tandem_model.json`` into ``folder`` (a model folder being built): what made it, from what,
+    and (a cached warm start) the ``recipe`` it was built with."""
     info: dict[str, Any] = {"kind": "model", "created_by": created_by}
     if source is not None:
         info["source"] = str(source)
+    if recipe is not None:
+        info["recipe"] = recipe
     (Path(folder) / MODEL_MARKER).write_text(json.dumps(info, indent=2) + "\n")
 
 

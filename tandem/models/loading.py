@@ -19,6 +19,7 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -190,9 +191,10 @@ def save_pretrained_atomic(
     *,
     created_by: str = "tandem",
     source: str | os.PathLike | None = None,
+    recipe: dict[str, Any] | None = None,
 ) -> Path:
     """Save ``model`` (safetensors) and ``tokenizer`` as an HF folder at ``out_dir``, atomically, marked
-    as a Tandem model folder (``tandem_model.json``: ``created_by``, ``source``).
+    as a Tandem model folder (``tandem_model.json``: ``created_by``, ``source``, a warm start's ``recipe``).
 
     Refuses (:class:`ConfigError`, nothing written) an ``out_dir`` that is, or holds, ``source`` (the
     model it was trained from), and an existing non-empty folder that is not a Tandem model folder
@@ -205,6 +207,6 @@ def save_pretrained_atomic(
         model.save_pretrained(str(tmp), safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
-        write_model_marker(tmp, created_by=created_by, source=source)
+        write_model_marker(tmp, created_by=created_by, source=source, recipe=recipe)
     logger.debug("saved model folder %s", out_dir)
     return Path(out_dir)

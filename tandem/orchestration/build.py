@@ -41,6 +41,10 @@ def ensure_model(cfg: ModelConfig, *, seed: int = 0) -> Path:
     """Return the policy folder, building it first when the config asks for that and it is missing."""
     path = Path(cfg.path)
     if path.exists():
+        if cfg.warm_start_sft is not None:
+            from tandem.train.sft import check_warm_start
+
+            check_warm_start(path, cfg.warm_start_sft.model_dump())
         return path
     if cfg.warm_start_sft is not None:
         from tandem.train.sft import build_warm_start

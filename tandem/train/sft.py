@@ -10,6 +10,7 @@ The loss reuses the RL forward (:func:`response_logprobs`), so SFT and RL score 
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from collections.abc import Callable
@@ -241,9 +242,59 @@ def build_warm_start(
         SFTSettings(steps=steps, lr=lr, batch_size=batch_size, weight_decay=weight_decay, seed=seed),
         on_step=on_step,
     )
-    save_pretrained_atomic(model, tok, out_dir, created_by="tandem sft (warm start)", source=base)
+    recipe = warm_start_recipe(
+        task=task,
+        task_options=task_options or {},
+        steps=steps,
+        lr=lr,
+        batch_size=batch_size,
+        train_size=train_size,
+        weight_decay=weight_decay,
+        base=base,
+        model_options=model_options or {},
+    )
+    save_pretrained_atomic(
+        model,
+        tok,
+        out_dir,
+        created_by="tandem sft (warm start)",
+        source=base,
+        recipe={**recipe, "seed": seed},
+    )
     if not base:
         import shutil
 
         shutil.rmtree(base_dir, ignore_errors=True)
     return out_dir
+
+
+def warm_start_recipe(**options: Any) -> dict[str, Any]:
+    """``model.warm_start_sft``'s options as recorded in the built folder's ``tandem_model.json`` (JSON
+    values: tuples as lists), without the seed — a run with another ``run.seed`` reuses the cache."""
+    return json.loads(json.dumps({k: options[k] for k in sorted(options) if k != "seed"}))
+
+
+def check_warm_start(path: str | Path, options: dict[str, Any]) -> None:
+    """A cached warm start at ``path`` must have been built with ``options`` (``model.warm_start_sft``):
+    reusing one built with other steps, data or model options silently would train from the wrong model.
+    Folders without a recorded recipe (built before it was recorded, or by other means) are used as they
+    are. Raises :class:`ConfigError` naming the first options that differ."""
+    from tandem.data.outputs import MODEL_MARKER
+
+    marker = Path(path) / MODEL_MARKER
+    try:
+        built = json.loads(marker.read_text()).get("recipe")
+    except (OSError, ValueError):
+        return
+    if not isinstance(built, dict):
+        return
+    built = {k: v for k, v in built.items() if k != "seed"}
+    wanted = warm_start_recipe(**options)
+    changed = sorted(k for k in built.keys() | wanted.keys() if built.get(k) != wanted.get(k))
+    if changed:
+        shown = ", ".join(f"{k} {built.get(k)!r} -> {wanted.get(k)!r}" for k in changed[:4])
+        raise ConfigError(
+            f"{path} is a warm start built with other options ({shown})",
+            where="model.warm_start_sft",
+            hint=f"delete {path} to rebuild it, or set model.path to a new folder",
+        )

@@ -207,3 +207,32 @@ def test_a_decoupled_run_whose_channel_cannot_open_leaves_nothing_behind(tmp_pat
     assert done.returncode == 2 and "cannot reach Redis" in done.stderr, done.stderr[-800:]
     assert "leaked" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-800:]
     assert not (tmp_path / "run").exists()
+
+
+def test_a_cached_warm_start_built_with_other_options_is_refused(tmp_path):
+    """model.warm_start_sft caches the model it builds at model.path; a later config asking other options
+    must not train from the cached one silently. Another run.seed reuses it."""
+    import json
+
+    warm = tmp_path / "warm"
+    cfg = _config(tmp_path, warm)
+    recipe = {
+        "task": "arith",
+        "steps": 2,
+        "batch_size": 4,
+        "train_size": 8,
+        "model_options": {"hidden_size": 32},
+    }
+    data = yaml.safe_load(cfg.read_text())
+    data["model"]["warm_start_sft"] = recipe
+    cfg.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert _train(cfg).exit_code == 0
+    marker = json.loads((warm / "tandem_model.json").read_text())
+    assert marker["recipe"]["steps"] == 2 and marker["recipe"]["seed"] == 0
+    assert _train(cfg, "run.seed=3", "run.overwrite=true").exit_code == 0  # the seed is not the recipe
+    stale = _train(cfg, "model.warm_start_sft.steps=3", "run.overwrite=true")
+    assert stale.exit_code == 2 and "Traceback" not in stale.output
+    assert (
+        f"model.warm_start_sft: {warm} is a warm start built with other options (steps 2 -> 3)"
+        in " ".join(stale.output.split())
+    )
