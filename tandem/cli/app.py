@@ -49,6 +49,9 @@ def user_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        # inherited by the processes a command spawns (decoupled rollout workers, data-parallel ranks),
+        # whose transformers would otherwise draw its own "Loading weights" bars through ours
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         _quiet_transformers()
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
         try:

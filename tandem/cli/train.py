@@ -36,8 +36,36 @@ def train(
     from tandem.orchestration.runner import train as run_train
 
     _ensure_warm_start(cfg)
-    result = run_train(cfg, resume=resume, progress=progress)
+    try:
+        result = run_train(cfg, resume=resume, progress=progress)
+    except KeyboardInterrupt:
+        from tandem.cli.app import err
+
+        err.print("[yellow]interrupted[/]")
+        _say_how_to_resume(cfg, config, overrides or [])
+        raise typer.Exit(130) from None
     print_run_result(out, result, cfg.data.eval_size)
+
+
+def _say_how_to_resume(cfg, config: Path, overrides: list[str]) -> None:
+    """After Ctrl-C: the command that continues the run from its latest checkpoint, if it has one (a run
+    stopped before its first step leaves no folder; one without a checkpoint starts over)."""
+    import shlex
+
+    from tandem.cli.app import err
+    from tandem.orchestration.runfolder import run_dir_of
+    from tandem.train.checkpoint import checkpoint_step, latest_checkpoint
+
+    run_dir = run_dir_of(cfg)
+    latest = latest_checkpoint(run_dir / "checkpoints") if run_dir.is_dir() else None
+    if latest is None:
+        return
+    again = shlex.join(["tandem", "train", str(config), *overrides, "--resume"])
+    err.print(
+        f"{escape(str(run_dir))} keeps step {checkpoint_step(latest.name)}; continue with: {escape(again)}",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 @app.command("init-model")

@@ -143,6 +143,7 @@ def test_ctrl_c_on_the_cli_exits_130_and_leaves_no_process(tiny_model_dir, tmp_p
     boot = "import faulthandler, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
     boot += "faulthandler.register(signal.SIGUSR1, all_threads=True); "
     cli = [sys.executable, "-c", boot + "from tandem.cli.main import app; app()", "train", str(cfg_file)]
+    cli.append("checkpoint.every=1")  # a checkpoint to resume from by the time the signal comes
     proc = subprocess.Popen(cli, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = tmp_path / "run" / "metrics.jsonl"
     deadline = time.monotonic() + 180
@@ -164,6 +165,9 @@ def test_ctrl_c_on_the_cli_exits_130_and_leaves_no_process(tiny_model_dir, tmp_p
         pytest.fail(f"no exit 120 s after Ctrl-C; workers alive: {alive}; stderr tail:\n{err[-6000:]}")
     assert proc.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
+    assert "Loading weights" not in err  # the workers' transformers draws no bars of its own
+    said = " ".join(err.split())  # how to continue: the same command with --resume
+    assert f"continue with: tandem train {cfg_file} checkpoint.every=1 --resume" in said, err
     assert workers, "no worker processes were seen"
     assert not [pid for pid in workers if _alive(pid)], "processes left behind after Ctrl-C"
 
