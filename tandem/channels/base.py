@@ -140,6 +140,9 @@ class ChannelSetting:
     run_name: str = "run"  # run.name, e.g. for a default stream or topic name
     runtime: str = "embedded"  # architecture.runtime
     mp_context: BaseContext | None = None  # embedded runtime: the context worker processes are spawned with
+    # a new run, not a resume: a durable channel may discard what an earlier run with the same name left
+    # there (trajectories it would otherwise train on); False keeps everything (the default for tools/tests)
+    fresh: bool = False
 
 
 class ChannelBackend(Protocol):

@@ -11,20 +11,32 @@
   stream ids are millisecond timestamps), like Kafka's ``retention.ms``. It deletes old entries whether or
   not they were acknowledged — a learner down for longer than ``max_age_s`` loses them (counted by the
   learner as never received), so set it well above the checkpoint interval.
+* a new run must not train on what an earlier run of the same name left (unread and pending entries):
+  opened ``fresh`` (``ChannelSetting.fresh``: a run not resuming), the channel deletes the stream and its
+  group and creates both anew. Only the learner opens it, before any of its rollout workers exists (they
+  get it pickled), so nothing of its own run is lost. A resume keeps them: they are what it re-reads.
 
 ``redis`` (the client library) is imported lazily: install the ``redis`` extra.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
 
-from pydantic import Field
+from pydantic import Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from tandem.channels.base import ChannelOptions, ChannelSetting, Delivery, TrajectoryMessage
 from tandem.channels.serialize import decode_message, encode_message
-from tandem.errors import ConfigError, MissingDependencyError
+from tandem.errors import ConfigError, MissingDependencyError, first_line
+
+log = logging.getLogger(__name__)
+
+_URL_KEY = "architecture.channel.options.redis_url"
+_URL_FORMS = "redis://[:password@]host:port/db, rediss://... (TLS) or unix:///path/to/socket"
 
 
 def _redis_module() -> Any:
@@ -33,6 +45,45 @@ def _redis_module() -> Any:
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise MissingDependencyError("redis", "redis") from exc
     return redis
+
+
+def shown_url(url: str) -> str:
+    """``url`` as it may appear in a message: its password replaced by ``***``."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return url
+    if not password:
+        return url
+    user = parts.username or ""
+    return parts._replace(netloc=f"{user}:***@{parts.netloc.rpartition('@')[2]}").geturl()
+
+
+def url_problem(url: str) -> str | None:
+    """What makes ``url`` unusable as a Redis URL, or None — the checks the client library makes when it
+    parses one (scheme, port range, query values), plus a database that is not a non-negative number
+    (which it would silently ignore). Whether the server has that database shows only on connecting."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        return f"'{shown_url(url)}' is not a Redis URL; use {_URL_FORMS}"
+    try:
+        parts.port  # noqa: B018 - raises for a port outside 0-65535 or not a number
+    except ValueError as exc:
+        return f"bad port in '{shown_url(url)}' ({exc})"
+    query = parse_qs(parts.query)
+    db = query["db"][0] if query.get("db") else unquote(parts.path).replace("/", "")
+    if parts.scheme != "unix" and db and not db.isdigit():
+        return f"database '{db}' in '{shown_url(url)}' is not a number ≥ 0"
+    try:
+        from redis.connection import parse_url
+    except ImportError:  # pragma: no cover - depends on the environment (opening the channel reports it)
+        return None
+    try:
+        parse_url(url)
+    except ValueError as exc:
+        return f"{first_line(exc)} ('{shown_url(url)}')"
+    return None
 
 
 class RedisStreamChannel:
@@ -62,12 +113,32 @@ class RedisStreamChannel:
             description="Retention: trim stream entries older than this many seconds (null = keep).",
         )
 
+        @field_validator("redis_url")
+        @classmethod
+        def _valid_url(cls, value: str) -> str:
+            """A malformed URL is refused with the options (a decoupled run's pre-flight), before any work."""
+            problem = url_problem(value)
+            if problem is not None:
+                raise PydanticCustomError("redis_url", problem)
+            return value
+
     @classmethod
     def from_config(cls, options: Options, setting: ChannelSetting) -> RedisStreamChannel:
-        """The run's stream (``tandem:<run.name>`` unless ``stream`` is set) on the server ``redis_url``."""
+        """The run's stream (``tandem:<run.name>`` unless ``stream`` is set) on the server ``redis_url``.
+
+        Only the learner opens the channel (its rollout workers get it pickled, after it is open); a new run
+        (``setting.fresh``) starts on an empty stream, a resumed one finds what it left."""
         stream = options.stream or f"tandem:{setting.run_name}"
+        fresh = setting.fresh
         return cls(
-            options.redis_url, stream, None, "learner", options.max_len, options.trim_acked, options.max_age_s
+            options.redis_url,
+            stream,
+            None,
+            "learner",
+            options.max_len,
+            options.trim_acked,
+            options.max_age_s,
+            fresh=fresh,
         )
 
     def __init__(
@@ -80,7 +151,12 @@ class RedisStreamChannel:
         trim_acked: bool = True,
         max_age_s: float | None = None,
         batch: int = 16,
+        *,
+        fresh: bool = False,
     ) -> None:
+        """Open ``stream`` and its consumer group ``group`` (created when missing). ``fresh``: first delete
+        the stream and its group — a new run must not consume what an earlier one left; only the consumer
+        side may pass it, and only before any producer of its own run has written."""
         self.url, self.stream, self.consumer = url, stream, consumer
         self.group = group or f"{stream}:learner"
         self.max_len, self.trim_acked, self.batch = max_len, trim_acked, batch
@@ -89,7 +165,7 @@ class RedisStreamChannel:
         self._client: Any = None
         self._ready: deque[Delivery] = deque()
         self._recovered = False
-        self._ensure_group()
+        self._open(fresh)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -100,8 +176,36 @@ class RedisStreamChannel:
     def client(self) -> Any:
         if self._client is None:
             redis = _redis_module()
-            self._client = redis.Redis.from_url(self.url)
+            try:
+                self._client = redis.Redis.from_url(self.url)
+            except ValueError as exc:  # a malformed URL given to the constructor directly
+                raise ConfigError(f"{first_line(exc)} ('{shown_url(self.url)}')", where=_URL_KEY) from None
         return self._client
+
+    def _open(self, fresh: bool) -> None:
+        """Create the group (and the stream), after deleting both when ``fresh``; a server that cannot be
+        reached or refuses (no such database, authentication, a key of another type) is a ConfigError."""
+        redis = _redis_module()
+        url = shown_url(self.url)
+        try:
+            if fresh:
+                self._reset()
+            else:
+                self._ensure_group()
+        except redis.ConnectionError as exc:
+            raise ConfigError(
+                f"cannot reach Redis at {url} ({first_line(exc)})",
+                where=_URL_KEY,
+                hint="start redis-server or fix the URL",
+            ) from None
+        except redis.ResponseError as exc:
+            if "WRONGTYPE" in str(exc):
+                raise ConfigError(
+                    f"key '{self.stream}' on {url} is not a stream",
+                    where="architecture.channel.options.stream",
+                    hint="name another stream",
+                ) from None
+            raise ConfigError(f"Redis at {url} refused: {first_line(exc)}", where=_URL_KEY) from None
 
     def _ensure_group(self) -> None:
         redis = _redis_module()
@@ -110,12 +214,19 @@ class RedisStreamChannel:
         except redis.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
-        except redis.ConnectionError as exc:
-            raise ConfigError(
-                f"cannot reach Redis at {self.url} ({exc})",
-                where="architecture.channel.options.redis_url",
-                hint="start redis-server or fix the URL",
-            ) from exc
+
+    def _reset(self) -> None:
+        """Delete the stream with its groups and create it anew with an empty group, in one transaction."""
+        kind = self.client.type(self.stream)
+        if (kind.decode() if isinstance(kind, bytes) else kind) not in ("none", "stream"):
+            raise _redis_module().ResponseError("WRONGTYPE")  # reported by _open; never deleted
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.xlen(self.stream)
+            pipe.delete(self.stream)
+            pipe.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+            left = int(pipe.execute()[0])
+        if left:
+            log.info("stream %s: discarded %d entries an earlier run left (a fresh run)", self.stream, left)
 
     # -- producer ---------------------------------------------------------------------------------------------
     def put(self, message: TrajectoryMessage) -> None:

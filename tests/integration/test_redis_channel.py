@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 import signal
 import socket
@@ -127,6 +128,89 @@ def test_unreachable_redis_is_a_config_error():
         RedisStreamChannel(f"redis://127.0.0.1:{_free_port()}/0", "t:none")
 
 
+def _setting(run_name: str, *, resume: bool):
+    """The ``ChannelSetting`` a decoupled run's learner opens its channel with: a new run is ``fresh``."""
+    from tandem.channels import ChannelSetting
+
+    return ChannelSetting(run_name=run_name, fresh=not resume)
+
+
+def _leave_behind(url: str, stream: str) -> None:
+    """What an earlier run of the same name leaves: an acknowledged entry, two pending (received, never
+    acknowledged), two unread."""
+    from tandem.channels.redis import RedisStreamChannel
+
+    earlier = RedisStreamChannel(url, stream, trim_acked=False)
+    for t in range(3):
+        earlier.put(make_message(t))
+    got = [earlier.get(timeout=1) for _ in range(3)]
+    earlier.ack([got[0].delivery_id])
+    for t in (3, 4):
+        earlier.put(make_message(t))
+    earlier.close()
+
+
+def test_a_new_run_starts_on_an_empty_stream_and_a_resumed_one_keeps_it(redis_url):
+    """Opened for a run that is not resuming, the channel drops everything an earlier run of the same name
+    left (unread and pending entries) but keeps what its own workers write after it is open; opened for a
+    resume it re-delivers the pending entries, then the unread ones."""
+    from tandem.channels import open_channel
+
+    options = {"redis_url": redis_url, "trim_acked": False}
+    _leave_behind(redis_url, "tandem:again")
+    fresh = open_channel("redis", options, _setting("again", resume=False))
+    assert fresh.recover() == []
+    assert fresh.stats() == {"added": 0, "length": 0, "pending": 0}
+    worker = pickle.loads(pickle.dumps(fresh))  # how a rollout worker gets it: no reset there
+    worker.put(make_message(0))
+    got = fresh.get(timeout=1)
+    assert got is not None and got.message.ticket == 0 and not got.redelivered
+    fresh.ack([got.delivery_id])
+    assert fresh.stats() == {"added": 1, "length": 1, "pending": 0} and fresh.redelivered == 0
+
+    _leave_behind(redis_url, "tandem:crashed")
+    resumed = open_channel("redis", options, _setting("crashed", resume=True))
+    again = resumed.recover()
+    assert [(d.message.ticket, d.redelivered) for d in again] == [
+        (1, True),
+        (2, True),
+        (3, False),
+        (4, False),
+    ]
+    for c in (fresh, worker, resumed):
+        c.close()
+
+
+def test_a_server_that_refuses_the_url_is_a_config_error(redis_url):
+    """A database the server does not have shows only on connecting: one line naming the option."""
+    from tandem.channels.redis import RedisStreamChannel
+    from tandem.errors import ConfigError
+
+    bad = redis_url.rpartition("/")[0] + "/99"
+    refused = r"^architecture.channel.options.redis_url: Redis at .*/99 refused: DB index is out of range$"
+    with pytest.raises(ConfigError, match=refused):
+        RedisStreamChannel(bad, "t:db")
+    with pytest.raises(ConfigError, match=refused):
+        RedisStreamChannel(bad, "t:db", fresh=True)
+    client = redis.Redis.from_url(redis_url)
+    client.set("t:text", "not a stream")
+    with pytest.raises(ConfigError, match="options.stream: key 't:text' on .* is not a stream"):
+        RedisStreamChannel(redis_url, "t:text", fresh=True)
+    assert client.get("t:text") == b"not a stream"  # never deleted
+    client.close()
+
+
+def test_malformed_redis_url_stops_a_decoupled_run_before_it_writes(tiny_model_dir, tmp_path, redis_url):
+    from tandem.errors import ConfigError
+
+    data = _cfg(tiny_model_dir, tmp_path / "run", "notaurl", "t:url")
+    with pytest.raises(
+        ConfigError, match="^architecture.channel.options.redis_url: 'notaurl' is not a Redis"
+    ):
+        train_decoupled(build_config(data))
+    assert not (tmp_path / "run").exists()
+
+
 def _cfg(model_dir, out, url, stream, total=5):
     return {
         "run": {"output_dir": str(out), "seed": 11, "name": stream},
@@ -144,6 +228,30 @@ def _cfg(model_dir, out, url, stream, total=5):
         "monitor": {"eval_every": 0, "sample_every": 0, "tensorboard": False, "progress": False},
         "checkpoint": {"every": 2, "keep_last": 5},
     }
+
+
+@pytest.mark.slow
+def test_a_new_run_never_trains_on_what_an_earlier_run_left(tiny_model_dir, tmp_path, redis_url):
+    """Two runs with the same run.name (so the same stream), the second not resuming: it receives exactly
+    what its own workers produced, even though the first run's trajectories are still in the stream."""
+    torch.set_num_threads(1)
+    earlier = _cfg(tiny_model_dir, tmp_path / "earlier", redis_url, "t:rerun", total=2)
+    earlier["run"]["seed"] = 12
+    train_decoupled(build_config(earlier))
+    client = redis.Redis.from_url(redis_url)
+    for _, fields in client.xrange("t:rerun"):  # unread for the group, whatever the first run consumed
+        client.xadd("t:rerun", fields)
+    assert client.xinfo_groups("t:rerun")[0]["lag"] > 0
+
+    result = train_decoupled(build_config(_cfg(tiny_model_dir, tmp_path / "again", redis_url, "t:rerun", 3)))
+    acc = json.loads((result.run_dir / "summary.json").read_text())["accounting"]
+    B = 8
+    assert acc["received_samples"] == acc["trained_samples"] == 3 * B
+    assert acc["redelivered_samples"] == acc["duplicate_samples"] == acc["dropped_samples"] == 0
+    tickets = [int(f[b"ticket"]) for _, f in client.xrange("t:rerun")]
+    assert sorted(tickets) == list(range(len(tickets))), "only this run's tickets, each once"
+    assert client.xinfo_stream("t:rerun")["entries-added"] == len(tickets)
+    client.close()
 
 
 CRASHING_LEARNER = textwrap.dedent(

@@ -55,23 +55,32 @@ def release(cleanups: list[Callable[[], None]]) -> None:
             stack.callback(fn)
 
 
-def open_trajectory_channel(cfg: TandemConfig, ctx: BaseContext | None) -> TrajectoryChannel:
+def open_trajectory_channel(
+    cfg: TandemConfig, ctx: BaseContext | None, *, fresh: bool = False
+) -> TrajectoryChannel:
     """The configured trajectory channel (``architecture.channel``), built by its backend from its options."""
     ch = cfg.architecture.channel
-    setting = ChannelSetting(run_name=cfg.run.name, runtime=cfg.architecture.runtime, mp_context=ctx)
+    setting = ChannelSetting(
+        run_name=cfg.run.name, runtime=cfg.architecture.runtime, mp_context=ctx, fresh=fresh
+    )
     return open_channel(ch.backend, ch.options, setting)
 
 
 def open_backend(
-    cfg: TandemConfig, controller: StalenessController, template: dict[str, torch.Tensor], ctx: BaseContext
+    cfg: TandemConfig,
+    controller: StalenessController,
+    template: dict[str, torch.Tensor],
+    ctx: BaseContext,
+    *,
+    fresh: bool = False,
 ) -> Backend:
     """Create the parts for ``cfg.architecture.runtime``; ``template`` is the policy's state dict."""
     if cfg.architecture.runtime == "ray":
-        return _open_ray(cfg, controller, ctx)
+        return _open_ray(cfg, controller, ctx, fresh)
     coord = Coordination(ctx, controller)
     weights = SharedMemoryWeights(template, ctx)
     try:  # a channel that cannot open (Redis down) must not leave the weights' shared memory behind
-        channel = open_trajectory_channel(cfg, ctx)
+        channel = open_trajectory_channel(cfg, ctx, fresh=fresh)
     except BaseException:
         weights.unlink()
         raise
@@ -79,7 +88,7 @@ def open_backend(
     return Backend(coord, weights, channel, supervisor, [weights.unlink, channel.close])
 
 
-def _open_ray(cfg: TandemConfig, controller: StalenessController, ctx: BaseContext) -> Backend:
+def _open_ray(cfg: TandemConfig, controller: StalenessController, ctx: BaseContext, fresh: bool) -> Backend:
     from tandem.channels.ray_weights import RayObjectStoreWeights
     from tandem.orchestration.decoupled.ray_cluster import RayCluster
     from tandem.orchestration.decoupled.ray_coordination import RayCoordination
@@ -92,7 +101,7 @@ def _open_ray(cfg: TandemConfig, controller: StalenessController, ctx: BaseConte
         cleanups.append(coord.close)
         weights = RayObjectStoreWeights()
         cleanups.append(weights.unlink)
-        channel = open_trajectory_channel(cfg, ctx)
+        channel = open_trajectory_channel(cfg, ctx, fresh=fresh)
         cleanups.append(channel.close)
     except BaseException:
         release(cleanups)

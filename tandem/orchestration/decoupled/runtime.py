@@ -131,7 +131,8 @@ def _run(
         extra = load_run_checkpoint(latest, parts)["extra_state"] if latest is not None else None
         controls = learner_controls(cfg, len(parts.data.train))  # published with the weights (.controls)
         template = {**publishable_state_dict(parts.policy), **controls.tensors()}
-        backend = open_backend(cfg, controller, template, ctx)  # by runtime
+        # a run with no checkpoint to resume from starts on a clean channel (a durable one keeps entries)
+        backend = open_backend(cfg, controller, template, ctx, fresh=latest is None)  # by runtime
     except BaseException:  # what the finally below closes once the backend is open
         torch._C.set_num_threads(threads)
         parts.engine.close()
