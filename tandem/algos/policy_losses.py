@@ -118,7 +118,7 @@ class PolicyLossSpec:
         return replace(options, **values) if values else options
 
 
-POLICY_LOSSES: Registry[PolicyLossSpec] = Registry("policy loss")
+POLICY_LOSSES: Registry[PolicyLossSpec] = Registry("policy loss", PolicyLossSpec)
 
 
 def _register(

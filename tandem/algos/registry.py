@@ -34,14 +34,23 @@ class Registry(Generic[T]):
     ``kind`` names what is registered (e.g. ``"advantage estimator"``) and appears in error messages.
     """
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, item_type: type | None = None) -> None:
         self.kind = kind
+        self.item_type = item_type  # when given, what add() accepts (a spec class holding the function)
         self._items: dict[str, T] = {}
 
     def add(self, name: str, item: T) -> T:
-        """Register ``item`` under ``name``; raises :class:`DuplicateNameError` if taken."""
+        """Register ``item`` under ``name``; raises :class:`DuplicateNameError` if taken, and
+        :class:`TypeError` for an item that is not the registry's ``item_type`` (a bare function where a
+        spec is expected would otherwise fail later, far from here)."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"{self.kind} name must be a non-empty string, got {name!r}")
+        if self.item_type is not None and not isinstance(item, self.item_type):
+            spec = self.item_type.__name__
+            raise TypeError(
+                f"{self.kind} {name!r}: register {spec}(fn=...), not a {type(item).__name__} "
+                "(docs/algorithms.md, 'Your own estimator or loss')"
+            )
         if name in self._items:
             raise DuplicateNameError(f"{self.kind} {name!r} is already registered; pick another name")
         self._items[name] = item

@@ -111,10 +111,30 @@ def build_config(
 ) -> TandemConfig:
     """Validate a nested dict; the first pydantic error becomes a one-line :class:`ConfigError`
     (:func:`config_error`)."""
+    _import_plugins(data, source, lines or {}, overrides or [])
     try:
         return TandemConfig.model_validate(data)
     except ValidationError as exc:
         raise config_error(exc, TandemConfig, source=source, lines=lines, overrides=overrides) from None
+
+
+def _import_plugins(data: dict[str, Any], source: str, lines: dict[str, int], overrides: list[str]) -> None:
+    """``run.plugins``, imported before validation: what they register is then a name the config may use.
+    A malformed value is left to the validation to report; a module that cannot be imported is one line
+    at the override or ``file:line`` that named it (the module's own line when its import raised)."""
+    run = data.get("run")
+    plugins = run.get("plugins") if isinstance(run, dict) else None
+    if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
+        return
+    from tandem.utils.modules import import_plugins
+
+    try:
+        import_plugins(plugins)
+    except ConfigError as exc:
+        if not str(exc).startswith("run.plugins"):  # a line in the module itself: that is the place
+            raise
+        where = _override_of(overrides, "run.plugins", False) or key_location(source, lines, "run.plugins")
+        raise ConfigError(str(exc), where=where) from None
 
 
 def config_error(

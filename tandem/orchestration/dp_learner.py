@@ -58,6 +58,7 @@ from tandem.train.distributed import (
 )
 from tandem.train.fsdp import FullyShardedDataParallel, shard_module, shard_optimizer_state
 from tandem.train.optim import build_optimizer, build_scheduler
+from tandem.utils.modules import import_plugins
 
 log = logging.getLogger(__name__)
 
@@ -403,6 +404,7 @@ def _exit_with_parent() -> None:
 
 
 def _serve(spec: RankSpec) -> None:
+    import_plugins(spec.cfg.run.plugins)  # the estimator or loss the config names may be a plug-in's
     cfg = local_models(spec.cfg)  # URLs: this machine's copies (a rank actor may be on another node)
     world = cfg.architecture.learner.world_size
     # with model.lora, its adapter (as rank 0's)

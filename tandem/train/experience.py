@@ -13,6 +13,7 @@ import torch
 
 from tandem.algos import (
     ADVANTAGE_ESTIMATORS,
+    EstimatorOutputError,
     compute_advantages,
     explained_variance,
     greedy_baseline,
@@ -21,6 +22,7 @@ from tandem.algos import (
     weight_positive,
 )
 from tandem.config.schema import AlgorithmConfig
+from tandem.errors import ConfigError
 from tandem.models.forward import response_logprobs
 from tandem.models.packing import row_lengths, token_budget_chunks
 from tandem.train.update import autocast_context
@@ -206,24 +208,27 @@ def make_experience(
         if rollout.greedy is None:
             raise ValueError(f"advantage '{s.advantage}' needs greedy rows: set rollout.greedy_in_group=true")
         baseline = greedy_baseline(scores, rollout.group_ids, rollout.greedy)
-    advantages, returns = compute_advantages(
-        s.advantage,
-        scores=scores,
-        response_mask=mask,
-        group_ids=rollout.group_ids,
-        token_rewards=token_rewards,
-        turn_rewards=rollout.turn_rewards,  # per-turn environment rewards (env.turn_rewards=per_turn)
-        gamma=s.gamma,
-        lam=s.lam,
-        norm_by_std=s.norm_by_std,
-        values=values,
-        baseline_scores=baseline,
-        logprobs=current if teacher_lp is not None else None,
-        teacher_logprobs=teacher_lp,
-        reward_weight=s.reward_weight,
-        pass_k=s.pass_k,
-        std_scope=s.std_scope,
-    )
+    try:
+        advantages, returns = compute_advantages(
+            s.advantage,
+            scores=scores,
+            response_mask=mask,
+            group_ids=rollout.group_ids,
+            token_rewards=token_rewards,
+            turn_rewards=rollout.turn_rewards,  # per-turn environment rewards (env.turn_rewards=per_turn)
+            gamma=s.gamma,
+            lam=s.lam,
+            norm_by_std=s.norm_by_std,
+            values=values,
+            baseline_scores=baseline,
+            logprobs=current if teacher_lp is not None else None,
+            teacher_logprobs=teacher_lp,
+            reward_weight=s.reward_weight,
+            pass_k=s.pass_k,
+            std_scope=s.std_scope,
+        )
+    except EstimatorOutputError as exc:  # a registered estimator's bug (a plug-in's): one line naming it
+        raise ConfigError(str(exc), where="algorithm.advantage") from None
     advantages = weight_positive(advantages, s.positive_weight)  # [B, R]
     exp = Experience(
         rollout=rollout,

@@ -40,6 +40,7 @@ from tandem.orchestration.decoupled.seams import Admission
 from tandem.orchestration.remote import local_models
 from tandem.orchestration.rollout_step import RolloutStep, TicketPrompts
 from tandem.rollout.base import RolloutEngine
+from tandem.utils.modules import import_plugins
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,7 @@ def _parent_alive() -> bool:
 
 def run_worker(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
     """The worker loop, until the run stops, the slot is retired or ``alive()`` turns false."""
+    import_plugins(spec.cfg.run.plugins)  # what the learner's config names (a custom engine, curriculum)
     cfg, coord = local_models(spec.cfg), spec.coord  # URLs: this machine's copies (a no-op for paths)
     tokenizer = load_tokenizer(cfg.model.path)
     engine = build_rollout_engine(cfg, tokenizer=tokenizer, version=-1)  # its own copy of the weights
