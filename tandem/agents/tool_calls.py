@@ -224,24 +224,19 @@ class HermesFormat:
         return ParseResult("".join(prose).strip(), tuple(calls))
 
     def _one(self, index: int, body: str, raw: str, tools: Mapping[str, ToolSpec]) -> ToolCall:
-        try:
-            obj = json.loads(body)
-        except json.JSONDecodeError as err:
-            return ToolCall(
-                f"call_{index}", "", {}, raw, f"tool call is not valid JSON: {err.msg} at char {err.pos}"
-            )
+        obj, why = _json(body)
+        if why is not None:
+            return ToolCall(f"call_{index}", "", {}, raw, f"tool call is not valid JSON: {why}")
         if not isinstance(obj, dict) or "name" not in obj:
             return ToolCall(
                 f"call_{index}", "", {}, raw, 'tool call must be {"name": ..., "arguments": {...}}'
             )
         arguments = obj.get("arguments", obj.get("parameters", {}))
         if isinstance(arguments, str):  # some models emit the arguments as a JSON string
-            try:
-                arguments = json.loads(arguments) if arguments.strip() else {}
-            except json.JSONDecodeError:
-                return ToolCall(
-                    f"call_{index}", str(obj["name"]), {}, raw, "tool call arguments are not valid JSON"
-                )
+            arguments, why = _json(arguments) if arguments.strip() else ({}, None)
+            if why is not None:
+                msg = f"tool call arguments are not valid JSON: {why}"
+                return ToolCall(f"call_{index}", str(obj["name"]), {}, raw, msg)
         return _check_call(index, obj["name"], arguments, raw, tools)
 
     def render_call(self, name: str, arguments: Mapping[str, Any], tools: Mapping[str, ToolSpec]) -> str:
@@ -329,10 +324,9 @@ class PlainFormat:
             ((key, schema),) = props.items()
             arguments = {key: _coerce(arg, schema)}
         else:
-            try:
-                arguments = json.loads(arg)
-            except json.JSONDecodeError as err:
-                msg = f"tool '{name}' takes a JSON object of arguments ({', '.join(props)}): {err.msg}"
+            arguments, why = _json(arg)
+            if why is not None:
+                msg = f"tool '{name}' takes a JSON object of arguments ({', '.join(props)}): {why}"
                 return ToolCall(f"call_{index}", name, {}, raw, msg)
         return _check_call(index, name, arguments, raw, tools)
 
@@ -362,10 +356,22 @@ def _coerce(text: str, schema: Mapping[str, Any]) -> Any:
     types = schema.get("type")
     if types == "string" or (isinstance(types, list) and "string" in types) or types is None:
         return text
+    value, why = _json(text)
+    return text if why is not None else value
+
+
+def _json(text: str) -> tuple[Any, str | None]:
+    """``text`` parsed as JSON, or None and why it is not (one line). Model text is anything: besides
+    malformed JSON, nesting too deep for the parser (``[[[[...``, a RecursionError) and integers too
+    long to convert (a ValueError) are answers like any other, not crashes."""
     try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
+        return json.loads(text), None
+    except json.JSONDecodeError as err:
+        return None, f"{err.msg} at char {err.pos}"
+    except RecursionError:
+        return None, "nested too deeply"
+    except ValueError as err:  # e.g. "Exceeds the limit (4300 digits) for integer string conversion"
+        return None, first_line(err)
 
 
 TOOL_CALL_FORMATS: Registry[ToolCallFormat] = Registry("tool call format")
@@ -511,9 +517,8 @@ def _call_text(call: Mapping[str, Any], f: ToolCallFormat, table: Mapping[str, T
     fn = call.get("function", call)
     arguments = fn.get("arguments", {})
     if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError:
+        arguments, why = _json(arguments) if arguments.strip() else ({}, None)
+        if why is not None:
             arguments = {}
     return f.render_call(str(fn.get("name", "")), arguments if isinstance(arguments, dict) else {}, table)
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from tandem.config.schema import TandemConfig
 from tandem.errors import ModelError
 from tandem.evaluate.heldout import ProgressFn
 from tandem.evaluate.refusal import refusal_capability
@@ -16,6 +18,7 @@ from tandem.evaluate.targets import Target, eval_data, resolve_target
 from tandem.models import load_model, load_tokenizer, model_format
 from tandem.rollout import DEFAULT_ENGINE, IN_PROCESS_ENGINE, EngineSpec, RolloutEngine, build_engine
 from tandem.rollout.environments import episode_runner
+from tandem.rollout.episodes import EnvError, EpisodeStats, mean_stats
 
 
 def load_target(target: Target) -> tuple[torch.nn.Module, Any]:
@@ -140,8 +143,11 @@ def run_eval(
         model=policy,
         tokenizer=tokenizer,
     )
-    if target.config is not None and target.config.env is not None:  # the run's episodes, not single turns
-        sampler = episode_runner(target.config.env, sampler)
+    env = target.config.env if target.config is not None else None
+    log: list[EpisodeStats] = []
+    if env is not None:  # the run's episodes, not single turns
+        sampler = episode_runner(env, sampler)
+        sampler.log = log  # every call's episode stats, for the agent metrics
     ref_model = load_reference(ref, policy) if ref is not None else None
     try:
         metrics = evaluate_suite(
@@ -155,8 +161,15 @@ def run_eval(
             on_progress=on_progress,
             state=target.state,
         )
+    except EnvError as err:
+        if env is None or not _other_data(target.config, task, eval_file):
+            raise
+        key, value = ("env.name", env.name) if env.name is not None else ("env.path", env.path)
+        hint = f"the run's {key} '{value}' plays every episode, on --task/--eval-file rows too"
+        raise EnvError(str(err), hint=hint) from None
     finally:
         sampler.close()
+    metrics.update(agent_metrics(log, len(data.rows)))
     return {
         "model": str(target.model_dir),
         "run": str(target.run_dir) if target.run_dir else None,
@@ -166,3 +179,21 @@ def run_eval(
         "settings": {**settings.__dict__, "pass_k": list(settings.pass_k)},
         "metrics": metrics,
     }
+
+
+def agent_metrics(log: list[EpisodeStats], greedy: int) -> dict[str, float]:
+    """The agent metrics of an environment run's evaluation from its episode runner's ``log`` (``{}``
+    without episodes): ``eval/agent/*`` of the greedy pass, the first ``greedy`` episodes (one per
+    prompt), averaged as the training loop's held-out evaluation does
+    (:func:`tandem.orchestration.parts.evaluate_heldout`), and ``sampled/agent/*`` of the sampled pass."""
+    counts = [0, *accumulate(int(s.returns.numel()) for s in log)]
+    split = next((i for i, n in enumerate(counts) if n >= greedy), len(log))
+    out = {f"eval/{k}": v for k, v in mean_stats(log[:split]).items()}
+    out.update({f"sampled/{k}": v for k, v in mean_stats(log[split:]).items()})
+    return out
+
+
+def _other_data(config: TandemConfig, task: str | None, eval_file: str | None) -> bool:
+    """Whether ``--task``/``--eval-file`` ask for other rows than the run's own held-out data."""
+    data = config.data
+    return (task is not None and task != data.task) or (eval_file is not None and eval_file != data.eval_file)

@@ -77,13 +77,22 @@ class EnvLoop:
         self.loop = asyncio.new_event_loop()
         self.pool = DaemonPool(workers)  # threads start only when a plain step runs
         self.loop.set_default_executor(self.pool)
+        self.jobs: list[Any] = []  # submitted coroutines and those they hold; the loop's tasks (see close)
+        self.tasks: list[asyncio.Task] = []
+        self.loop.set_task_factory(self._task)
         self.thread: threading.Thread | None = None
         if threaded:
             self.thread = threading.Thread(target=self.loop.run_forever, name="tandem-env-loop", daemon=True)
             self.thread.start()
 
+    def _task(self, loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task:
+        task = asyncio.Task(coro, loop=loop, **kwargs)
+        self.tasks.append(task)
+        return task
+
     def submit(self, job: Any) -> Any:
         """Start coroutine ``job``: a future (``done``, ``result``, ``cancel``)."""
+        self.jobs += _held(job)
         if self.thread is None:
             return self.loop.create_task(job)  # runs while :meth:`wait` runs the loop
         return asyncio.run_coroutine_threadsafe(job, self.loop)
@@ -97,7 +106,10 @@ class EnvLoop:
         return done
 
     def close(self) -> None:
-        """Cancel what still runs (an error ended the call), stop the loop and close it."""
+        """Cancel what still runs (an error ended the call), stop the loop and close it. Quietly: a job
+        that never started (waiting its turn behind ``one_at_a_time``'s lock) is closed with the
+        coroutine it was given, and the errors of jobs that failed after the first one (which the
+        caller raised) are taken, not left for asyncio to log as "never retrieved"."""
 
         async def cancel() -> None:
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
@@ -114,6 +126,25 @@ class EnvLoop:
             self.thread.join()
         self.loop.close()
         self.pool.shutdown(wait=False)  # a timed-out step's thread is not waited for
+        for job in self.jobs:  # never ran: a task cancelled before it started, or never made (threaded)
+            if inspect.getcoroutinestate(job) == inspect.CORO_CREATED:
+                job.close()  # else collecting it warns "coroutine ... was never awaited"
+        for task in self.tasks:
+            if task.done() and not task.cancelled():
+                task.exception()  # marks it retrieved: the call has already raised its first error
+        self.jobs, self.tasks = [], []
+
+
+def _held(job: Any) -> list[Any]:
+    """Coroutine ``job`` and, while it has not started, the coroutines it was given, recursively (an
+    unstarted ``one_at_a_time(step)`` holds ``step``: cancelling it before it starts never awaits
+    ``step``)."""
+    if not inspect.iscoroutine(job) or inspect.getcoroutinestate(job) != inspect.CORO_CREATED:
+        return []
+    held = [job]
+    for arg in job.cr_frame.f_locals.values():  # an unstarted coroutine's locals are its arguments
+        held += _held(arg)
+    return held
 
 
 async def one_at_a_time(job: Any, lock: asyncio.Lock | None) -> Any:

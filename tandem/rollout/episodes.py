@@ -52,6 +52,7 @@ REINFORCE++ credit a turn with what came after it only. Group estimators score t
 from __future__ import annotations
 
 import asyncio
+import numbers
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, FIRST_EXCEPTION
@@ -437,10 +438,7 @@ def _check_step(out: Any, where: str) -> tuple[str, float, bool, dict[str, Any]]
     obs, reward, done, info = out
     if not isinstance(obs, str):
         raise EnvError(f"step's observation must be text, got {type(obs).__name__}", where=where)
-    try:
-        reward = float(reward)
-    except (TypeError, ValueError):
-        raise EnvError(f"step's reward must be a number, got {reward!r}", where=where) from None
+    reward = _step_reward(reward, where)
     if reward != reward or reward in (float("inf"), float("-inf")):
         raise EnvError(f"step's reward must be finite, got {reward}", where=where)
     if info is None:
@@ -454,7 +452,25 @@ def _check_step(out: Any, where: str) -> tuple[str, float, bool, dict[str, Any]]
         )
         if value is not None and not whole:
             raise EnvError(f"step's info[{key!r}] must be a whole number, got {value!r}", where=where)
+    numpy_bool = type(done).__module__ == "numpy" and type(done).__name__ in ("bool", "bool_")  # no subclass
+    if not (isinstance(done, bool) or numpy_bool):
+        got = f"{type(done).__name__} {done!r:.40}"  # "no" or None would read as True or as never done
+        raise EnvError(f"step's done must be True or False, got {got}", where=where)
     return obs, reward, bool(done), info
+
+
+def _step_reward(reward: Any, where: str) -> float:
+    """``step``'s reward as a float: an int or float (a numpy or one-element torch number too); a string
+    (``"1.0"``), a bool (``done`` in the reward's place) or anything else is EnvError, not coerced."""
+    if isinstance(reward, torch.Tensor) and reward.numel() == 1:
+        reward = reward.item()  # a Python bool, int or float
+    if not isinstance(reward, numbers.Real) or isinstance(reward, bool):  # numpy.bool_ is no Real
+        got = f"{type(reward).__name__} {reward!r:.40}"
+        raise EnvError(f"step's reward must be a number, got {got}", where=where)
+    try:
+        return float(reward)
+    except OverflowError:  # an int past float's range
+        return float("inf") if reward > 0 else float("-inf")
 
 
 def _prompt_row(batch: RolloutBatch, row: int) -> list[int]:

@@ -12,6 +12,8 @@ class Counter:
         self.bonus, self.turn = bonus, 0
 
     def reset(self, row):
+        if "answer" not in row:  # a task the environment was not written for (tandem eval --task guess)
+            raise KeyError("Counter needs rows with an 'answer' column")
         self.row = row
         return row["prompt"]
 

@@ -9,8 +9,11 @@ import pytest
 import torch
 
 from tandem.config import build_config
+from tandem.evaluate.runner import run_eval
 from tandem.models import load_causal_lm
+from tandem.monitor import read_metrics
 from tandem.orchestration.runner import train
+from tandem.rollout.episodes import EnvError
 from tandem.train.checkpoint import latest_checkpoint
 
 HERE = Path(__file__).parent
@@ -83,6 +86,23 @@ def test_user_env_trains(tiny_model_dir, tmp_path, algo, architecture, schedule,
     assert any(not torch.equal(before[k], v) for k, v in after.state_dict().items())
     samples = (result.run_dir / "samples.jsonl").read_text()
     assert "again:" in samples  # samples show the whole conversation
+
+
+def test_eval_reports_the_agent_metrics_the_run_logged(tiny_model_dir, tmp_path):
+    result = train(_cfg(tiny_model_dir, tmp_path / "run"), progress=False)
+    logged = [r for r in read_metrics(result.run_dir) if "eval/agent/turns_mean" in r][-1]
+    metrics = run_eval(result.run_dir, samples=2)["metrics"]
+    agent = [k for k in logged if k.startswith("eval/agent/")]
+    assert len(agent) >= 8  # turns, tool calls and errors, kills, timeouts, context, unfinished, return
+    for key in [*agent, "eval/accuracy", "eval/reward_mean"]:  # the same held-out episodes, greedy
+        assert metrics[key] == pytest.approx(logged[key], abs=1e-7), key
+    assert metrics["eval/agent/turns_mean"] == 2 and metrics["eval/agent/tool_calls_mean"] == 1
+    # the sampled pass's episodes on their own: 4 prompts x 2 samples, two turns each
+    assert metrics["sampled/agent/turns_mean"] == 2 and metrics["sampled/agent/unfinished_frac"] == 0
+    assert "eval/timing/env" in metrics and "sampled/timing/env" in metrics
+    # rows of another task meet the run's environment: its error says so, in one line
+    with pytest.raises(EnvError, match=r"'answer' column.*the run's env.path .*Counter' plays every episode"):
+        run_eval(result.run_dir, task="guess", samples=0)
 
 
 def test_bad_env_fails_before_the_run_folder(tiny_model_dir, tmp_path):

@@ -34,6 +34,15 @@ def test_calculator_episode_rewards_the_right_final_answer():
     assert row["completion"] == f"CALL calc({a}*{b})\nRESULT {row['answer']}\n{row['answer']}"
 
 
+def test_calculator_answers_a_runaway_call_with_an_error_observation():
+    # '[' * 3000 used to raise RecursionError out of step: "the environment's step raised" ended the run
+    env = Calculator(fmt="hermes")
+    env.reset(get_task("calculator").make_rows("train", 1, seed=0)[0])
+    obs, reward, done, info = asyncio.run(env.step("<tool_call>" + "[" * 3000))
+    assert not done and reward == 0.0 and info["tool_errors"] == 1
+    assert "tool call is not valid JSON: nested too deeply" in obs
+
+
 def test_guess_answers_higher_lower_and_rewards_fewer_turns():
     env = GuessNumber()
     env.reset({"prompt": "game 1: guess 1-100\n", "secret": 37})

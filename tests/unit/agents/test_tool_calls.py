@@ -188,6 +188,36 @@ def test_plain_json_for_several_parameters_and_number_coercion():
     assert "unterminated CALL" in errors[4]
 
 
+DEEP, LONG = "[" * 100_000, "1" * 5000  # past json's recursion limit; past int's 4300-digit limit
+
+
+@pytest.mark.parametrize(
+    ("fmt", "text", "error"),
+    [
+        ("hermes", f"<tool_call>{DEEP}</tool_call>", "tool call is not valid JSON: nested too deeply"),
+        ("hermes", f"<tool_call>{DEEP}", "unterminated <tool_call>: tool call is not valid JSON: nested"),
+        ("hermes", '<tool_call>{"name": "add", "arguments": {"a": ' + DEEP + "}}", "nested too deeply"),
+        ("hermes", '<tool_call>{"name": "add", "arguments": "' + DEEP + '"}', "arguments are not valid JSON"),
+        ("hermes", '<tool_call>{"name": "add", "arguments": {"a": ' + LONG + "}}", "Exceeds the limit"),
+        ("plain", f"CALL add({DEEP})", "takes a JSON object of arguments (a, b, mode): nested too deeply"),
+        ("plain", f"CALL add({LONG})", "takes a JSON object of arguments (a, b, mode): Exceeds the limit"),
+        ("plain", f"CALL sq({DEEP})", "arguments.n: expected integer, got string"),  # kept as text
+        ("plain", f"CALL sq({LONG})", "arguments.n: expected integer, got string"),
+    ],
+)
+def test_runaway_nesting_and_huge_numbers_are_errors_not_exceptions(fmt, text, error):
+    # A model's runaway "[[[[..." used to escape the parser as a RecursionError (a huge integer as a
+    # ValueError) and, from an environment's step, stop the training run blaming the environment.
+    num = ToolSpec("sq", "Square.", {"type": "object", "properties": {"n": {"type": "integer"}}}, str)
+    parsed = parse_tool_calls(text, [ADD, num], fmt)
+    (call,) = parsed.calls
+    assert call.error is not None and error in call.error and "\n" not in call.error
+    (result,) = asyncio.run(run_tool_calls(parsed, [ADD, num]))
+    assert result.error and result.content == call.error
+    assistant = {"role": "assistant", "content": "", "tool_calls": [{"name": "add", "arguments": DEEP}]}
+    assert messages_as_text([assistant], [ADD], fmt)[-1]["content"]  # rendered, arguments dropped
+
+
 @pytest.mark.parametrize("fmt", ["hermes", "plain"])
 def test_render_call_round_trips_through_parse(fmt):
     f = get_format(fmt)

@@ -300,6 +300,67 @@ def test_max_turns_and_bad_environments(tiny_model_dir):
             EpisodeRunner(engine, BadCounter, EpisodeSettings(max_turns=2)).generate(["a"], SamplingParams(4))
 
 
+@pytest.mark.parametrize(
+    "reward",
+    ["1.0", True, None, [1.0], torch.tensor([1.0, 2.0]), 10**400],
+    ids=["str", "bool", "none", "list", "tensor", "huge_int"],
+)
+def test_a_step_reward_that_is_not_a_number_stops_the_call(tiny_model_dir, reward):
+    # "1.0" used to be coerced by float() and the run went on; True is `done` in the reward's place
+    tok = load_tokenizer(tiny_model_dir)
+
+    class Bad(Echo):
+        def step(self, action):
+            return "", reward, True, {}
+
+    huge = isinstance(reward, int) and not isinstance(reward, bool)
+    what = "must be finite" if huge else "must be a number"
+    with pytest.raises(EnvError, match=f"env: step's reward {what}"):
+        EpisodeRunner(Scripted(tok, lambda c: "y\n"), Bad).generate(["a"], SamplingParams(4))
+
+
+def test_numpy_and_torch_number_rewards_are_numbers(tiny_model_dir):
+    import numpy as np
+
+    tok = load_tokenizer(tiny_model_dir)
+    for reward in (1, 0.5, np.float32(0.5), np.int64(1), torch.tensor(0.5), torch.tensor([2])):
+
+        class Scalar(Echo):
+            def step(self, action, reward=reward):
+                return "", reward, True, {}
+
+        runner = EpisodeRunner(Scripted(tok, lambda c: "y\n"), Scalar)
+        runner.generate(["a"], SamplingParams(4, n=2))
+        assert runner.last.metrics["agent/return_mean"] == pytest.approx(float(reward)), reward
+
+
+@pytest.mark.parametrize("done", ["no", None, 1, [True]])
+def test_a_step_done_that_is_not_a_bool_stops_the_call(tiny_model_dir, done):
+    # "no" was read as True (every episode ended after one turn) and None as "never done"
+    tok = load_tokenizer(tiny_model_dir)
+
+    class Bad(Echo):
+        def step(self, action):
+            return "", 1.0, done, {}
+
+    with pytest.raises(EnvError, match="env: step's done must be True or False"):
+        EpisodeRunner(Scripted(tok, lambda c: "y\n"), Bad).generate(["a"], SamplingParams(4))
+
+
+def test_numpy_bool_done_is_a_bool(tiny_model_dir):
+    import numpy as np
+
+    tok = load_tokenizer(tiny_model_dir)
+
+    class NumpyDone(Echo):
+        def step(self, action):
+            return "", 1.0, np.bool_(True), {}
+
+    runner = EpisodeRunner(Scripted(tok, lambda c: "y\n"), NumpyDone)
+    runner.generate(["a"], SamplingParams(4, n=2))
+    assert runner.last.metrics["agent/turns_mean"] == 1.0
+
+
 def test_env_config_errors_are_one_line():
     with pytest.raises(ConfigError, match="env.name.*unknown environment 'nope'"):
         env_factory(EnvConfig(name="nope"))
