@@ -472,10 +472,22 @@ def _checked(rf: RewardFunction, out: Any, size: int) -> list[float | None]:
                 f"reward '{rf.name}' returned {type(v).__name__} {v!r:.40} at index {i}, "
                 f"expected a float or None ({rf.origin})"
             )
-        if not math.isfinite(v):
-            raise RewardError(f"reward '{rf.name}' returned {v} at index {i} ({rf.origin})")
-        values.append(float(v))
+        try:
+            value = float(v)
+        except OverflowError:  # an int past float's range
+            value = math.inf
+        if not math.isfinite(value):
+            raise RewardError(f"reward '{rf.name}' returned {v!r:.40} at index {i} ({rf.origin})")
+        if abs(value) > FLOAT32_MAX:  # scores are float32 tensors: it would become inf there
+            raise RewardError(
+                f"reward '{rf.name}' returned {v!r:.40} at index {i}, beyond the float32 range of scores "
+                f"(±3.4e38) ({rf.origin})"
+            )
+        values.append(value)
     return values
+
+
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
 def _function_metrics(
