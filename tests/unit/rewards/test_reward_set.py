@@ -127,7 +127,10 @@ def test_skip_mode_isolates_failing_samples_and_counts_them(caplog):
         ([1.0, float("nan"), 0.0], "reward 'bad' returned nan at index 1"),
         ([1.0, 0.0, float("inf")], "returned inf at index 2"),
         ([1.0, "1", 0.0], "returned str '1' at index 1, expected a float or None"),
-        ([1.0, 1e301, 0.0], "returned 1e+301 at index 1, beyond the float32 range of scores"),  # inf as float32
+        (
+            [1.0, 1e301, 0.0],
+            "returned 1e+301 at index 1, beyond the float32 range of scores",
+        ),  # inf as float32
         ([1.0, 0.0, 10**400], "returned 1000000000000000000000000000000000000000 at index 2"),  # past float
         (1.0, "returned float, expected a list of 3 floats"),
         ("abc", "returned str, expected a list"),
