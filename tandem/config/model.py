@@ -63,6 +63,16 @@ class LoraConfig(Section):
         "layer but the LM head.",
     )
 
+    @field_validator("target_modules", mode="before")
+    @classmethod
+    def _names_or_all_linear(cls, value: Any) -> Any:
+        """One module name written as a string (``q_proj``) is the usual slip: say what the key takes."""
+        if isinstance(value, str) and value != "all-linear":
+            raise ValueError(
+                f"a list of module names ([{value}] or [q_proj, v_proj]) or all-linear, got the string {value!r}"
+            )
+        return value
+
     @property
     def enabled(self) -> bool:
         return self.r > 0

@@ -142,6 +142,10 @@ def test_an_index_into_a_list_the_config_does_not_have_says_so():
             "override 'reward.functions.0.weight=abc': reward.functions.0.weight:",
         ),
         ("model.lora.target_modules=[1]", "model.lora.target_modules.0: Input should be a valid string"),
+        (  # one name as a string: not a union's "valid list", but what the key takes
+            "model.lora.target_modules=q_proj",
+            "model.lora.target_modules: a list of module names ([q_proj] or [q_proj, v_proj]) or all-linear",
+        ),
     ],
 )
 def test_validation_errors_name_the_override_and_the_indexed_key(tmp_path, override, message):
