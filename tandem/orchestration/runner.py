@@ -20,7 +20,11 @@ def train(cfg: TandemConfig, *, resume: bool = False, progress: bool | None = No
     the run's config keeps the URLs."""
     check_trackers(cfg.monitor.report_to)  # a tracker that cannot start stops the run before any work
     if cfg.architecture.mode == "decoupled" and cfg.architecture.ray.learner_actor:  # runtime ray
+        from tandem.channels import check_channel
         from tandem.orchestration.decoupled.ray_learner import train_in_learner_actor
+
+        ch = cfg.architecture.channel  # before a Ray instance starts (seconds): the actor checks it again
+        check_channel(ch.backend, ch.options, cfg.architecture.runtime)
 
         return train_in_learner_actor(cfg, resume=resume, progress=progress)
     if cfg.architecture.mode == "decoupled":

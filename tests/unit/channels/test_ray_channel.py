@@ -73,6 +73,20 @@ def test_ray_runtime_rejects_the_multiprocessing_queue_and_the_ray_channel_needs
     assert BACKENDS["ray"] == "tandem.channels.ray:RayQueueChannel"
 
 
+def test_a_learner_actor_run_checks_its_channel_before_ray_starts(monkeypatch):
+    """The driver refuses a channel the Ray runtime cannot use before starting a Ray instance (seconds)."""
+    import tandem.orchestration.decoupled.ray_learner as ray_learner
+    from tandem.orchestration.runner import train
+
+    def started(*args, **kwargs):
+        raise AssertionError("the learner actor (and Ray) started before the channel was checked")
+
+    monkeypatch.setattr(ray_learner, "train_in_learner_actor", started)
+    cfg = _cfg(runtime="ray", channel={"backend": "queue"}, ray={"num_cpus": 2, "learner_actor": True})
+    with pytest.raises(ConfigError, match="channel 'queue' cannot serve architecture.runtime=ray"):
+        train(cfg)
+
+
 @pytest.fixture(scope="module")
 def ray_instance():
     ray = pytest.importorskip("ray")
