@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -19,7 +21,7 @@ from tandem.cli.engines import (
     engine_options,
 )
 from tandem.data.outputs import BEST_RECORD
-from tandem.errors import ConfigError
+from tandem.errors import ConfigError, first_line
 
 
 def _arms(model: str, arm: list[str] | None) -> dict[str, str]:
@@ -213,9 +215,23 @@ def _check_export(db: Path, out_file: Path) -> None:
     """The feedback database exists, and ``--out`` is a file that is not the database itself."""
     from tandem.data.outputs import check_output_file
 
+    if db.is_dir():
+        raise ConfigError(
+            "is a folder, not a feedback database (the file given to --feedback-db)", where=str(db)
+        )
     if not db.is_file():
         raise ConfigError("feedback database does not exist", where=str(db))
     check_output_file(out_file, sources=(db,), where="--out")
+
+
+def _export(db: Path, write: Callable[[], int]) -> int:
+    """Run an export of ``db``; a file that is not a feedback database is one line naming it."""
+    import sqlite3
+
+    try:
+        return write()
+    except (sqlite3.Error, ValueError) as err:
+        raise ConfigError(f"cannot export: {first_line(err)}", where=str(db)) from None
 
 
 @data_app.command("export-feedback")
@@ -228,8 +244,10 @@ def export_feedback(
     """Write user feedback as a preference dataset that tandem dpo / tandem rm read."""
     from tandem.serve.feedback import export_preferences
 
+    if not math.isfinite(threshold):
+        raise ConfigError(f"must be a finite number, got {threshold}", where="--threshold")
     _check_export(db, out_file)
-    n = export_preferences(db, out_file, threshold)
+    n = _export(db, lambda: export_preferences(db, out_file, threshold))
     out.print(f"wrote {n} preference rows to {escape(str(out_file))}")
 
 
@@ -245,7 +263,7 @@ def export_conversations(
     from tandem.serve.feedback import export_conversations as export
 
     _check_export(db, out_file)
-    n = export(db, out_file)
+    n = _export(db, lambda: export(db, out_file))
     out.print(f"wrote {n} conversation rows to {escape(str(out_file))}")
 
 

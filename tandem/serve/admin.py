@@ -84,12 +84,15 @@ def _change(state: ServerState, change: ops.Change) -> dict:
     return _arms(state)
 
 
-def _field(data: dict, key: str, kind: type, required: bool = True):
+def _field(data: dict, key: str, kind: type | tuple[type, ...], required: bool = True):
+    """``data[key]`` if it is a ``kind`` (a bool is not a number), else a 400 naming the field."""
     value = data.get(key)
     if value is None and not required:
         return None
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
-        raise ApiError(400, f"field '{key}' must be a {kind.__name__}", param=key)
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kinds) or isinstance(value, bool) and bool not in kinds:
+        shown = "number" if float in kinds else {str: "string"}.get(kinds[0], kinds[0].__name__)
+        raise ApiError(400, f"field '{key}' must be a {shown}", param=key)
     return value
 
 

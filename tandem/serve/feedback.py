@@ -80,6 +80,33 @@ class FeedbackStore:
         self._db.executescript(_SCHEMA)
         self._lock = threading.Lock()
 
+    @classmethod
+    def reader(cls, path: str | Path, table: str) -> FeedbackStore:
+        """The database at ``path`` opened read-only, for an export: nothing in the file changes (a store
+        opened for writing would add its tables to any SQLite file). ``sqlite3.DatabaseError`` for a file
+        that is not a database; ValueError when it lacks ``table`` (not a feedback database, or one an
+        older server wrote without it)."""
+        store = cls.__new__(cls)
+        store.path = str(path)
+        store._db = sqlite3.connect(
+            f"{Path(path).resolve().as_uri()}?mode=ro",
+            uri=True,
+            check_same_thread=False,
+            isolation_level=None,
+        )
+        store._lock = threading.Lock()
+        try:
+            found = store._db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
+            ).fetchone()
+        except sqlite3.DatabaseError:
+            store.close()
+            raise
+        if found is None:
+            store.close()
+            raise ValueError(f"no '{table}' table: not a database that tandem serve --feedback-db wrote")
+        return store
+
     def remember(
         self,
         response_id: str,
@@ -200,8 +227,9 @@ def preference_pairs(rows: list[dict], threshold: float = 0.5) -> list[dict]:
 
 
 def export_preferences(db_path: str | Path, out: str | Path, threshold: float = 0.5) -> int:
-    """Write the preference JSONL of ``db_path`` to ``out`` atomically; returns the number of rows."""
-    store = FeedbackStore(db_path)
+    """Write the preference JSONL of ``db_path`` to ``out`` atomically; returns the number of rows. The
+    database is only read."""
+    store = FeedbackStore.reader(db_path, "feedback")
     try:
         pairs = preference_pairs(store.rows(), threshold)
     finally:
@@ -237,8 +265,8 @@ def conversation_rows(conversations: list[dict]) -> list[dict]:
 
 def export_conversations(db_path: str | Path, out: str | Path) -> int:
     """Write the recorded chat conversations of ``db_path`` to ``out`` as JSONL (atomically, see
-    :func:`conversation_rows`); returns the number of rows."""
-    store = FeedbackStore(db_path)
+    :func:`conversation_rows`); returns the number of rows. The database is only read."""
+    store = FeedbackStore.reader(db_path, "conversations")
     try:
         rows = conversation_rows(store.conversations())
     finally:

@@ -35,7 +35,11 @@ def store_feedback(state: ServerState, data: dict) -> dict:
     common = {"response_id": rid, "prompt": prompts[index], "arm": arm, "choice_index": index}
     if "other_id" in data:
         other = data.get("other_id")
-        other_found = state.feedback.lookup(other) if isinstance(other, str) else None
+        if not isinstance(other, str):
+            raise ApiError(400, "field 'other_id' (a response id) must be a string", param="other_id")
+        if "rating" in data:  # one body is one kind of feedback: a rating would be dropped silently
+            raise ApiError(400, "send a rating or a pair (other_id, preferred), not both", param="rating")
+        other_found = state.feedback.lookup(other)
         if other_found is None:
             raise ApiError(404, f"unknown response id '{other}'", param="other_id", code="response_not_found")
         if other_found[1][0] != prompts[index]:

@@ -158,6 +158,7 @@ def cached_reference_logps(
         from tandem.utils.io import atomic_write_bytes
 
         tmp = path.with_name(path.name + ".partial")
+        path.parent.mkdir(parents=True, exist_ok=True)  # beside an out_dir whose parent may be new too
         save_file(
             {"logps": logps.contiguous(), "fingerprint": torch.tensor(list(key.encode()), dtype=torch.uint8)},
             str(tmp),

@@ -130,7 +130,7 @@ def test_rm_then_reward_model_in_an_rl_config(prefs, tiny_model_dir, tmp_path):
 
 def test_dpo_cli_caches_reference(prefs, tiny_model_dir, tmp_path):
     cfg = tmp_path / "dpo.yaml"
-    out = tmp_path / "dpo"
+    out = tmp_path / "runs" / "dpo"  # out_dir may be new, its parent too (docs/serving.md's recipe: runs/v2)
     cfg.write_text(
         yaml.safe_dump(
             {

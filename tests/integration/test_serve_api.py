@@ -201,6 +201,10 @@ def test_concurrent_requests_are_batched_with_their_own_params(server):
 
 def test_admin_load_split_promote_rollback_and_feedback(server, tiny_model_dir, tmp_path):
     admin = server.client(key=ADMIN_KEY)
+    for weight in ("x", True):  # a wrong-typed weight is a 400 naming it, not a 500
+        bad = admin.post("/admin/load", json={"arm": "b", "path": str(tiny_model_dir), "weight": weight})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "weight", bad.text
+        assert "must be a number" in bad.json()["error"]["message"]
     r = admin.post("/admin/load", json={"arm": "b", "path": str(tiny_model_dir), "weight": 1.0})
     assert r.status_code == 200 and r.json()["split"] == {"main": 0.5, "b": 0.5}
     with server.client() as c:
@@ -232,6 +236,10 @@ def test_admin_load_split_promote_rollback_and_feedback(server, tiny_model_dir, 
         assert ok.status_code == 200, ok.text
         assert c.post("/v1/feedback", json={"id": "cmpl-missing", "rating": 1}).status_code == 404
         assert c.post("/v1/feedback", json={"id": a["id"], "rating": "x"}).status_code == 400
+        wrong = c.post("/v1/feedback", json={"id": a["id"], "other_id": None, "preferred": a["id"]})
+        assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "other_id"  # a type, not a 404
+        both = {"id": a["id"], "other_id": b["id"], "preferred": b["id"], "rating": 1}
+        assert c.post("/v1/feedback", json=both).status_code == 400  # the rating would be dropped
     from tandem.serve.feedback import export_preferences
 
     out = tmp_path / "prefs.jsonl"

@@ -132,3 +132,28 @@ def test_a_feedback_export_never_writes_over_its_database(tmp_path, command):
     assert db.read_bytes() == before
     folder = CliRunner().invoke(app, ["data", command, str(db), "--out", str(tmp_path)])
     assert folder.exit_code == 2 and "is a folder" in folder.output
+
+
+@pytest.mark.parametrize("command", ["export-feedback", "export-conversations"])
+def test_a_feedback_export_only_reads_and_names_what_is_not_a_feedback_database(tmp_path, command):
+    jsonl = tmp_path / "prefs.jsonl"
+    jsonl.write_text('{"prompt": "1", "chosen": "2", "rejected": "3"}\n')
+    other = tmp_path / "other.db"  # a SQLite file of something else: it used to gain the feedback tables
+    with sqlite3.connect(other) as con:
+        con.execute("CREATE TABLE t (x)")
+    before = other.read_bytes()
+    for db, said in ((jsonl, "file is not a database"), (other, "not a database that tandem serve")):
+        result = CliRunner().invoke(app, ["data", command, str(db), "--out", str(tmp_path / "out.jsonl")])
+        assert f"{db}: cannot export" in _one_error_line(result, str(db)) and said in result.output
+    assert other.read_bytes() == before and not (tmp_path / "out.jsonl").exists()
+    folder = CliRunner().invoke(app, ["data", command, str(tmp_path), "--out", str(tmp_path / "o.jsonl")])
+    assert "is a folder, not a feedback database" in _one_error_line(folder, str(tmp_path))
+
+
+def test_a_non_finite_export_threshold_is_refused(tmp_path):
+    db = tmp_path / "fb.db"
+    open_feedback(str(db)).close()
+    result = CliRunner().invoke(
+        app, ["data", "export-feedback", str(db), "--out", str(tmp_path / "o.jsonl")] + ["--threshold", "nan"]
+    )
+    assert "--threshold: must be a finite number" in _one_error_line(result, "--threshold")
