@@ -71,6 +71,24 @@ def _require_local_model(path: str) -> Path:
     return p
 
 
+def _refuse_a_policy(path: Path) -> None:
+    """A causal LM (a policy: what ``tandem train``/``dpo`` write) given as a reward model would load with
+    a fresh, random scoring head; say what it is instead of "this one has 2 outputs"."""
+    import json
+
+    try:
+        archs = json.loads((path / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError):
+        return
+    if archs and all(str(a).endswith("ForCausalLM") for a in archs):
+        raise ModelError(
+            f"is a language model ({archs[0]}), not a reward model",
+            where=str(path),
+            hint="a reward model is a sequence classifier with one output, e.g. what tandem rm writes; "
+            "to judge with a language model use --judge llm:PATH",
+        )
+
+
 class RewardModelJudge:
     """A sequence-classification reward model scores ``prompt + answer``; the higher reward wins."""
 
@@ -82,6 +100,7 @@ class RewardModelJudge:
         from tandem.models.encoder import reward_model_kind
 
         p = _require_local_model(path)
+        _refuse_a_policy(p)
         self.model = AutoModelForSequenceClassification.from_pretrained(
             p, use_safetensors=True, local_files_only=True
         )

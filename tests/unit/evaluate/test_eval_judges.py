@@ -104,3 +104,13 @@ def test_resolve_target_kinds(tmp_path, tiny_model_dir):
         resolve_target(tmp_path / "missing")
     with pytest.raises(ModelError, match="not a run folder, checkpoint, model folder or export folder"):
         resolve_target(tmp_path)
+
+
+def test_a_policy_folder_given_as_a_reward_model_is_named_for_what_it_is(tiny_model_dir):
+    """A causal LM would load with a random one-output head (or "2 outputs"): refuse it by its kind."""
+    from tandem.errors import ModelError
+
+    with pytest.raises(
+        ModelError, match=r"is a language model \(\w+ForCausalLM\), not a reward model.*llm:PATH"
+    ):
+        RewardModelJudge(str(tiny_model_dir))
