@@ -52,7 +52,7 @@ from tandem.algos.policy_losses import (
     clipped_surrogate,
 )
 from tandem.algos.preference import PREFERENCE_LOSSES, dpo_loss, reward_model_loss
-from tandem.algos.registry import DuplicateNameError, Registry, UnknownNameError
+from tandem.algos.registry import DuplicateNameError, PluginError, Registry, UnknownNameError
 from tandem.algos.value import explained_variance, value_loss
 
 __all__ = [
@@ -71,6 +71,7 @@ __all__ = [
     "ClipOptions",
     "CurriculumOptions",
     "DuplicateNameError",
+    "PluginError",
     "FixedKL",
     "PolicyLossInputs",
     "PolicyLossSpec",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from tandem.algos.core import group_stats, last_token_mask, masked_mean, masked_whiten
-from tandem.algos.registry import Registry
+from tandem.algos.registry import PluginError, Registry, call_registered
 
 
 @dataclass(frozen=True)
@@ -137,13 +137,13 @@ def compute_advantages(
     )
     _check_inputs(name, spec, inp)
     with torch.no_grad():
-        out = spec.fn(inp)
+        out = call_registered("advantage estimator", name, spec.fn, inp)
     adv, ret = _checked_output(name, out, inp.response_mask)
     m = inp.response_mask.to(adv.dtype)
     return adv * m, ret * m
 
 
-class EstimatorOutputError(ValueError):
+class EstimatorOutputError(PluginError):
     """An estimator returned something other than finite ``(advantages [B, T], returns [B, T])`` — a
     registered estimator's bug (a user's, most likely), named so the trainer can say which one."""
 

@@ -16,6 +16,7 @@ from tandem.algos.core import masked_mean
 from tandem.algos.corrections import CORRECTIONS, correction_weights
 from tandem.algos.kl import kl_penalty
 from tandem.algos.policy_losses import POLICY_LOSSES, PolicyLossInputs, PolicyLossSpec
+from tandem.algos.registry import call_registered
 
 _LOG_RATIO_LIMIT = 20.0
 
@@ -91,7 +92,7 @@ def policy_loss(
         beta=beta,
         weight_cap=correction_high,
     )
-    loss_mat, metrics = spec.fn(inp)  # [B, T]
+    loss_mat, metrics = call_registered("policy loss", name, spec.fn, inp)  # [B, T]
     if correction is not None:
         loss_mat, corr_metrics = _apply_correction(name, spec, inp, loss_mat, correction, correction_low)
         metrics.update(corr_metrics)

@@ -28,6 +28,33 @@ class DuplicateNameError(ValueError):
     """A name was registered twice in the same registry."""
 
 
+class PluginError(ValueError):
+    """A registered function from outside Tandem (a ``run.plugins`` module) raised, or returned what its
+    registry cannot use. ``str(err)`` is one line naming the entry and where in the user's file; the
+    trainer reports it against the config key that chose the entry."""
+
+
+def call_registered(kind: str, name: str, fn: Callable[..., T], *args: object) -> T:
+    """``fn(*args)``; an exception raised by a function defined outside ``tandem`` becomes a
+    :class:`PluginError` naming ``kind`` ``name`` and the line of the user's file it was raised from.
+    Tandem's own functions are called as they are: their bugs keep their tracebacks."""
+    module = getattr(fn, "__module__", None) or ""
+    if module == "tandem" or module.startswith("tandem."):
+        return fn(*args)
+    try:
+        return fn(*args)
+    except Exception as exc:
+        code = getattr(fn, "__code__", None)
+        line, tb = None, exc.__traceback__
+        while tb is not None:  # the deepest frame in the function's own file
+            if code is not None and tb.tb_frame.f_code.co_filename == code.co_filename:
+                line = f"{code.co_filename}:{tb.tb_lineno}"
+            tb = tb.tb_next
+        first = (str(exc).strip().splitlines() or [""])[0]
+        at = f" at {line}" if line else ""
+        raise PluginError(f"{kind} {name!r} raised {type(exc).__name__}{at}: {first}") from exc
+
+
 class Registry(Generic[T]):
     """Maps names to objects of one type ``T``; insertion ordered; read-mostly.
 

@@ -13,7 +13,7 @@ import torch
 
 from tandem.algos import (
     ADVANTAGE_ESTIMATORS,
-    EstimatorOutputError,
+    PluginError,
     compute_advantages,
     explained_variance,
     greedy_baseline,
@@ -227,7 +227,7 @@ def make_experience(
             pass_k=s.pass_k,
             std_scope=s.std_scope,
         )
-    except EstimatorOutputError as exc:  # a registered estimator's bug (a plug-in's): one line naming it
+    except PluginError as exc:  # a run.plugins estimator raised or returned the wrong shape: one line
         raise ConfigError(str(exc), where="algorithm.advantage") from None
     advantages = weight_positive(advantages, s.positive_weight)  # [B, R]
     exp = Experience(

@@ -26,6 +26,7 @@ import torch
 
 from tandem.algos import (
     POLICY_LOSSES,
+    PluginError,
     aggregate,
     high_entropy_mask,
     logprob_mismatch,
@@ -37,7 +38,7 @@ from tandem.algos import (
     zero_advantage_groups,
 )
 from tandem.config.schema import AlgorithmConfig, TrainerConfig
-from tandem.errors import ModelError
+from tandem.errors import ConfigError, ModelError
 from tandem.models.forward import distinct_rows, prompt_runs, response_logprobs
 from tandem.models.packing import row_lengths, token_budget_chunks
 from tandem.models.value import SharedValueHead, ValueCapture
@@ -455,27 +456,30 @@ def _micro_backward(
         forking = high_entropy_mask(entropy.detach().float(), mask, s.top_entropy_quantile)  # [b, R]
         advantages = advantages * forking
         kept = {"actor/entropy_kept_frac": float(forking.sum()) / max(1, int(mask.sum()))}
-    loss, metrics = policy_loss(
-        s.loss_name,
-        logprobs=logprobs,
-        old_logprobs=old,
-        advantages=advantages,
-        response_mask=mask,
-        behavior_logprobs=r.behavior_logprobs,
-        ref_logprobs=m.ref_logprobs,
-        scores=m.scores,
-        group_ids=r.group_ids,
-        global_tokens=mini_tokens,
-        global_seqs=mini_seqs,
-        options=s.loss_options,
-        beta=s.beta,
-        correction=s.correction,
-        correction_low=s.correction_low,
-        correction_high=s.correction_high,
-        aggregation=s.aggregation,
-        kl_kind=s.kl_kind,
-        norm_constant=s.norm_constant,
-    )
+    try:
+        loss, metrics = policy_loss(
+            s.loss_name,
+            logprobs=logprobs,
+            old_logprobs=old,
+            advantages=advantages,
+            response_mask=mask,
+            behavior_logprobs=r.behavior_logprobs,
+            ref_logprobs=m.ref_logprobs,
+            scores=m.scores,
+            group_ids=r.group_ids,
+            global_tokens=mini_tokens,
+            global_seqs=mini_seqs,
+            options=s.loss_options,
+            beta=s.beta,
+            correction=s.correction,
+            correction_low=s.correction_low,
+            correction_high=s.correction_high,
+            aggregation=s.aggregation,
+            kl_kind=s.kl_kind,
+            norm_constant=s.norm_constant,
+        )
+    except PluginError as exc:  # a run.plugins loss raised: one line naming it and its line
+        raise ConfigError(str(exc), where="algorithm.policy_loss") from None
     if s.entropy_coef:
         ent = aggregate(
             entropy.float(),

@@ -40,6 +40,19 @@ ADVANTAGE_ESTIMATORS.add("plugin_centred", AdvantageSpec(fn=centred, group_relat
 ADVANTAGE_ESTIMATORS.add("plugin_per_sequence", AdvantageSpec(fn=per_sequence, group_relative=True))
 POLICY_LOSSES.add("plugin_clip", dataclasses.replace(POLICY_LOSSES.get("ppo_clip")))
 CURRICULA.add("plugin_uniform", CURRICULA.get("uniform"))  # looked up where prompts are drawn: the workers
+
+
+def keyword_form(scores, response_mask):
+    """compute_advantages' keyword signature, not the seam's one AdvantageInputs."""
+    return scores, scores
+
+
+def broken_loss(inp):
+    raise RuntimeError("my loss is broken")
+
+
+ADVANTAGE_ESTIMATORS.add("plugin_keyword_form", AdvantageSpec(fn=keyword_form, group_relative=True))
+POLICY_LOSSES.add("plugin_broken", dataclasses.replace(POLICY_LOSSES.get("ppo_clip"), fn=broken_loss))
 '''
 
 
@@ -56,6 +69,8 @@ def plugin(tmp_path_factory) -> Path:
         (ADVANTAGE_ESTIMATORS, "plugin_per_sequence"),
         (POLICY_LOSSES, "plugin_clip"),
         (CURRICULA, "plugin_uniform"),
+        (ADVANTAGE_ESTIMATORS, "plugin_keyword_form"),
+        (POLICY_LOSSES, "plugin_broken"),
     ):
         if name in registry:
             registry.unregister(name)
@@ -155,3 +170,20 @@ def test_a_bare_function_is_refused_where_a_spec_is_registered():
             return inp
 
     assert "bare" not in ADVANTAGE_ESTIMATORS and "bare" not in POLICY_LOSSES
+
+
+def test_a_plugin_that_raises_is_one_line_naming_it_and_its_line(tmp_path, tiny_model_dir, plugin):
+    """A plug-in's exception names the entry, the config key that chose it and the line in the user's file."""
+    bad = _train(_config(tmp_path, tiny_model_dir, plugin, advantage="plugin_keyword_form"))
+    said = " ".join(bad.output.split())
+    assert bad.exit_code == 2 and "Traceback" not in bad.output, bad.output
+    assert "algorithm.advantage: advantage estimator 'plugin_keyword_form' raised TypeError" in said, said
+    assert "missing 1 required positional argument" in said
+    bad = _train(_config(tmp_path, tiny_model_dir, plugin), "algorithm.policy_loss=plugin_broken")
+    said = " ".join(bad.output.split())
+    line = PLUGIN.splitlines().index('    raise RuntimeError("my loss is broken")') + 1
+    assert bad.exit_code == 2 and "Traceback" not in bad.output, bad.output
+    assert (
+        f"algorithm.policy_loss: policy loss 'plugin_broken' raised RuntimeError at {plugin}:{line}: my loss is broken"
+        in said
+    ), said
