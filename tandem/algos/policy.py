@@ -16,7 +16,7 @@ from tandem.algos.core import masked_mean
 from tandem.algos.corrections import CORRECTIONS, correction_weights
 from tandem.algos.kl import kl_penalty
 from tandem.algos.policy_losses import POLICY_LOSSES, PolicyLossInputs, PolicyLossSpec
-from tandem.algos.registry import call_registered
+from tandem.algos.registry import PluginError, call_registered
 
 _LOG_RATIO_LIMIT = 20.0
 
@@ -92,7 +92,9 @@ def policy_loss(
         beta=beta,
         weight_cap=correction_high,
     )
-    loss_mat, metrics = call_registered("policy loss", name, spec.fn, inp)  # [B, T]
+    loss_mat, metrics = _checked_loss(
+        name, call_registered("policy loss", name, spec.fn, inp), mask
+    )  # [B, T]
     if correction is not None:
         loss_mat, corr_metrics = _apply_correction(name, spec, inp, loss_mat, correction, correction_low)
         metrics.update(corr_metrics)
@@ -145,6 +147,29 @@ def _validate(
     for key in spec.requires:
         if given.get(key) is None:
             raise ValueError(f"policy loss {name!r} needs {key}=...; pass it or pick another loss")
+
+
+def _checked_loss(name: str, out: object, mask: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """A loss's ``(loss [B, T], metrics dict)``, or a :class:`PluginError` saying what it returned instead
+    (a ``[B]`` per-sequence loss would otherwise fail deep in the aggregation)."""
+    ok = (
+        isinstance(out, tuple)
+        and len(out) == 2
+        and isinstance(out[0], torch.Tensor)
+        and isinstance(out[1], dict)
+    )
+    if not ok:
+        got = type(out).__name__ if not isinstance(out, tuple) else f"a tuple of {len(out)}"
+        raise PluginError(
+            f"policy loss {name!r} returned {got}; it must return (loss [B, T], dict of scalar tensors)"
+        )
+    loss, metrics = out
+    if tuple(loss.shape) != tuple(mask.shape):
+        raise PluginError(
+            f"policy loss {name!r} returned a loss of shape {list(loss.shape)}; it must be [B, T] = "
+            f"{list(mask.shape)} (one value per response token)"
+        )
+    return loss, metrics
 
 
 def _apply_correction(

@@ -51,8 +51,14 @@ def broken_loss(inp):
     raise RuntimeError("my loss is broken")
 
 
+def per_sequence_loss(inp):
+    """A loss per sample, [B]: the aggregation wants one per token."""
+    return -(inp.advantages * inp.logprobs).sum(-1), {}
+
+
 ADVANTAGE_ESTIMATORS.add("plugin_keyword_form", AdvantageSpec(fn=keyword_form, group_relative=True))
 POLICY_LOSSES.add("plugin_broken", dataclasses.replace(POLICY_LOSSES.get("ppo_clip"), fn=broken_loss))
+POLICY_LOSSES.add("plugin_per_sequence", dataclasses.replace(POLICY_LOSSES.get("ppo_clip"), fn=per_sequence_loss))
 '''
 
 
@@ -71,6 +77,7 @@ def plugin(tmp_path_factory) -> Path:
         (CURRICULA, "plugin_uniform"),
         (ADVANTAGE_ESTIMATORS, "plugin_keyword_form"),
         (POLICY_LOSSES, "plugin_broken"),
+        (POLICY_LOSSES, "plugin_per_sequence"),
     ):
         if name in registry:
             registry.unregister(name)
@@ -187,3 +194,10 @@ def test_a_plugin_that_raises_is_one_line_naming_it_and_its_line(tmp_path, tiny_
         f"algorithm.policy_loss: policy loss 'plugin_broken' raised RuntimeError at {plugin}:{line}: my loss is broken"
         in said
     ), said
+
+    bad = _train(_config(tmp_path, tiny_model_dir, plugin), "algorithm.policy_loss=plugin_per_sequence")
+    said = " ".join(bad.output.split())
+    assert bad.exit_code == 2 and "Traceback" not in bad.output, bad.output
+    assert "algorithm.policy_loss: policy loss 'plugin_per_sequence' returned a loss of shape [4]" in said, (
+        said
+    )
