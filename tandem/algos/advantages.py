@@ -143,31 +143,26 @@ def compute_advantages(
     return adv * m, ret * m
 
 
-class EstimatorOutputError(PluginError):
-    """An estimator returned something other than finite ``(advantages [B, T], returns [B, T])`` — a
-    registered estimator's bug (a user's, most likely), named so the trainer can say which one."""
-
-
 def _checked_output(name: str, out: object, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``out`` as ``(advantages, returns)`` after checking it is two ``[B, T]`` tensors, finite where
     ``mask`` is true. A ``[B]`` result would otherwise broadcast silently along the token axis."""
     want = tuple(mask.shape)
     if not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(x, torch.Tensor) for x in out)):
         got = type(out).__name__ if not isinstance(out, tuple) else f"a tuple of {len(out)}"
-        raise EstimatorOutputError(
+        raise PluginError(
             f"advantage estimator {name!r} returned {got}; it must return (advantages, returns), two "
             f"tensors of shape [B, T] = {list(want)}"
         )
     adv, ret = out
     if tuple(adv.shape) != want or tuple(ret.shape) != want:
-        raise EstimatorOutputError(
+        raise PluginError(
             f"advantage estimator {name!r} returned advantages {list(adv.shape)} and returns "
             f"{list(ret.shape)}; both must be [B, T] = {list(want)} (one value per response token)"
         )
     bad = ~torch.isfinite(adv) & mask
     if bool(bad.any()):
         row = int(bad.any(dim=1).nonzero()[0])
-        raise EstimatorOutputError(
+        raise PluginError(
             f"advantage estimator {name!r} returned non-finite advantages ({int(bad.sum())} tokens, first in "
             f"row {row})"
         )

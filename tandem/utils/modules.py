@@ -10,8 +10,9 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
+from types import CodeType, ModuleType
 
 from tandem.errors import ConfigError
 
@@ -56,23 +57,28 @@ def _import_module(name: str, spec: str, key: str | None) -> ModuleType:
         raise ConfigError(f"{spec!r}: importing '{name}' failed: {err}", where=key) from None
     except Exception as err:
         raise ConfigError(
-            f"{spec!r}: importing '{name}' raised {type(err).__name__}: {err}", where=_raised_at(err) or key
+            f"{spec!r}: importing '{name}' raised {type(err).__name__}: {err}",
+            where=_raised_at(err, _module_body) or key,
         ) from None
 
 
-def _raised_at(err: BaseException) -> str | None:
-    """``file:line`` in the imported module's own code where the import raised (the deepest module body
-    on the traceback; a syntax error's own line), so an import by module name points at the line as an
-    import by file path does."""
+def _raised_at(err: BaseException, frame_ok: Callable[[CodeType], bool]) -> str | None:
+    """``file:line`` of the deepest traceback frame whose code ``frame_ok`` accepts, or of a syntax error's
+    own line: where in the user's module its import raised."""
     if isinstance(err, SyntaxError) and err.filename and err.lineno:
         return f"{err.filename}:{err.lineno}"
     tb, where = err.__traceback__, None
     while tb is not None:
         code = tb.tb_frame.f_code
-        if code.co_name == "<module>" and not code.co_filename.startswith("<"):
+        if frame_ok(code):
             where = f"{code.co_filename}:{tb.tb_lineno}"
         tb = tb.tb_next
     return where
+
+
+def _module_body(code: CodeType) -> bool:
+    """A module's top-level code (an import by module name: whichever file it was found in)."""
+    return code.co_name == "<module>" and not code.co_filename.startswith("<")
 
 
 def _in_working_dir(top: str) -> bool:
@@ -109,20 +115,8 @@ def _load_file(target: str, spec: str, key: str | None, base_dir: str | Path | N
         module_spec.loader.exec_module(module)
     except Exception as err:
         del sys.modules[mod_name]
-        where = _error_line(err, path) or key
+        where = _raised_at(err, lambda code: Path(code.co_filename) == path) or key
         raise ConfigError(
             f"{spec!r}: importing '{path.name}' raised {type(err).__name__}: {err}", where=where
         ) from None
     return module
-
-
-def _error_line(err: BaseException, path: Path) -> str | None:
-    """``file:line`` of the deepest traceback frame inside ``path`` (or of a syntax error there)."""
-    if isinstance(err, SyntaxError) and err.lineno:
-        return f"{path}:{err.lineno}"
-    tb, line = err.__traceback__, None
-    while tb is not None:
-        if Path(tb.tb_frame.f_code.co_filename) == path:
-            line = tb.tb_lineno
-        tb = tb.tb_next
-    return f"{path}:{line}" if line else None
