@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from tandem.cli.app import Overrides, app, out, user_errors
+from tandem.cli.app import Overrides, app, err, out, user_errors
 
 
 @app.command()
@@ -39,8 +39,6 @@ def train(
     try:
         result = run_train(cfg, resume=resume, progress=progress)
     except KeyboardInterrupt:
-        from tandem.cli.app import err
-
         err.print("[yellow]interrupted[/]")
         _say_how_to_resume(cfg, config, overrides or [])
         raise typer.Exit(130) from None
@@ -52,7 +50,6 @@ def _say_how_to_resume(cfg, config: Path, overrides: list[str]) -> None:
     stopped before its first step leaves no folder; one without a checkpoint starts over)."""
     import shlex
 
-    from tandem.cli.app import err
     from tandem.orchestration.runfolder import run_dir_of
     from tandem.train.checkpoint import checkpoint_step, latest_checkpoint
 
