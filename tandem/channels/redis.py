@@ -15,6 +15,12 @@
   opened ``fresh`` (``ChannelSetting.fresh``: a run not resuming), the channel deletes the stream and its
   group and creates both anew. Only the learner opens it, before any of its rollout workers exists (they
   get it pickled), so nothing of its own run is lost. A resume keeps them: they are what it re-reads.
+* a run token tells this run's entries from another's: opened fresh, the channel draws a new token and
+  stores it beside the stream (``<stream>:run``); a resume reads it back. Producers (pickled copies) stamp
+  every entry with the token they were opened with, and the consumer deletes, unread, entries stamped with
+  another (counted in ``foreign``, logged): what a rollout worker of a crashed earlier run that has not yet
+  noticed its learner is gone still writes never reaches the new run. Entries without a token (written
+  before tokens existed) are kept.
 
 ``redis`` (the client library) is imported lazily: install the ``redis`` extra.
 """
@@ -22,6 +28,7 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from collections import deque
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -162,6 +169,8 @@ class RedisStreamChannel:
         self.max_len, self.trim_acked, self.batch = max_len, trim_acked, batch
         self.max_age_s = max_age_s
         self.redelivered = 0  # messages handed out again after a consumer died without acknowledging
+        self.foreign = 0  # entries of another run (another token) deleted unread
+        self.run_token = ""  # set by _open: this run's token, stamped on every entry put
         self._client: Any = None
         self._ready: deque[Delivery] = deque()
         self._recovered = False
@@ -207,30 +216,41 @@ class RedisStreamChannel:
                 ) from None
             raise ConfigError(f"Redis at {url} refused: {first_line(exc)}", where=_URL_KEY) from None
 
+    @property
+    def token_key(self) -> str:
+        """The key beside the stream that holds the token of the run writing to it."""
+        return f"{self.stream}:run"
+
     def _ensure_group(self) -> None:
+        """Create the group when missing and adopt the stream's run token (drawn here when it has none)."""
         redis = _redis_module()
         try:
             self.client.xgroup_create(self.stream, self.group, id="0", mkstream=True)
         except redis.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
+        self.client.set(self.token_key, uuid.uuid4().hex, nx=True)
+        token = self.client.get(self.token_key)
+        self.run_token = token.decode() if isinstance(token, bytes) else str(token)
 
     def _reset(self) -> None:
         """Delete the stream with its groups and create it anew with an empty group, in one transaction."""
         kind = self.client.type(self.stream)
         if (kind.decode() if isinstance(kind, bytes) else kind) not in ("none", "stream"):
             raise _redis_module().ResponseError("WRONGTYPE")  # reported by _open; never deleted
+        self.run_token = uuid.uuid4().hex
         with self.client.pipeline(transaction=True) as pipe:
             pipe.xlen(self.stream)
             pipe.delete(self.stream)
             pipe.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+            pipe.set(self.token_key, self.run_token)
             left = int(pipe.execute()[0])
         if left:
             log.info("stream %s: discarded %d entries an earlier run left (a fresh run)", self.stream, left)
 
     # -- producer ---------------------------------------------------------------------------------------------
     def put(self, message: TrajectoryMessage) -> None:
-        fields = {"data": encode_message(message), "ticket": str(message.ticket)}
+        fields = {"data": encode_message(message), "ticket": str(message.ticket), "run": self.run_token}
         if self.max_len is not None:
             self.client.xadd(self.stream, fields, maxlen=self.max_len, approximate=True)
         else:
@@ -254,7 +274,7 @@ class RedisStreamChannel:
             start = reply[0]
             if start in (b"0-0", "0-0"):
                 break
-        for entry_id, fields in self._read("0"):
+        for entry_id, fields in self._ours(self._read("0")):
             self.redelivered += 1
             self._ready.append(self._delivery(entry_id, fields, redelivered=True))
         self._recovered = True
@@ -269,6 +289,26 @@ class RedisStreamChannel:
         )
         return [(eid, fields) for _, entries in (reply or []) for eid, fields in entries if fields]
 
+    def _ours(self, entries: list[tuple[Any, dict]]) -> list[tuple[Any, dict]]:
+        """``entries`` less those stamped with another run's token, which are deleted unread."""
+        ours, theirs = [], []
+        for entry_id, fields in entries:
+            token = fields.get(b"run")
+            (ours if token is None or token.decode() == self.run_token else theirs).append((entry_id, fields))
+        if theirs:
+            ids = [entry_id for entry_id, _ in theirs]
+            self.client.xack(self.stream, self.group, *ids)
+            self.client.xdel(self.stream, *ids)
+            self.foreign += len(theirs)
+            log.warning(
+                "stream %s: deleted %d entries another run wrote (%d so far; a rollout worker of an earlier "
+                "run that is still running?)",
+                self.stream,
+                len(theirs),
+                self.foreign,
+            )
+        return ours
+
     def _delivery(self, entry_id: Any, fields: dict, *, redelivered: bool) -> Delivery:
         eid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
         return Delivery(message=decode_message(fields[b"data"]), delivery_id=eid, redelivered=redelivered)
@@ -276,10 +316,14 @@ class RedisStreamChannel:
     def get(self, timeout: float) -> Delivery | None:
         if not self._recovered:
             self._recover()
-        if not self._ready:
-            block = int(timeout * 1000) if timeout > 0 else None  # BLOCK 0 would wait forever
-            for entry_id, fields in self._read(">", block_ms=block):
+        block = int(timeout * 1000) if timeout > 0 else None  # BLOCK 0 would wait forever
+        while not self._ready:
+            entries = self._read(">", block_ms=block)
+            for entry_id, fields in self._ours(entries):
                 self._ready.append(self._delivery(entry_id, fields, redelivered=False))
+            if not entries:
+                break
+            block = None  # a read of another run's entries only: read on, without waiting
         return self._ready.popleft() if self._ready else None
 
     def recover(self) -> list[Delivery]:

@@ -181,6 +181,37 @@ def test_a_new_run_starts_on_an_empty_stream_and_a_resumed_one_keeps_it(redis_ur
         c.close()
 
 
+def test_entries_of_another_run_never_reach_the_new_run(redis_url):
+    """A rollout worker of a crashed run that has not yet noticed its learner is gone keeps writing to the
+    stream a new run of the same name has just reset: its entries carry the old run's token and are deleted
+    unread; the new run's own entries, and a resume's, still arrive."""
+    from tandem.channels import open_channel
+
+    options = {"redis_url": redis_url, "trim_acked": False}
+    crashed = open_channel("redis", options, _setting("orphan", resume=False))
+    orphan = pickle.loads(pickle.dumps(crashed))  # the earlier run's worker, still running
+    crashed.close()
+    new = open_channel("redis", options, _setting("orphan", resume=False))
+    worker = pickle.loads(pickle.dumps(new))
+    orphan.put(make_message(7))
+    orphan.put(make_message(8))
+    worker.put(make_message(0))
+    orphan.put(make_message(9))
+    got = new.get(timeout=1)
+    assert got is not None and got.message.ticket == 0
+    assert new.get(timeout=0.2) is None
+    assert new.foreign == 3
+    new.ack([got.delivery_id])
+    assert new.stats() == {"added": 4, "length": 1, "pending": 0}  # the foreign entries are gone
+
+    worker.put(make_message(1))  # left unread by the new run, which then crashes
+    resumed = open_channel("redis", options, _setting("orphan", resume=True))
+    assert resumed.run_token == new.run_token
+    assert [d.message.ticket for d in resumed.recover()] == [1]
+    for c in (orphan, new, worker, resumed):
+        c.close()
+
+
 def test_a_server_that_refuses_the_url_is_a_config_error(redis_url):
     """A database the server does not have shows only on connecting: one line naming the option."""
     from tandem.channels.redis import RedisStreamChannel
