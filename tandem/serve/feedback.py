@@ -25,7 +25,8 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, arm TEXT, prompt TEXT, responses TEXT, created REAL);
 CREATE TABLE IF NOT EXISTS feedback (
   rowid INTEGER PRIMARY KEY AUTOINCREMENT, response_id TEXT, choice_index INTEGER, rating REAL,
-  other_id TEXT, preferred TEXT, prompt TEXT, arm TEXT, chosen TEXT, rejected TEXT, created REAL);
+  other_id TEXT, preferred TEXT, prompt TEXT, arm TEXT, chosen TEXT, rejected TEXT, created REAL,
+  other_index INTEGER);
 CREATE TABLE IF NOT EXISTS conversations (
   id TEXT PRIMARY KEY, arm TEXT, prompt TEXT, messages TEXT, tools TEXT, choices TEXT, created REAL);
 """
@@ -45,11 +46,17 @@ def check_rating(value: object) -> float:
     return rating
 
 
-def check_pair(response_id: str, other_id: str, chosen: str, rejected: str) -> None:
-    """ValueError for a pairwise choice that teaches nothing: a response paired with itself, or two
-    responses with the same text (a chosen == rejected row that ``tandem data validate`` rejects)."""
-    if response_id == other_id:
-        raise ValueError("'other_id' must name a different response than 'id'")
+def check_pair(
+    response_id: str, other_id: str, chosen: str, rejected: str, index: int = 0, other_index: int = 0
+) -> None:
+    """ValueError for a pairwise choice that teaches nothing: a completion (choice ``index`` of a response)
+    paired with itself, or two completions with the same text (a chosen == rejected row that ``tandem data
+    validate`` rejects). Two choices of one response (``n`` > 1) make a pair."""
+    if response_id == other_id and index == other_index:
+        raise ValueError(
+            "a completion cannot be paired with itself: name a different response ('other_id') "
+            "or another choice of this one ('other_index')"
+        )
     if chosen == rejected:
         raise ValueError("the two responses have the same text; there is nothing to prefer")
 
@@ -78,6 +85,9 @@ class FeedbackStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(feedback)")}
+        if "other_index" not in columns:  # a database an earlier server wrote
+            self._db.execute("ALTER TABLE feedback ADD COLUMN other_index INTEGER")
         self._lock = threading.Lock()
 
     @classmethod
@@ -166,6 +176,7 @@ class FeedbackStore:
         chosen: str | None = None,
         rejected: str | None = None,
         other_id: str | None = None,
+        other_index: int | None = None,
         preferred: str | None = None,
     ) -> int:
         """Insert one feedback row (committed before returning); returns its row id. ValueError for a
@@ -173,16 +184,17 @@ class FeedbackStore:
         if rating is not None:
             rating = check_rating(rating)
         if chosen is not None and rejected is not None:
-            check_pair(response_id, other_id or "", chosen, rejected)
+            check_pair(response_id, other_id or "", chosen, rejected, choice_index, other_index or 0)
         with self._lock:
             cur = self._db.execute(
-                "INSERT INTO feedback (response_id, choice_index, rating, other_id, preferred, prompt, arm, chosen,"
-                " rejected, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO feedback (response_id, choice_index, rating, other_id, other_index, preferred, prompt,"
+                " arm, chosen, rejected, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     response_id,
                     choice_index,
                     rating,
                     other_id,
+                    other_index,
                     preferred,
                     prompt,
                     arm,

@@ -248,6 +248,42 @@ def test_admin_load_split_promote_rollback_and_feedback(server, tiny_model_dir, 
     assert row == {"prompt": "2+2=", "chosen": b["choices"][0]["text"], "rejected": a["choices"][0]["text"]}
 
 
+def test_two_choices_of_one_response_make_a_pair(server, tmp_path):
+    """The side-by-side preference UI: one request with ``n: 2``, the user picks one; ``preferred`` is the
+    better choice's index. Pairing a choice with itself, or naming the winner by id, is a 400."""
+    with server.client() as c:
+        for seed in range(20):  # two different texts are needed: sample until the choices differ
+            r = c.post(
+                "/v1/completions", json={"prompt": "3+4=", "max_tokens": 3, "n": 2, "seed": seed}
+            ).json()
+            texts = [ch["text"] for ch in sorted(r["choices"], key=lambda ch: ch["index"])]
+            if texts[0] != texts[1]:
+                break
+        rid = r["id"]
+        bad = [
+            ({"id": rid, "other_index": 0, "preferred": 0}, "other_index"),  # itself
+            ({"id": rid, "other_index": 2, "preferred": 0}, "other_index"),  # no such choice
+            ({"id": rid, "other_index": 1, "preferred": rid}, "preferred"),  # an id names both
+            ({"id": rid, "other_index": 1, "preferred": True}, "preferred"),
+            ({"id": rid, "other_index": 1, "preferred": 1, "rating": 1}, "rating"),
+        ]
+        for body, param in bad:
+            wrong = c.post("/v1/feedback", json=body)
+            assert wrong.status_code == 400 and wrong.json()["error"]["param"] == param, (body, wrong.text)
+        ok = c.post("/v1/feedback", json={"id": rid, "index": 0, "other_index": 1, "preferred": 1})
+        assert ok.status_code == 200, ok.text
+    row = server.state.feedback.rows()[-1]
+    assert (row["response_id"], row["choice_index"], row["other_id"], row["other_index"]) == (rid, 0, rid, 1)
+    assert (row["chosen"], row["rejected"]) == (texts[1], texts[0])
+    from tandem.serve.feedback import export_preferences
+
+    out = tmp_path / "prefs.jsonl"
+    export_preferences(server.state.settings.feedback_db, out)
+    assert {"prompt": "3+4=", "chosen": texts[1], "rejected": texts[0]} in map(
+        json.loads, out.read_text().splitlines()
+    )
+
+
 def test_not_ready_is_503(server):
     server.state.ready = False
     try:

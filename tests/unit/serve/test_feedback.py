@@ -40,3 +40,28 @@ def test_export_writes_jsonl(tmp_path):
     store.add(response_id="a", prompt="p", arm="main", other_id="b", preferred="a", chosen="x", rejected="y")
     assert export_preferences(tmp_path / "fb.db", tmp_path / "out.jsonl") == 1
     assert json.loads((tmp_path / "out.jsonl").read_text()) == {"prompt": "p", "chosen": "x", "rejected": "y"}
+
+
+def test_a_database_an_earlier_server_wrote_gains_the_other_index_column(tmp_path):
+    """A feedback table without ``other_index`` (written before pairs of choices existed) is extended on
+    open, keeping its rows; a pair of two choices of one response is stored with both indices."""
+    db = tmp_path / "old.db"
+    old = sqlite3.connect(db)
+    old.executescript(
+        "CREATE TABLE feedback (rowid INTEGER PRIMARY KEY AUTOINCREMENT, response_id TEXT, choice_index INTEGER,"
+        " rating REAL, other_id TEXT, preferred TEXT, prompt TEXT, arm TEXT, chosen TEXT, rejected TEXT,"
+        " created REAL);"
+        "INSERT INTO feedback (response_id, rating, prompt, chosen) VALUES ('r0', 1.0, 'p', 'kept');"
+    )
+    old.commit()
+    old.close()
+    store = FeedbackStore(db)
+    store.add(
+        response_id="r1", prompt="p", arm="main", choice_index=1, other_id="r1", other_index=0,
+        preferred="r1", chosen="b", rejected="a",
+    )  # fmt: skip
+    rows = store.rows()
+    assert [(r["response_id"], r["chosen"], r["other_index"]) for r in rows] == [
+        ("r0", "kept", None),
+        ("r1", "b", 0),
+    ]
