@@ -7,7 +7,7 @@ import math
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
 from rich.markup import escape
@@ -22,6 +22,8 @@ from tandem.cli.engines import (
 )
 from tandem.data.outputs import BEST_RECORD
 from tandem.errors import ConfigError, first_line
+
+T = TypeVar("T")
 
 
 def _arms(model: str, arm: list[str] | None) -> dict[str, str]:
@@ -224,7 +226,7 @@ def _check_export(db: Path, out_file: Path) -> None:
     check_output_file(out_file, sources=(db,), where="--out")
 
 
-def _export(db: Path, write: Callable[[], int]) -> int:
+def _export(db: Path, write: Callable[[], T]) -> T:
     """Run an export of ``db``; a file that is not a feedback database is one line naming it."""
     import sqlite3
 
@@ -240,15 +242,31 @@ def export_feedback(
     db: Annotated[Path, typer.Argument(help="The SQLite file given to tandem serve --feedback-db.")],
     out_file: Annotated[Path, typer.Option("--out", help="Preference JSONL (prompt/chosen/rejected).")],
     threshold: Annotated[float, typer.Option(help="Ratings >= this are good, below bad.")] = 0.5,
+    as_sent: Annotated[
+        bool,
+        typer.Option(
+            "--as-sent", help="Every pair as users sent it: no merging of repeats, no vote between reversals."
+        ),
+    ] = False,
 ) -> None:
-    """Write user feedback as a preference dataset that tandem dpo / tandem rm read."""
+    """Write user feedback as a preference dataset that tandem dpo / tandem rm read.
+
+    Rows comparing the same two answers to one prompt become one row, in the direction most users chose
+    (a tie drops them); --as-sent keeps every row.
+    """
     from tandem.serve.feedback import export_preferences
 
     if not math.isfinite(threshold):
         raise ConfigError(f"must be a finite number, got {threshold}", where="--threshold")
     _check_export(db, out_file)
-    n = _export(db, lambda: export_preferences(db, out_file, threshold))
-    out.print(f"wrote {n} preference rows to {escape(str(out_file))}")
+    votes = _export(db, lambda: export_preferences(db, out_file, threshold, as_sent=as_sent))
+    merged = ""
+    if votes.repeats or votes.outvoted or votes.tied:
+        merged = (
+            f" ({votes.repeats} repeated rows merged, {votes.outvoted} outvoted and {votes.tied} tied rows "
+            "dropped; --as-sent keeps them)"
+        )
+    out.print(f"wrote {len(votes)} preference rows to {escape(str(out_file))}{merged}")
 
 
 @data_app.command("export-conversations")

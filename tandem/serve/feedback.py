@@ -238,16 +238,57 @@ def preference_pairs(rows: list[dict], threshold: float = 0.5) -> list[dict]:
     return pairs
 
 
-def export_preferences(db_path: str | Path, out: str | Path, threshold: float = 0.5) -> int:
-    """Write the preference JSONL of ``db_path`` to ``out`` atomically; returns the number of rows. The
-    database is only read."""
+@dataclass(frozen=True)
+class PairVotes:
+    """Preference rows with each pair of texts counted once: a majority vote over the rows that compare the
+    same two texts for the same prompt (repeats, and users who disagree)."""
+
+    pairs: list[dict]  # one row per prompt and pair of texts: the direction most rows chose
+    repeats: int = 0  # rows restating a kept row's direction (merged into it)
+    outvoted: int = 0  # rows whose direction lost the vote (dropped)
+    tied: int = 0  # rows of pairs with as many votes each way (all dropped: nothing to learn)
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+
+def vote_pairs(pairs: list[dict]) -> PairVotes:
+    """``pairs`` (``prompt``/``chosen``/``rejected``) with the rows comparing the same two texts for the
+    same prompt merged into one, in the direction most of them chose; a tie drops them all. Rows keep the
+    order of each pair's first occurrence."""
+    groups: dict[tuple[str, frozenset[str]], list[dict]] = {}
+    for pair in pairs:
+        groups.setdefault((pair["prompt"], frozenset((pair["chosen"], pair["rejected"]))), []).append(pair)
+    kept: list[dict] = []
+    repeats = outvoted = tied = 0
+    for rows in groups.values():
+        first = rows[0]
+        forward = [r for r in rows if r["chosen"] == first["chosen"]]
+        backward = [r for r in rows if r["chosen"] != first["chosen"]]
+        if len(forward) == len(backward):
+            tied += len(rows)
+            continue
+        winners, losers = (forward, backward) if len(forward) > len(backward) else (backward, forward)
+        kept.append(winners[0])
+        repeats += len(winners) - 1
+        outvoted += len(losers)
+    return PairVotes(kept, repeats, outvoted, tied)
+
+
+def export_preferences(
+    db_path: str | Path, out: str | Path, threshold: float = 0.5, *, as_sent: bool = False
+) -> PairVotes:
+    """Write the preference JSONL of ``db_path`` to ``out`` atomically: one row per prompt and pair of
+    texts, by majority vote (:func:`vote_pairs`), or every row as users sent it (``as_sent``). The database
+    is only read."""
     store = FeedbackStore.reader(db_path, "feedback")
     try:
         pairs = preference_pairs(store.rows(), threshold)
     finally:
         store.close()
-    atomic_write_text(out, "".join(json.dumps(p) + "\n" for p in pairs))
-    return len(pairs)
+    result = PairVotes(pairs) if as_sent else vote_pairs(pairs)
+    atomic_write_text(out, "".join(json.dumps(p) + "\n" for p in result.pairs))
+    return result
 
 
 def conversation_rows(conversations: list[dict]) -> list[dict]:

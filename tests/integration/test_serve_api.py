@@ -243,7 +243,7 @@ def test_admin_load_split_promote_rollback_and_feedback(server, tiny_model_dir, 
     from tandem.serve.feedback import export_preferences
 
     out = tmp_path / "prefs.jsonl"
-    assert export_preferences(server.state.settings.feedback_db, out) == 1
+    assert len(export_preferences(server.state.settings.feedback_db, out)) == 1
     row = json.loads(out.read_text())
     assert row == {"prompt": "2+2=", "chosen": b["choices"][0]["text"], "rejected": a["choices"][0]["text"]}
 

@@ -300,7 +300,7 @@ def test_exported_feedback_trains_with_tandem_dpo(tiny_model_dir, tmp_path):
         )
     store.close()
     prefs = tmp_path / "prefs.jsonl"
-    assert export_preferences(tmp_path / "fb.db", prefs) == 10
+    assert len(export_preferences(tmp_path / "fb.db", prefs)) == 10
     config = tmp_path / "dpo.yaml"
     config.write_text(
         f"model: {tiny_model_dir}\nout_dir: {tmp_path / 'dpo'}\ndata:\n  train_file: {prefs}\n"
