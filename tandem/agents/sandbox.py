@@ -29,7 +29,8 @@ loaded from the working folder):
 - No writes outside the working folder: opening a file for writing, creating, renaming, linking,
   removing or changing the mode of a path outside it raises ``PermissionError``, as does opening a
   directory outside it (which would allow ``dir_fd`` writes) or passing a ``dir_fd``. Reading is
-  allowed (the standard library is read from disk).
+  allowed (the standard library is read from disk), except other processes' ``/proc`` entries (the
+  trainer's environment) and the working folders of other runs in flight.
 
 This is a guard against model mistakes and reward hacking, not a boundary against a determined
 attacker (no seccomp filter, same user id); run untrusted services in a container or a VM.
@@ -93,23 +94,55 @@ class SandboxResult:
 # rlimits, installs the audit hook, then runs main.py from the working folder as __main__.
 _BOOT = r"""
 import os, sys
-def _install(root, allow_net):
-    root = os.path.realpath(root)
+def _install(root, allow_net, isinstance=isinstance, len=len, any=any, Exception=Exception,
+             PermissionError=PermissionError, str=str, bytes=bytes, int=int, tuple=tuple, sys=sys):
+    # Builtins above, and the path functions below (a private copy of posixpath on captured os functions),
+    # are bound here so that code patching builtins, os or posixpath cannot fool the checks; the state the
+    # hook keeps is immutable (a traceback reaches its frame).
+    import builtins, posixpath, stat, types, posix, _signal
+    # No audit event covers these, which reach other processes by pid (signal the trainer through a
+    # pidfd, renice it, pin its CPUs): they are removed.
+    # mkfifo/mknod raise no audit event on every version either: a node could be made anywhere.
+    for name in ("pidfd_open", "setpriority", "sched_setaffinity", "sched_setscheduler", "sched_setparam",
+                 "mkfifo", "mknod"):
+        os.__dict__.pop(name, None), posix.__dict__.pop(name, None)
+    _signal.__dict__.pop("pidfd_send_signal", None)
+    names = ("fspath", "fsdecode", "fsencode", "lstat", "stat", "readlink", "getcwd", "getcwdb", "sep")
+    g = dict(posixpath.__dict__, __builtins__=dict(builtins.__dict__),
+             os=types.SimpleNamespace(**{n: getattr(os, n) for n in names}),
+             stat=types.SimpleNamespace(S_ISLNK=stat.S_ISLNK, S_ISDIR=stat.S_ISDIR))
+    for n, f in list(g.items()):
+        if isinstance(f, types.FunctionType):
+            g[n] = types.FunctionType(f.__code__, g, f.__name__, f.__defaults__, f.__closure__)
+            g[n].__kwdefaults__ = f.__kwdefaults__
+    realpath, isdir, fspath, fsdecode = g["realpath"], g["isdir"], os.fspath, os.fsdecode
+    root = realpath(root)
     prefix = root + os.sep
-    path0 = list(sys.path)
-    realpath, fspath, isdir = os.path.realpath, os.fspath, os.path.isdir
+    # not readable either: other processes' /proc entries (the trainer's environment holds API keys) and
+    # the working folders of other runs in flight (a group's runs answer the same prompt)
+    sep = os.sep
+    siblings = realpath(os.path.dirname(root)) + sep + "tandem-sandbox-"
+    own = "/proc/" + str(os.getpid())
+    path0 = tuple(sys.path)
     wflags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-    blocked = {"os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
+    blocked = frozenset({"os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
                "subprocess.Popen", "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "os.kill",
                "os.killpg", "signal.pthread_kill", "os.setuid", "sys.remote_exec",
-               "resource.setrlimit", "resource.prlimit"}
-    # event -> (positions of path arguments that must lie inside the folder, positions of dir_fd arguments)
-    paths = {"os.remove": ((0,), (1,)), "os.rmdir": ((0,), (1,)), "os.mkdir": ((0,), (2,)),
+               "resource.setrlimit", "resource.prlimit", "cpython.PyInterpreterState_New",
+               "gc.get_objects", "gc.get_referrers", "gc.get_referents"})
+    # Extension modules that reach around the hooks: processes, native code, sub-interpreters (which do
+    # not run this hook), files written natively (shared memory, readline history).
+    native = frozenset({"_posixsubprocess", "_ctypes", "_xxsubinterpreters", "_posixshmem", "readline",
+                        "_testcapi", "_testinternalcapi"})
+    # event -> (positions of path arguments that must lie inside the folder, positions of dir_fd arguments,
+    # which CPython reports as -1 when not given)
+    paths = types.MappingProxyType({
+             "os.remove": ((0,), (1,)), "os.rmdir": ((0,), (1,)), "os.mkdir": ((0,), (2,)),
              "os.rename": ((0, 1), (2, 3)), "os.symlink": ((1,), (2,)), "os.link": ((0, 1), (2, 3)),
              "os.chmod": ((0,), (2,)), "os.chown": ((0,), (3,)), "os.truncate": ((0,), ()),
              "os.utime": ((0,), (3,)), "os.setxattr": ((0,), ()), "os.removexattr": ((0,), ()),
              "os.mkfifo": ((0,), (2,)), "os.mknod": ((0,), (3,)), "shutil.rmtree": ((0,), (1,)),
-             "sqlite3.connect": ((0,), ())}
+             "sqlite3.connect": ((0,), ())})
     def inside(p):
         if isinstance(p, int):
             return True
@@ -118,8 +151,19 @@ def _install(root, allow_net):
         except Exception:
             return False
         if isinstance(p, bytes):
-            p = os.fsdecode(p)
+            p = fsdecode(p)
         return p == root or p.startswith(prefix)
+    def private(p):
+        try:
+            p = realpath(fspath(p))
+        except Exception:
+            return False
+        if isinstance(p, bytes):
+            p = fsdecode(p)
+        if p.startswith(siblings):
+            return not (p == root or p.startswith(prefix))
+        parts = p.split(sep)
+        return len(parts) > 2 and parts[1] == "proc" and parts[2].isdigit() and sep.join(parts[:3]) != own
     def deny(what):
         raise PermissionError(f"sandbox: {what} is not allowed")
     def hook(event, args):
@@ -127,6 +171,8 @@ def _install(root, allow_net):
             deny(event)
         elif event == "open":
             path, _mode, flags = args
+            if isinstance(path, (str, bytes)) and private(path):
+                deny(f"reading {path!r}")
             if not inside(path):
                 if (flags or 0) & wflags:
                     deny(f"writing {path!r} outside the working folder")
@@ -134,15 +180,17 @@ def _install(root, allow_net):
                     deny(f"opening the folder {path!r} outside the working folder")
         elif event in paths:
             where, fds = paths[event]
-            if any(i < len(args) and args[i] is not None for i in fds):
+            if any(i < len(args) and args[i] not in (None, -1) for i in fds):
                 deny(f"{event} with dir_fd")
             for i in where:
                 if i < len(args) and (not inside(args[i]) or isinstance(args[i], int) and event != "os.truncate"):
                     deny(f"{event} outside the working folder ({args[i]!r})")
+        elif event in ("os.listdir", "os.scandir") and args[0] is not None and private(args[0]):
+            deny(f"listing {args[0]!r}")
         elif event == "socket.__new__" and not allow_net:
             deny("network access")
         elif event == "import":
-            if args[0] in ("_posixsubprocess", "_ctypes") or sys.path != path0:
+            if args[0] in native or tuple(sys.path) != path0:
                 deny(f"importing {args[0]}")
     sys.addaudithook(hook)
 import resource
@@ -236,10 +284,23 @@ async def run_python_async(
             target = Path(workdir, name)
             if target.resolve().parent != Path(workdir).resolve():
                 raise ValueError(f"sandbox file name {name!r} must be a plain file name")
-            target.write_text(text, encoding="utf-8")
+            # a lone surrogate (JSON tool calls carry "\udc80") is written as it is: the child's SyntaxError
+            # tells the model, where encoding it here would raise in the trainer
+            target.write_bytes(text.encode("utf-8", "surrogatepass"))
         return await _run(workdir, limits, python or sys.executable, start, namespace, hooks)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        _remove_folder(workdir)
+
+
+def _remove_folder(folder: str) -> None:
+    """Remove the working folder, whatever the code left in it: ``shutil.rmtree`` raises RecursionError on
+    folders nested deeper than the recursion limit (a loop of ``mkdir``/``chdir`` makes one in a second),
+    and leaves folders whose permissions the code took away; ``rm -rf`` then takes what is left."""
+    with contextlib.suppress(RecursionError):
+        shutil.rmtree(folder, ignore_errors=True)
+    if os.path.lexists(folder):
+        subprocess.run(["chmod", "-R", "u+rwx", "--", folder], capture_output=True, check=False)
+        subprocess.run(["rm", "-rf", "--", folder], capture_output=True, check=False)
 
 
 async def _run(

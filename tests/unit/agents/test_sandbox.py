@@ -6,8 +6,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import shutil
 import socket
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -248,3 +251,128 @@ def test_limits_are_checked():
         SandboxLimits(cpu_s=0)
     with pytest.raises(ValueError, match="plain file name"):
         run_python("", FAST, files={"../x.py": ""})
+
+
+INSIDE_FILES = """
+import os, shutil, tempfile
+os.makedirs("a/b")
+os.mkdir("c")
+open("f", "w").close()
+os.rename("f", "c/g")
+os.symlink("c/g", "link")
+os.chmod("c/g", 0o600)
+os.utime("c/g")
+os.remove("link")
+os.rmdir("a/b")
+with tempfile.TemporaryDirectory() as tmp:
+    print("tmp inside", tmp.startswith(os.getcwd()))
+print(sorted(os.listdir(".")))
+"""
+
+
+def test_file_management_inside_the_folder_works():
+    """CPython reports an absent ``dir_fd`` as -1, not None: every mkdir/rename/remove/symlink/chmod was
+    refused, even inside the folder (``tempfile.TemporaryDirectory`` found no usable folder)."""
+    r = run_python(INSIDE_FILES, FAST)
+    assert r.ok, r.stderr
+    assert r.stdout == "tmp inside True\n['a', 'c', 'main.py']\n"
+
+
+BYPASSES = {
+    "subinterpreter": "import _xxsubinterpreters as s\ns.run_string(s.create(), 'import os; os.system(\"touch {target}\")')",
+    "patched builtin": "import builtins\nbuiltins.isinstance = lambda a, b: True\nopen({target!r}, 'w')",
+    "patched posixpath": "import os, posixpath\nposixpath._joinrealpath = lambda *a: (os.getcwd(), True)\nopen({target!r}, 'w')",
+    "hook state via gc": "import gc, os\n[o.clear() for o in gc.get_objects() if isinstance(o, set) and 'os.system' in o]\nos.system('touch {target}')",
+    "hook state via traceback": (
+        "import os\ntry:\n    os.fork()\nexcept PermissionError as e:\n    t = e.__traceback__\n"
+        "    while t:\n        t.tb_frame.f_locals.get('blocked', set()).clear()\n        t = t.tb_next\n"
+        "os.system('touch {target}')"
+    ),
+    "shared memory": "import _posixshmem, os\n_posixshmem.shm_open('/tandem-test-shm', os.O_CREAT | os.O_RDWR, 0o600)",
+    "readline history": "import readline\nreadline.write_history_file({target!r})",
+    "fifo": "import os\nos.mkfifo({target!r})",
+    "test C API": "import _testcapi",
+}
+
+
+@pytest.mark.parametrize("code", BYPASSES.values(), ids=BYPASSES.keys())
+def test_python_code_cannot_switch_the_hooks_off(tmp_path, code):
+    target = tmp_path / "outside"
+    r = run_python(code.format(target=str(target)), FAST)
+    shm = "/dev/shm/tandem-test-shm"
+    assert not target.exists() and not os.path.exists(shm) or os.remove(shm)
+    assert r.exit_code == 1 and ("sandbox:" in r.stderr or "Error" in r.stderr), (r.stdout, r.stderr)
+
+
+def test_other_processes_cannot_be_signalled_or_reniced_by_pid():
+    """``os.kill`` is refused, but a pidfd (no audit event) reached any process of the user: the trainer."""
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        code = (
+            "import os, signal\nfor attempt in [\n"
+            f"    lambda: signal.pidfd_send_signal(os.pidfd_open({victim.pid}), signal.SIGKILL),\n"
+            f"    lambda: os.setpriority(os.PRIO_PROCESS, {victim.pid}, 19),\n"
+            f"    lambda: os.sched_setaffinity({victim.pid}, {{0}}),\n"
+            "]:\n    try:\n        attempt()\n        print('REACHED')\n    except AttributeError:\n        print('blocked')"
+        )
+        r = run_python(code, FAST)
+        assert r.stdout == "blocked\n" * 3, (r.stdout, r.stderr)
+        assert victim.poll() is None and os.getpriority(os.PRIO_PROCESS, victim.pid) == os.getpriority(
+            os.PRIO_PROCESS, 0
+        )
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_a_folder_nested_past_the_recursion_limit_is_removed():
+    """``shutil.rmtree`` raised RecursionError into the caller and left the folder behind."""
+    code = "import os\nfor _ in range(1500):\n    os.mkdir('d')\n    os.chdir('d')\nprint(os.getcwd())"
+    r = run_python(code, SandboxLimits(cpu_s=5, wall_s=30))
+    assert r.ok, r.stderr
+    assert not os.path.exists(r.stdout.split("/d/")[0])
+
+
+def test_the_trainers_environment_and_other_runs_folders_cannot_be_read(monkeypatch):
+    """The trainer's environment (API keys) through /proc and the working folder of another run in flight
+    (a group's runs answer the same prompt) are refused; the code's own /proc entry and folder are not."""
+    monkeypatch.setenv("TANDEM_TEST_SECRET", "s3cret")
+    other = tempfile.mkdtemp(prefix="tandem-sandbox-")  # another run's folder, as run_python makes one
+    try:
+        with open(os.path.join(other, "answer.py"), "w") as f:
+            f.write("print(42)")
+        code = f"""
+import os
+def attempt(what, fn):
+    try:
+        fn()
+        print(what, "allowed")
+    except PermissionError:
+        print(what, "refused")
+attempt("environ", lambda: open(f"/proc/{{os.getppid()}}/environ", "rb").read())
+attempt("parent-root", lambda: open(f"/proc/{{os.getppid()}}/root/proc/{{os.getppid()}}/environ", "rb").read())
+attempt("sibling-file", lambda: open({os.path.join(other, "answer.py")!r}).read())
+attempt("sibling-list", lambda: os.listdir({other!r}))
+attempt("sibling-scandir", lambda: list(os.scandir({other!r})))
+attempt("own-proc", lambda: open("/proc/self/status").read())
+attempt("own-folder", lambda: os.listdir("."))
+"""
+        r = run_python(code, FAST)
+    finally:
+        shutil.rmtree(other)
+    assert r.exit_code == 0, r.stderr
+    assert dict(line.split() for line in r.stdout.splitlines()) == {
+        "environ": "refused",
+        "parent-root": "refused",
+        "sibling-file": "refused",
+        "sibling-list": "refused",
+        "sibling-scandir": "refused",
+        "own-proc": "allowed",
+        "own-folder": "allowed",
+    }
+
+
+def test_code_with_a_lone_surrogate_is_a_result_not_an_error_in_the_trainer():
+    """A JSON tool call can carry ``"\\udc80"``: the code cannot be UTF-8, and the model reads why."""
+    r = run_python("print('\udc80')", FAST)
+    assert r.exit_code == 1 and "can't decode" in r.stderr and r.kill_reason is None, r.stderr
