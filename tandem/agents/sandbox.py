@@ -28,7 +28,8 @@ loaded from the working folder):
 - No sockets of any family (the namespace's second line, and the only one where it is unavailable).
 - No writes outside the working folder: opening a file for writing, creating, renaming, linking,
   removing or changing the mode of a path outside it raises ``PermissionError``, as does opening a
-  directory outside it (which would allow ``dir_fd`` writes) or passing a ``dir_fd``. Reading is
+  directory outside it (which would allow ``dir_fd`` writes); a path given with a ``dir_fd`` is checked
+  from that folder (``shutil.rmtree`` works by them). Reading is
   allowed (the standard library is read from disk), except other processes' ``/proc`` entries (the
   trainer's environment) and the working folders of other runs in flight.
 
@@ -143,23 +144,32 @@ def _install(root, allow_net, isinstance=isinstance, len=len, any=any, Exception
              "os.utime": ((0,), (3,)), "os.setxattr": ((0,), ()), "os.removexattr": ((0,), ()),
              "os.mkfifo": ((0,), (2,)), "os.mknod": ((0,), (3,)), "shutil.rmtree": ((0,), (1,)),
              "sqlite3.connect": ((0,), ())})
-    def inside(p):
+    readlink = os.readlink
+    def resolved(p, base=None):
+        # the real path of p (relative to the folder `base` when given: a dir_fd's), None when it has none
+        try:
+            p = fspath(p)
+            if isinstance(p, bytes):
+                p = fsdecode(p)
+            return realpath(p if base is None or p.startswith(sep) else base + sep + p)
+        except Exception:
+            return None
+    def inside(p, base=None):
         if isinstance(p, int):
             return True
+        p = resolved(p, base)
+        return p is not None and (p == root or p.startswith(prefix))
+    def fd_folder(fd):
+        # the folder a dir_fd argument names, or None when it is not a folder inside the working folder
         try:
-            p = realpath(fspath(p))
+            folder = readlink("/proc/self/fd/" + str(fd))
         except Exception:
-            return False
-        if isinstance(p, bytes):
-            p = fsdecode(p)
-        return p == root or p.startswith(prefix)
+            return None
+        return folder if inside(folder) else None
     def private(p):
-        try:
-            p = realpath(fspath(p))
-        except Exception:
+        p = resolved(p)
+        if p is None:
             return False
-        if isinstance(p, bytes):
-            p = fsdecode(p)
         if p.startswith(siblings):
             return not (p == root or p.startswith(prefix))
         parts = p.split(sep)
@@ -180,10 +190,16 @@ def _install(root, allow_net, isinstance=isinstance, len=len, any=any, Exception
                     deny(f"opening the folder {path!r} outside the working folder")
         elif event in paths:
             where, fds = paths[event]
-            if any(i < len(args) and args[i] not in (None, -1) for i in fds):
-                deny(f"{event} with dir_fd")
-            for i in where:
-                if i < len(args) and (not inside(args[i]) or isinstance(args[i], int) and event != "os.truncate"):
+            bases = []  # the folder of the dir_fd that goes with each path argument (shutil.rmtree uses them)
+            for i in fds:
+                fd = args[i] if i < len(args) else None
+                base = None if fd is None or fd == -1 else fd_folder(fd)
+                if fd is not None and fd != -1 and base is None:
+                    deny(f"{event} with a dir_fd outside the working folder")
+                bases.append(base)
+            for k, i in enumerate(where):
+                base = bases[k] if k < len(bases) else None
+                if i < len(args) and (not inside(args[i], base) or isinstance(args[i], int) and event != "os.truncate"):
                     deny(f"{event} outside the working folder ({args[i]!r})")
         elif event in ("os.listdir", "os.scandir") and args[0] is not None and private(args[0]):
             deny(f"listing {args[0]!r}")

@@ -278,6 +278,45 @@ def test_file_management_inside_the_folder_works():
     assert r.stdout == "tmp inside True\n['a', 'c', 'main.py']\n"
 
 
+DIR_FD = """
+import os, shutil
+os.makedirs("a/b"); open("a/b/c", "w").write("1")
+shutil.rmtree("a")  # unlinks and removes folders by dir_fd
+print("rmtree", os.path.exists("a"))
+os.mkdir("d")
+fd = os.open("d", os.O_RDONLY)
+os.mkdir("inner", dir_fd=fd)
+print("inner", os.path.isdir("d/inner"))
+top = os.open(".", os.O_RDONLY)
+os.chdir("d/inner")  # "../{name}" is inside from here, outside from the folder `top` names
+for attempt in [
+    lambda: os.mkdir("../{name}", dir_fd=top),
+    lambda: os.mkdir("../../{name}", dir_fd=fd),
+    lambda: os.rename("../main.py", "../../{name}", src_dir_fd=fd, dst_dir_fd=fd),
+    lambda: os.symlink("/etc", "../../{name}", dir_fd=fd),
+]:
+    try:
+        attempt()
+        print("ALLOWED")
+    except PermissionError:
+        print("refused")
+"""
+
+
+def test_dir_fd_calls_are_checked_against_their_folder(tmp_path):
+    """``shutil.rmtree`` (which works by ``dir_fd``) cleans up inside the folder; a path relative to a
+    ``dir_fd`` that leads outside is refused like any other."""
+    name = f"tandem-dirfd-{os.getpid()}"
+    r = run_python(DIR_FD.format(name=name), FAST)
+    out = os.path.join(tempfile.gettempdir(), name)
+    escaped = os.path.lexists(out)
+    if escaped:
+        (os.rmdir if os.path.isdir(out) and not os.path.islink(out) else os.remove)(out)
+    assert r.ok, r.stderr
+    assert r.stdout.split("\n")[:6] == ["rmtree False", "inner True", *["refused"] * 4]
+    assert not escaped
+
+
 BYPASSES = {
     "subinterpreter": "import _xxsubinterpreters as s\ns.run_string(s.create(), 'import os; os.system(\"touch {target}\")')",
     "patched builtin": "import builtins\nbuiltins.isinstance = lambda a, b: True\nopen({target!r}, 'w')",
