@@ -15,6 +15,7 @@ that the sandbox kills comes back as an error observation and counts in ``sandbo
 from __future__ import annotations
 
 import ast
+import signal
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,11 +34,21 @@ _CODE_SCHEMA = {
 }
 
 
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
+
+
 def sandbox_output(result: SandboxResult) -> ToolOutput:
     """What the model reads after a run: its stdout, then (on failure) the last line of stderr, or why
     the sandbox killed it."""
     text = result.stdout.rstrip("\n")
-    if result.kill_reason is not None:
+    if result.kill_reason == "killed":  # a signal the code sent itself (os.abort), not a limit
+        name = _signal_name(-result.exit_code)
+        text = f"{text}\nkilled by signal {name}".lstrip("\n")
+    elif result.kill_reason is not None:
         text = f"{text}\nkilled: {result.kill_reason} limit".lstrip("\n")
     elif result.exit_code != 0:
         lines = result.stderr.strip().splitlines()

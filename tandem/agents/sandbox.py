@@ -376,6 +376,8 @@ async def _run(
 def _exit_reason(exit_code: int, stderr: str) -> str | None:
     if exit_code == -signal.SIGXCPU:
         return "cpu_time"
+    if exit_code == -signal.SIGINT and stderr.rstrip().endswith("KeyboardInterrupt"):
+        return None  # the code raised KeyboardInterrupt itself: an error like any other, not a kill
     if exit_code < 0:
         return "cpu_time" if exit_code == -signal.SIGKILL else "killed"
     if exit_code != 0 and "MemoryError" in stderr[-2000:]:

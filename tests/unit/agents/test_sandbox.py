@@ -415,3 +415,14 @@ def test_code_with_a_lone_surrogate_is_a_result_not_an_error_in_the_trainer():
     """A JSON tool call can carry ``"\\udc80"``: the code cannot be UTF-8, and the model reads why."""
     r = run_python("print('\udc80')", FAST)
     assert r.exit_code == 1 and "can't decode" in r.stderr and r.kill_reason is None, r.stderr
+
+
+def test_code_that_raises_keyboardinterrupt_or_aborts_is_not_reported_as_a_limit():
+    """Python exits an uncaught KeyboardInterrupt by SIGINT: an error of the code, not a kill; ``os.abort``
+    is a signal, named as one to the model rather than as a "killed limit"."""
+    from tandem.agents.python_env import sandbox_output
+
+    r = run_python("raise KeyboardInterrupt", FAST)
+    assert r.kill_reason is None and not r.ok and "KeyboardInterrupt" in sandbox_output(r).content
+    r = run_python("import os\nos.abort()", FAST)
+    assert r.kill_reason == "killed" and sandbox_output(r).content == "killed by signal SIGABRT"
