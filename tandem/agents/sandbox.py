@@ -10,6 +10,8 @@ runs, and a process running as root could raise them again, which the interprete
 - Memory: ``RLIMIT_AS`` caps the address space; allocation fails (``MemoryError``) ->
   ``kill_reason="memory"``.
 - File size: ``RLIMIT_FSIZE`` caps every file written; open files: ``RLIMIT_NOFILE``; no core dumps.
+- Disk: the parent polls the folder's total (allocated blocks) and kills the group past
+  ``max_disk_bytes`` -> ``"disk"`` (RLIMIT_FSIZE caps each file, not their number).
 - Wall clock: the parent kills the whole process group (the child starts a new session) ->
   ``"wall_time"``. Output: each stream is read up to ``max_output_bytes``; beyond that the group is
   killed -> ``"output"`` and the kept text is marked truncated.
@@ -64,11 +66,13 @@ class SandboxLimits:
     memory_mb: int = 512  # address-space limit (RLIMIT_AS)
     max_output_bytes: int = 16 * 1024  # per stream; more kills the run
     max_file_bytes: int = 16 * _MIB  # largest file the code may write (RLIMIT_FSIZE)
+    max_disk_bytes: int = 64 * _MIB  # all files of the working folder together (polled); more kills the run
     max_open_files: int = 64  # RLIMIT_NOFILE
     network: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("cpu_s", "wall_s", "memory_mb", "max_output_bytes", "max_file_bytes", "max_open_files"):
+        for name in ("cpu_s", "wall_s", "memory_mb", "max_output_bytes", "max_file_bytes", "max_disk_bytes",
+                     "max_open_files"):  # fmt: skip
             if not getattr(self, name) > 0:
                 raise ValueError(f"sandbox limit {name} must be > 0, got {getattr(self, name)!r}")
 
@@ -76,8 +80,8 @@ class SandboxLimits:
 @dataclass(frozen=True)
 class SandboxResult:
     """What a run produced. ``exit_code`` is the process's status (negative: killed by that signal);
-    ``kill_reason`` is ``cpu_time``, ``wall_time``, ``memory``, ``output`` or ``killed`` (another signal),
-    None when the code ended by itself."""
+    ``kill_reason`` is ``cpu_time``, ``wall_time``, ``memory``, ``output``, ``disk`` or ``killed`` (another
+    signal), None when the code ended by itself."""
 
     stdout: str
     stderr: str
@@ -342,11 +346,15 @@ async def _run(
         )
     )
     over_wait = asyncio.ensure_future(over.wait())
+    disk = asyncio.ensure_future(_watch_disk(workdir, limits.max_disk_bytes))
     try:
         done, _ = await asyncio.wait(
-            {readers, over_wait}, timeout=limits.wall_s, return_when="FIRST_COMPLETED"
+            {readers, over_wait, disk}, timeout=limits.wall_s, return_when="FIRST_COMPLETED"
         )
-        reason = "output" if over.is_set() else None if readers in done else "wall_time"
+        if over.is_set() or disk in done:
+            reason = "output" if over.is_set() else "disk"
+        else:
+            reason = None if readers in done else "wall_time"
         if reason is not None:
             _kill_group(proc)
         (out, out_cut), (err, err_cut) = await readers
@@ -359,6 +367,7 @@ async def _run(
             exit_code = await proc.wait()
     finally:
         over_wait.cancel()
+        disk.cancel()
         _kill_group(proc)  # children that outlived the code (none, unless a hook was bypassed)
     stderr = err.decode("utf-8", "replace")
     if reason is None:
@@ -371,6 +380,30 @@ async def _run(
         time.perf_counter() - start,
         out_cut or err_cut,
     )
+
+
+async def _watch_disk(folder: str, limit: int, interval: float = 0.05) -> None:
+    """Return once the files under ``folder`` take more than ``limit`` bytes of disk (polled: RLIMIT_FSIZE
+    caps each file, nothing caps their number)."""
+    while _disk_bytes(folder, limit) <= limit:
+        await asyncio.sleep(interval)
+
+
+def _disk_bytes(folder: str, limit: int) -> int:
+    """Bytes of disk the files under ``folder`` take (allocated blocks: a sparse file counts what it
+    uses), counted until past ``limit``."""
+    total, stack = 0, [folder]
+    while stack and total <= limit:
+        try:
+            with os.scandir(stack.pop()) as entries:
+                for entry in entries:
+                    with contextlib.suppress(OSError):
+                        total += entry.stat(follow_symlinks=False).st_blocks * 512
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(entry.path)
+        except OSError:  # removed meanwhile, or a folder the code made unreadable
+            continue
+    return total
 
 
 def _exit_reason(exit_code: int, stderr: str) -> str | None:

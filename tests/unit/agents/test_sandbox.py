@@ -426,3 +426,13 @@ def test_code_that_raises_keyboardinterrupt_or_aborts_is_not_reported_as_a_limit
     assert r.kill_reason is None and not r.ok and "KeyboardInterrupt" in sandbox_output(r).content
     r = run_python("import os\nos.abort()", FAST)
     assert r.kill_reason == "killed" and sandbox_output(r).content == "killed by signal SIGABRT"
+
+
+def test_many_files_under_the_size_limit_hit_the_disk_limit():
+    """RLIMIT_FSIZE caps each file; the folder's total is polled: files of 4 MiB until the disk is full
+    are killed past ``max_disk_bytes``, and the folder is removed."""
+    code = "import os\nfor i in range(1000):\n    open(f'f{i}', 'wb').write(os.urandom(4 << 20))\nprint('wrote all')"
+    limits = SandboxLimits(cpu_s=20, wall_s=20, memory_mb=256, max_disk_bytes=16 << 20)
+    r = run_python(code, limits)
+    assert r.kill_reason == "disk" and "wrote all" not in r.stdout, (r.stdout, r.stderr)
+    assert run_python("open('f', 'wb').write(b'x' * (8 << 20))", limits).ok  # under the limit
