@@ -3,6 +3,9 @@ it starts from."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -36,26 +39,59 @@ def train(
     from tandem.orchestration.runner import train as run_train
 
     _ensure_warm_start(cfg)
-    try:
-        result = run_train(cfg, resume=resume, progress=progress)
-    except KeyboardInterrupt:
-        err.print("[yellow]interrupted[/]")
-        _say_how_to_resume(cfg, config, overrides or [])
-        raise typer.Exit(130) from None
+    terminated: list[int] = []
+    with _sigterm_as_interrupt(terminated):
+        try:
+            result = run_train(cfg, resume=resume, progress=progress)
+        except KeyboardInterrupt:
+            err.print("[yellow]terminated[/]" if terminated else "[yellow]interrupted[/]")
+            _say_how_to_resume(cfg, config, overrides or [])
+            raise typer.Exit(143 if terminated else 130) from None
     print_run_result(out, result, cfg.data.eval_size)
 
 
+@contextlib.contextmanager
+def _sigterm_as_interrupt(terminated: list[int]) -> Iterator[None]:
+    """SIGTERM (a scheduler's preemption, ``kill``) stops the run as Ctrl-C does — its workers shut down,
+    a run stopped before its first step leaves no folder, the resume command is printed — instead of
+    killing the process where it stands; ``terminated`` records that it came."""
+
+    def stop(signum: int, frame: object) -> None:
+        terminated.append(signum)
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread (the CLI called from a library's thread): leave it be
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _say_how_to_resume(cfg, config: Path, overrides: list[str]) -> None:
-    """After Ctrl-C: the command that continues the run from its latest checkpoint, if it has one (a run
-    stopped before its first step leaves no folder; one without a checkpoint starts over)."""
+    """After Ctrl-C: the command that continues the run from its latest checkpoint, or, for a run that holds
+    none yet, the one that starts it over (a run stopped before its first step leaves no folder)."""
     import shlex
 
     from tandem.orchestration.runfolder import run_dir_of
     from tandem.train.checkpoint import checkpoint_step, latest_checkpoint
 
     run_dir = run_dir_of(cfg)
-    latest = latest_checkpoint(run_dir / "checkpoints") if run_dir.is_dir() else None
+    if not run_dir.is_dir():
+        return
+    latest = latest_checkpoint(run_dir / "checkpoints")
     if latest is None:
+        over = [o for o in overrides if not o.startswith("run.overwrite=")] + ["run.overwrite=true"]
+        again = shlex.join(["tandem", "train", str(config), *over])
+        err.print(
+            f"{escape(str(run_dir))} holds no checkpoint yet (checkpoint.every={cfg.checkpoint.every}; 0 saves "
+            f"only at the end): nothing to resume; start over with: {escape(again)}",
+            highlight=False,
+            soft_wrap=True,
+        )
         return
     again = shlex.join(["tandem", "train", str(config), *overrides, "--resume"])
     err.print(

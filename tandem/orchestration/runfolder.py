@@ -92,13 +92,40 @@ def _latest_step(run_dir: Path) -> int | None:
 
 def _check_resume_step(cfg: TandemConfig, run_dir: Path) -> None:
     """A resume continues from the latest checkpoint up to ``trainer.total_steps``: a checkpoint past it
-    has nothing to train, and would end with a run that reports no evaluation."""
-    step = _latest_step(run_dir)
-    if step is not None and step > cfg.trainer.total_steps:
+    has nothing to train, and would end with a run that reports no evaluation; a run that finished there
+    has nothing to add (resuming would only rewrite its summary). A run that logged steps but holds no
+    complete checkpoint is refused rather than started over under its old metrics and ``best/`` (with
+    ``checkpoint.remote_dir`` a newer copy may still come from there: :func:`prepare_run_dir` checks)."""
+    step, total = _latest_step(run_dir), cfg.trainer.total_steps
+    if step is None:
+        if cfg.checkpoint.remote_dir is None:
+            _check_something_to_resume(cfg, run_dir)
+        return
+    if step > total:
         raise ConfigError(
-            f"{cfg.trainer.total_steps}, but the run's latest checkpoint is at step {step}",
+            f"{total}, but the run's latest checkpoint is at step {step}",
             where="trainer.total_steps",
             hint=f"resume with trainer.total_steps >= {step}",
+        )
+    if step == total and (run_dir / "summary.json").is_file():
+        raise ConfigError(
+            f"{total}: the run already finished at step {step} (summary.json)",
+            where="trainer.total_steps",
+            hint=f"resume with trainer.total_steps > {step} to train it further; `tandem eval {run_dir}` scores it",
+        )
+
+
+def _check_something_to_resume(cfg: TandemConfig, run_dir: Path) -> None:
+    """Refuse ``--resume`` of a run folder whose metrics show trained steps but which holds no complete
+    checkpoint (the run stopped before its first one, or the checkpoints were damaged or removed)."""
+    metrics = run_dir / METRICS_FILE
+    logged = metrics.is_file() and any(line.strip() for line in metrics.open(encoding="utf-8"))
+    if logged:
+        raise ConfigError(
+            f"{run_dir} logged training steps but holds no complete checkpoint to resume from",
+            where="--resume",
+            hint=f"the run stopped before its first checkpoint (checkpoint.every={cfg.checkpoint.every}); "
+            "start it over without --resume and with run.overwrite=true",
         )
 
 
@@ -126,6 +153,12 @@ def _record_changed_config(cfg: TandemConfig, run_dir: Path) -> Path | None:
     atomic_write_text(kept, text)
     shown = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed[:8])
     more = f" (+{len(changed) - 8} more)" if len(changed) > 8 else ""
+    horizon = _SCHEDULE_HORIZON.intersection(changed)
+    if horizon and cfg.trainer.lr_schedule != "constant":
+        more += (
+            f"; {', '.join(sorted(horizon))} set the learning-rate schedule's length: it is recomputed over the "
+            f"new one, so the rate jumps at step {step}"
+        )
     log.warning(
         "resuming at step %d with a changed config: %s%s; the config before is kept in %s",
         step,
@@ -134,6 +167,18 @@ def _record_changed_config(cfg: TandemConfig, run_dir: Path) -> Path | None:
         kept.name,
     )
     return kept
+
+
+# the keys that set the run's optimiser steps, the horizon of a decaying learning-rate schedule
+_SCHEDULE_HORIZON = frozenset(
+    {
+        "trainer.total_steps",
+        "trainer.ppo_epochs",
+        "trainer.mini_batch_size",
+        "data.prompts_per_step",
+        "rollout.n",
+    }
+)
 
 
 def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -198,6 +243,12 @@ def prepare_run_dir(cfg: TandemConfig, *, resume: bool) -> PreparedRunDir:
     (run_dir / METRICS_FILE).touch()  # with config.yaml: what marks a Tandem run folder
     if resume:  # checkpoint.remote_dir: continue from a newer copy there (e.g. on a fresh machine)
         fetch_newer_checkpoint(cfg, run_dir / "checkpoints")
+        if cfg.checkpoint.remote_dir is not None and _latest_step(run_dir) is None:
+            try:
+                _check_something_to_resume(cfg, run_dir)
+            except ConfigError:
+                prepared.undo()
+                raise
     return prepared
 
 

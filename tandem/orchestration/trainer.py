@@ -29,6 +29,7 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
+from tandem.errors import ConfigError
 from tandem.monitor import PhaseTimer
 from tandem.orchestration.learner import LearnerStep
 from tandem.orchestration.parts import load_run_checkpoint, restart_average
@@ -154,7 +155,15 @@ class Trainer:
     def restore(self, extra_state: dict[str, Any], *, rollback: bool = False) -> None:
         """Continue from a checkpoint's extra state (its model and optimiser state already loaded), then
         publish the weights. ``rollback``: mid-run, so the weights get a new, higher version."""
-        state = extra_state[self.source.state_key]
+        key = self.source.state_key
+        if key not in extra_state:  # a checkpoint of the other architecture: its loop state is another's
+            now, then = ("decoupled", "colocated") if key == "decoupled" else ("colocated", "decoupled")
+            raise ConfigError(
+                f"{now}, but the run's checkpoint was written by a {then} run",
+                where="architecture.mode",
+                hint=f"resume with architecture.mode={then}; a run keeps its architecture",
+            )
+        state = extra_state[key]
         previous = self.version
         self.step = int(state["step"])
         self.learn.generator.set_state(torch.tensor(state["generator"], dtype=torch.uint8))
