@@ -20,6 +20,11 @@ class TandemError(Exception):
     exit_code: int = 2
 
     def __init__(self, message: str, *, where: str | None = None, hint: str | None = None) -> None:
+        self.message, self.where, self.hint = (
+            message,
+            where,
+            hint,
+        )  # the parts, for a caller that re-frames it
         parts = [f"{where}: {message}" if where else message]
         if hint:
             parts.append(f"({hint})")

@@ -65,6 +65,14 @@ def _check_out(out_dir: str, kind: str, *sources: str | None) -> None:
     check_output_dir(out_dir, kind, sources=sources, where="out_dir")
 
 
+def _check_models(cfg: Any, *keys: str) -> None:
+    """Each model folder the config names under ``keys`` exists and is one, checked before any work."""
+    from tandem.models.loading import check_model_key
+
+    for key in keys:
+        check_model_key(getattr(cfg, key), key)
+
+
 def _save_to(out_dir: str, kind: str, save: Any) -> None:
     """Run ``save(local_dir)`` (atomic and checked locally); publish to ``out_dir`` when it is a URL."""
     from tandem.data.outputs import output_folder
@@ -88,6 +96,7 @@ def rm(config: ConfigPath, overrides: CommandOverrides = None) -> None:
     from tandem.train import rm as rmlib
 
     cfg = load_command_config(RMConfig, config, overrides)
+    _check_models(cfg, "model")
     _check_out(cfg.out_dir, "reward", cfg.model)
     with local_input(cfg.model) as model_dir:
         model, tok = rmlib.load_reward_model(model_dir, init_head=True)
@@ -139,6 +148,7 @@ def dpo(config: ConfigPath, overrides: CommandOverrides = None) -> None:
     from tandem.train import dpo as dpolib
 
     cfg = load_command_config(DPOConfig, config, overrides)
+    _check_models(cfg, "model", "ref_model")
     if cfg.online_rounds or cfg.eval_task:
         check_engine(cfg.engine, "engine")
     _check_out(cfg.out_dir, "model", cfg.model, cfg.ref_model)
@@ -297,6 +307,9 @@ def _verifier_score(cfg: Any, policy: Any, tok: Any) -> float:
 
 
 def _print_dpo(start: dict, end: dict, before: float | None, after: float | None) -> None:
+    if not end and (before is None or after is None):  # no held-out pairs and no verifier: nothing to show
+        out.print("no held-out pairs (data.val_fraction=0 and no data.val_file): no held-out table")
+        return
     table = Table(title="DPO held-out")
     for col in ("metric", "start", "end"):
         table.add_column(col, justify="right")
@@ -407,6 +420,7 @@ def label(
         cfg.engine_options = {**cfg.engine_options, **engine_options(engine_option)}
     if cfg.policy:
         check_engine(cfg.engine, "--engine" if engine is not None else "engine")
+    _check_models(cfg, "policy", *(("model",) if cfg.judge == "hf" else ()))
     _check_label_output(cfg.out_file, cfg.input_file)
     with local_input(cfg.input_file) as local:
         rows = list(iter_raw_rows(local))
@@ -432,7 +446,8 @@ def label(
         table.add_row(name, str(getattr(stats, name)))
     if stats.empty:  # the policy sampled an empty answer: skipped, not blamed on the input
         table.add_row("empty answers (skipped)", str(stats.empty))
-    table.add_row("agreement rate", f"{100 * stats.agreement_rate:.1f}%")
+    if stats.kept + stats.disagreements:  # nothing judged in both orders (ties, failures): no rate
+        table.add_row("agreement rate", f"{100 * stats.agreement_rate:.1f}%")
     if stats.gold_rows:
         table.add_row("label accuracy, single verdict", f"{100 * stats.accuracy_single:.1f}%")
         table.add_row("label accuracy, swap-consistent", f"{100 * stats.accuracy_kept:.1f}%")

@@ -38,6 +38,7 @@ def train(
     cfg = load_config(config, overrides or [])  # a config error is reported before torch loads (seconds)
     from tandem.orchestration.runner import train as run_train
 
+    _check_other_models(cfg)  # before a warm start's minutes
     _ensure_warm_start(cfg)
     terminated: list[int] = []
     with _sigterm_as_interrupt(terminated):
@@ -260,6 +261,16 @@ def demo(
         "thread(s); the figures repeat bit for bit only with the same versions, kernels and threads "
         "(docs/benchmarks.md)[/]"
     )
+
+
+def _check_other_models(cfg) -> None:
+    """The model folders a run reads besides its policy (reward model, critic, reference) exist, in one
+    line naming the key; the policy's own folder may still be built (``model.warm_start_sft``)."""
+    from tandem.models.loading import check_model_key
+
+    check_model_key(cfg.reward.model.path if cfg.reward.model else None, "reward.model.path")
+    check_model_key(cfg.critic.path if cfg.critic else None, "critic.path")
+    check_model_key(cfg.model.ref_path, "model.ref_path")
 
 
 def _ensure_warm_start(cfg) -> None:

@@ -35,7 +35,9 @@ class CurriculumConfig(Section):
 
 class DataConfig(Section):
     task: str | None = Field(
-        None, description="Built-in task (arith, countdown, reverse); or use train_file."
+        None,
+        description="Built-in task (arith, countdown, reverse, safety; agents: calculator, guess); or use "
+        "train_file.",
     )
     task_options: dict[str, Any] = Field(
         default_factory=dict, description="Options of the built-in task, e.g. {digits: 2}."

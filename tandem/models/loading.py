@@ -98,6 +98,17 @@ def check_model_folder(path: Path) -> None:
     raise ModelError("no *.safetensors weights in model folder", where=str(path))
 
 
+def check_model_key(value: str | None, key: str) -> None:
+    """:func:`check_model_folder` for the folder a config names under ``key`` (a local path; None and URLs,
+    fetched later, pass), with the error naming that key: the loaders' hint names model.path."""
+    if not value or "://" in value:
+        return
+    try:
+        check_model_folder(Path(value))
+    except ModelError as err:
+        raise ModelError(f"{value}: {err.message}", where=key, hint=f"check {key} in the config") from None
+
+
 def _check_tokenizer_folder(path: Path) -> None:
     if not path.is_dir():
         raise ModelError("tokenizer folder does not exist", where=str(path), hint="check model.path")
