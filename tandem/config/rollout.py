@@ -86,7 +86,8 @@ class RolloutConfig(Section):
         gt=0,
         description="Divide (multiply, when negative) the logit of a token already in the prompt or the "
         "response by this (1 = off; > 1 discourages repeats; as TRL, Hugging Face and vLLM). Like top_k, "
-        "top_p and min_p it decides which token is drawn; behaviour log-probs stay the model's own.",
+        "top_p and min_p it decides which token is drawn; the hf engine records the model's own behaviour "
+        "log-probs, vLLM those of the penalised distribution (docs/engines.md).",
     )
     stop: list[str] = Field(
         default_factory=lambda: ["\n"], description="Stop strings (stripped from completions)."

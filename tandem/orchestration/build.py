@@ -24,6 +24,7 @@ from tandem.models.vocab import check_same_vocab
 from tandem.rewards import RewardFunction, RewardSet, format_regex, get_task, load_callable
 from tandem.rewards.tasks.base import Task
 from tandem.rollout import EngineSpec, RolloutEngine, build_engine
+from tandem.rollout.registry import engine_class
 from tandem.train.critic import add_value_head_group, build_critic_optimizer
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,25 @@ def build_rollout_engine(
         version=version,
         options=cfg.rollout.engine_options,
     )
+    _check_engine_temperature(cfg)
     return build_engine(cfg.rollout.backend, spec)
+
+
+def _check_engine_temperature(cfg: TandemConfig) -> None:
+    """The hottest temperature the run samples at — ``rollout.temperature``, or with an adaptive temperature
+    its ``max_temperature`` — within the engine's limit (``max_temperature`` of its class; vLLM: 2), before
+    the engine starts: an adaptive temperature used to pass it mid-run and stop the run there."""
+    limit = getattr(engine_class(cfg.rollout.backend), "max_temperature", None)
+    at = cfg.rollout.adaptive_temperature
+    key, hottest = ("rollout.temperature", cfg.rollout.temperature)
+    if at.target_entropy is not None:
+        key, hottest = ("rollout.adaptive_temperature.max_temperature", at.max_temperature)
+    if limit is not None and hottest > limit:
+        raise ConfigError(
+            f"{hottest} is above the {cfg.rollout.backend} engine's highest temperature, {limit}",
+            where=key,
+            hint=f"use at most {limit}",
+        )
 
 
 def build_reference(

@@ -30,6 +30,7 @@ samples with the trainer's current weights.
 from __future__ import annotations
 
 import gc
+import itertools
 import logging
 import os
 import random
@@ -139,6 +140,7 @@ class VLLMEngine:
 
     truncated_logprobs = True  # with top_k / top_p, behaviour log-probs are of the truncated distribution
     scores_only_at_temperature = 1.0  # score(): vLLM's prompt log-probs ignore the temperature
+    max_temperature = 2.0  # vLLM refuses hotter sampling (checked before a run starts its engine)
 
     def __init__(
         self,
@@ -161,6 +163,9 @@ class VLLMEngine:
         self._version = int(version)
         self._stops: dict[tuple[str, ...], StopStrings] = {}
         self.last_sync: dict[str, float] = {}  # seconds and bytes of the last weight update
+        # the prefix cache still holds KV computed with older weights: vLLM refuses to reset it while
+        # requests run (an update in flight); reset before any new request reads it
+        self._stale_prefix_cache = False
         self._threads = torch.get_num_threads()  # vLLM's own count, set by _start (see _vllm_threads)
         self.llm = self._start(dtype)
         self._eos_ids = _eos_ids(self.llm, tokenizer)
@@ -271,7 +276,7 @@ class VLLMEngine:
         finally:
             if sleep:
                 self.llm.wake_up(tags=["kv_cache"])
-        self.llm.reset_prefix_cache()
+        self._stale_prefix_cache = self.llm.reset_prefix_cache() is False
         self.last_sync = {
             "seconds": time.perf_counter() - t0,
             "bytes": float(sum(v.numel() * v.element_size() for _, v in named)),
@@ -350,6 +355,7 @@ class VLLMEngine:
     ) -> RolloutBatch:
         """The body of :meth:`generate` after the prompts are encoded."""
         each = per_prompt(params, len(prompts))
+        self._check_context(encoded, each)
         seeds = _seeds(params, each)
         start_version = self._version
         # vLLM refuses n > 1 when greedy: such a prompt becomes n identical one-sample requests.
@@ -361,6 +367,26 @@ class VLLMEngine:
         with _vllm_threads(None if self.cuda else self._threads):
             samples = self._run(encoded, requests, on_chunk, max(1, int(chunk_tokens)))
         return self._to_batch(prompts, encoded, each, samples, group_offset, extras, start_version)
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest prompt + response vLLM holds (``max_model_len``, or the model's position limit)."""
+        return int(self.llm.llm_engine.model_config.max_model_len)
+
+    def _check_context(self, encoded: list[list[int]], each: list[SamplingParams]) -> None:
+        """Refuse prompts whose prompt + ``max_new_tokens`` exceeds ``max_model_len``: vLLM raises a
+        validation error for a prompt past it and silently cuts responses that reach it (marked "length",
+        as a response that used its budget) — the HF engine would have sampled them in full."""
+        limit = self.max_model_len
+        for i, (ids, p) in enumerate(zip(encoded, each, strict=True)):
+            if len(ids) + p.max_new_tokens > limit:
+                raise ConfigError(
+                    f"prompt {i} has {len(ids)} tokens and max_new_tokens is {p.max_new_tokens}: "
+                    f"{len(ids) + p.max_new_tokens} > vLLM's max_model_len {limit}",
+                    where="rollout.engine_options.max_model_len",
+                    hint="raise max_model_len (up to the model's max_position_embeddings), or lower "
+                    "data.max_prompt_len / rollout.max_new_tokens",
+                )
 
     def _run(
         self,
@@ -382,6 +408,13 @@ class VLLMEngine:
         chunk_tokens: int = 4,
     ) -> list[Any]:
         """The finished ``RequestOutput`` of every request, in request order."""
+        if self._stale_prefix_cache:  # no request runs now: the reset refused in flight must go through
+            if self.llm.reset_prefix_cache() is False:
+                raise ModelError(
+                    "vLLM refused to reset its prefix cache after a weight update: new requests would "
+                    "reuse KV computed with the old weights"
+                )
+            self._stale_prefix_cache = False
         engine = self.llm.llm_engine
         tag = uuid.uuid4().hex[:8]
         inputs = self.llm.renderer.render_cmpl([{"prompt_token_ids": ids} for ids in encoded])
@@ -478,12 +511,17 @@ class VLLMEngine:
 
 def _seeds(params: SamplingParams | Sequence[SamplingParams], each: list[SamplingParams]) -> list[int | None]:
     """One seed per prompt: a batch-wide seed spread over the prompts, a prompt's own seed kept (its output
-    then does not depend on the other prompts), and unseeded prompts drawn from the global torch RNG."""
+    then does not depend on the other prompts), and unseeded prompts drawn from the global torch RNG.
+
+    vLLM seeds sample ``j`` of a request with ``seed + j``: the batch-wide seeds are ``n`` apart (each
+    prompt's sample count), so no two prompts share a random stream (1 apart, prompt ``i + 1``'s sample
+    ``j`` drew prompt ``i``'s sample ``j + 1``: correlated groups)."""
     if isinstance(params, SamplingParams):
         if params.greedy:
             return [None] * len(each)
         base = params.seed if params.seed is not None else int(torch.randint(0, _SEED_MOD, (1,)))
-        return [(base * 1_000_003 + i) % _SEED_MOD for i in range(len(each))]
+        starts = [0, *itertools.accumulate(p.n for p in each)][:-1]
+        return [(base * 1_000_003 + start) % _SEED_MOD for start in starts]
     return [
         None if p.greedy else (p.seed if p.seed is not None else int(torch.randint(0, _SEED_MOD, (1,))))
         for p in each

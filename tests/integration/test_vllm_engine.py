@@ -123,6 +123,56 @@ def test_after_a_weight_update_vllm_samples_the_new_weights(models):
         vllm.close()
 
 
+def test_a_prefix_cache_reset_refused_in_flight_is_done_before_the_next_request(models):
+    """vLLM refuses to reset its prefix cache while requests run (a weight update in flight) and says so
+    by returning False; new requests would then reuse prompt KV of the old weights under the new version.
+    The engine retries before it adds requests, and stops in one line if vLLM refuses again."""
+    vllm = build_engine("vllm", EngineSpec(path=str(models[0])))
+    real, answers, calls = vllm.llm.reset_prefix_cache, [False, True, False, False], []
+
+    def reset(*args, **kwargs):
+        calls.append(real(*args, **kwargs))
+        return answers[len(calls) - 1]
+
+    vllm.llm.reset_prefix_cache = reset
+    try:
+        vllm.update_weights(load_causal_lm(models[1]).state_dict(), 1)  # refused, as in flight
+        assert len(calls) == 1
+        vllm.generate(PROMPTS, GREEDY)  # retried before the requests are added
+        assert len(calls) == 2
+        vllm.generate(PROMPTS, GREEDY)  # nothing stale: no reset
+        assert len(calls) == 2
+        vllm.update_weights(load_causal_lm(models[0]).state_dict(), 2)  # refused again, and then again
+        with pytest.raises(ModelError, match="refused to reset its prefix cache"):
+            vllm.generate(PROMPTS, GREEDY)
+    finally:
+        vllm.llm.reset_prefix_cache = real
+        vllm.close()
+
+
+def test_prompts_of_one_batch_never_share_a_random_stream(models):
+    """vLLM seeds a request's sample ``j`` with ``seed + j``: with prompt seeds one apart, three copies of a
+    prompt gave shifted copies of the same samples (prompt 1's sample j was prompt 0's sample j + 1)."""
+    vllm = build_engine("vllm", EngineSpec(path=str(models[0])))
+    try:
+        out = vllm.generate(["7+8="] * 3, SamplingParams(max_new_tokens=8, temperature=1.0, n=4, seed=3))
+    finally:
+        vllm.close()
+    rows = [out.response_ids[4 * i : 4 * i + 4].tolist() for i in range(3)]  # [prompt][sample] token ids
+    shifted = [rows[i + 1][j] == rows[i][j + 1] for i in range(2) for j in range(3)]
+    assert not all(shifted), "the prompts' samples are shifted copies: their random streams overlap"
+
+
+def test_batch_seeds_are_as_far_apart_as_each_prompt_has_samples():
+    from tandem.rollout.vllm_engine import _seeds
+
+    each = [SamplingParams(max_new_tokens=4, n=n, seed=5) for n in (4, 2, 8)]
+    seeds = _seeds(SamplingParams(max_new_tokens=4, n=4, seed=5), each)
+    ranges = [set(range(s, s + p.n)) for s, p in zip(seeds, each, strict=True)]
+    assert all(not (a & b) for i, a in enumerate(ranges) for b in ranges[i + 1 :])
+    assert _seeds(SamplingParams(max_new_tokens=4, n=4, seed=5), each) == seeds  # a seeded batch repeats
+
+
 def test_a_colocated_engine_mirrors_the_module_it_is_given(models):
     """``EngineSpec.model``: the engine loads the folder, then the module's (different) weights at once,
     and again on ``update_weights(None, v)`` after the module changed in place."""
@@ -155,12 +205,37 @@ def test_bad_requests_and_models_are_one_line_errors(tmp_path, models):
         assert "\n" not in str(err.value)
     finally:
         vllm.close()
+    # a prompt past max_model_len was a 115-line vLLM traceback; a response reaching it was cut silently
+    short = build_engine("vllm", EngineSpec(path=str(models[0]), options={"max_model_len": 16}))
+    try:
+        assert short.max_model_len == 16
+        short.generate(["12+7="], SamplingParams(max_new_tokens=8, temperature=0.0))  # fits
+        for prompt, new in (("12+7=", 12), ("x" * 30, 2)):
+            with pytest.raises(ConfigError, match="> vLLM's max_model_len 16") as err:
+                short.generate([prompt], SamplingParams(max_new_tokens=new, temperature=0.0))
+            assert str(err.value).startswith("rollout.engine_options.max_model_len: prompt 0 has")
+    finally:
+        short.close()
     small_heads = init_tiny_model(tmp_path / "h16", hidden_size=32, num_layers=1, num_heads=2)
     with pytest.raises(ModelError, match="head size 16") as err:
         build_engine("vllm", EngineSpec(path=str(small_heads)))
     assert "supported head sizes" in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(ModelError, match="needs its folder"):
         build_engine("vllm", EngineSpec(model=load_causal_lm(models[0])))
+
+
+def test_a_temperature_vllm_refuses_is_a_config_error_before_the_engine_starts(models):
+    """An adaptive temperature bounded above vLLM's 2 trained a step, then stopped the run when it got there."""
+    from tandem.orchestration.build import build_rollout_engine
+
+    base = {"model": {"path": str(models[0])}, "data": {"task": "arith"}}
+    adaptive = {"backend": "vllm", "adaptive_temperature": {"target_entropy": 0.5, "max_temperature": 2.5}}
+    with pytest.raises(
+        ConfigError, match=r"rollout.adaptive_temperature.max_temperature: 2.5 is above the vllm"
+    ):
+        build_rollout_engine(build_config({**base, "rollout": adaptive}))
+    with pytest.raises(ConfigError, match=r"rollout.temperature: 2.2 is above"):
+        build_rollout_engine(build_config({**base, "rollout": {"backend": "vllm", "temperature": 2.2}}))
 
 
 def test_missing_vllm_names_the_extra(monkeypatch):
