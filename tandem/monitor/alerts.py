@@ -132,6 +132,29 @@ class _RuleState:
         if self.rule.kind == "diverge" and _finite(held):
             self.pairs.append((float(v), float(held)))
 
+    @property
+    def key(self) -> list[str]:
+        """What ties a saved history to a rule: its label, metric and kind (a threshold may change)."""
+        return [rule_label(self.rule), self.rule.metric, self.rule.kind]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "recent": list(self.recent),
+            "first": list(self.first),
+            "pairs": [list(p) for p in self.pairs],
+            "active": self.active,
+            "streak": self.streak,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """The history :meth:`state_dict` saved, cut to this rule's ``window`` and ``min_history``."""
+        self.recent = deque((float(v) for v in state["recent"]), maxlen=self.rule.window)
+        self.first = [float(v) for v in state["first"]][: self.rule.min_history]
+        self.pairs = deque(((float(a), float(b)) for a, b in state["pairs"]), maxlen=self.rule.window)
+        self.active = bool(state["active"])
+        self.streak = int(state["streak"])
+
 
 _MISSING = object()
 
@@ -145,6 +168,28 @@ class AlertEngine:
     @property
     def rules(self) -> list[AlertRuleConfig]:
         return [s.rule for s in self.states]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every rule's history as plain JSON data (a checkpoint keeps it: :meth:`load_state_dict`)."""
+        return {"rules": [s.state_dict() for s in self.states]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`state_dict`'s history. A rule takes the saved history of the rule with its
+        label, metric and kind (in order, when several share them); a rule with none starts fresh, and a
+        saved history no rule claims is dropped (``monitor.alerts`` changed on resume). Raises
+        ``ValueError`` naming what is malformed."""
+        try:
+            saved: dict[tuple[str, ...], list[Mapping[str, Any]]] = {}
+            for entry in state["rules"]:
+                saved.setdefault(tuple(entry["key"]), []).append(entry)
+            fresh = [_RuleState(s.rule) for s in self.states]
+            for s in fresh:
+                queue = saved.get(tuple(s.key))
+                if queue:
+                    s.load_state_dict(queue.pop(0))
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"malformed alert history: {type(err).__name__}: {err}") from None
+        self.states = fresh
 
     def veto(self, metrics: Mapping[str, Any]) -> list[Alert]:
         """``skip`` rules that fire on partial metrics (inside the update, before ``optimizer.step()``);

@@ -11,6 +11,13 @@ engine in :mod:`tandem.monitor.alerts`); this module carries out their actions.
   before it and carries on with new tickets (the ticket accounting is never rolled back).
   After ``monitor.max_rollbacks`` rollbacks a further one stops the run instead.
 
+The controller's state — every rule's history (baselines, recent values, ``patience`` streaks, active
+``warn`` incidents) and the rollback count — is saved in each checkpoint (``extra_state["alerts"]``) and
+restored on ``--resume``, so a resumed run raises the alerts an uninterrupted one would, and
+``monitor.max_rollbacks`` counts over the whole run, not per process. A rollback rewinds the rule history to
+the restored checkpoint's (the steps after it are undone, so their metrics no longer describe the run),
+while the rollback count only grows.
+
 Both architectures use the same controller on the same :class:`~tandem.orchestration.trainer.Trainer`.
 With a DDP learner (``trainer.world_size > 1``) a rollback restores rank 0 and then hands its whole state
 to the other ranks, as at start; with FSDP2 every rank reads its own shards of the checkpoint and then
@@ -32,6 +39,8 @@ from tandem.monitor.alerts import Alert, AlertEngine, AlertSink, rule_label, sys
 from tandem.train.checkpoint import latest_checkpoint, list_checkpoints
 
 log = logging.getLogger(__name__)
+
+ALERT_STATE_KEY = "alerts"  # the controller's state in a checkpoint's extra_state
 
 
 class AlertStopError(TandemError):
@@ -138,11 +147,45 @@ class AlertController:
         base = list(sched.base_lrs) if sched is not None else [g["lr"] for g in optimizer.param_groups]
         state = self.trainer.load_checkpoint(ckpt, parts)
         self.trainer.restore(state["extra_state"], rollback=True)
+        self._rewind(state["extra_state"])
         scale_lr(optimizer, sched, [b * scale for b in base])
         self.trainer.sync_ranks()  # a DDP learner's other ranks take the restored state
         self.rollbacks += 1
         log.warning("rolled back to %s (step %d); LR × %g", ckpt, self.trainer.step, scale)
         return ckpt
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain JSON data for a checkpoint: the rules' history, the rollback count and a pending LR scale
+        (set only when a ``stop`` at the same step overrode a ``rollback``)."""
+        return {
+            "engine": self.engine.state_dict(),
+            "rollbacks": self.rollbacks,
+            "pending_lr_scale": self._pending_scale,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict` (a resume). Raises ``ValueError`` when it is malformed."""
+        try:
+            rollbacks = int(state["rollbacks"])
+            scale = state.get("pending_lr_scale")
+            scale = None if scale is None else float(scale)
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"malformed alert state: {type(err).__name__}: {err}") from None
+        self.engine.load_state_dict(state.get("engine", {"rules": []}))
+        self.rollbacks, self._pending_scale = rollbacks, scale
+
+    def _rewind(self, extra_state: dict[str, Any]) -> None:
+        """A rollback's rule history: the restored checkpoint's, so the replayed steps are judged as the
+        first time (their baselines and streaks as they were then, the undone steps forgotten; a ``warn``
+        incident that clears in the replay may be reported again). The rollback count is not rewound: it
+        only grows, or ``monitor.max_rollbacks`` could never stop a run that keeps rolling back. A
+        checkpoint without alert state (written by an older version) leaves the history as it is."""
+        saved = extra_state.get(ALERT_STATE_KEY)
+        if isinstance(saved, dict) and "engine" in saved:
+            try:
+                self.engine.load_state_dict(saved["engine"])
+            except ValueError as err:
+                log.warning("alert history of the rollback target not restored: %s", err)
 
     def close(self) -> None:
         self.sink.close()

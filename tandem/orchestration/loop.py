@@ -29,15 +29,16 @@ from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
 from tandem.config.schema import TandemConfig
+from tandem.errors import ModelError
 from tandem.monitor import MetricsLogger
 from tandem.monitor.metrics import MetricsListener
 from tandem.monitor.trackers import Tracker, TrackerRun, open_trackers
-from tandem.orchestration.alerting import AlertController, AlertStopError
+from tandem.orchestration.alerting import ALERT_STATE_KEY, AlertController, AlertStopError
 from tandem.orchestration.best import BestModel
 from tandem.orchestration.parts import RunParts, evaluated_weights, run_state, save_run_checkpoint
 from tandem.orchestration.runfolder import RunResult, finish_run
 from tandem.orchestration.trainer import Trainer
-from tandem.train.checkpoint import latest_checkpoint
+from tandem.train.checkpoint import checkpoint_dir, latest_checkpoint, read_checkpoint_state
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,8 @@ def run_loop(setup: LoopSetup) -> None:
         alerting = AlertController(cfg, result.run_dir, trainer, logger.alert)
         best = BestModel(result.run_dir, ck.best_metric, ck.best_mode) if ck.best_metric else None
         try:
+            if trainer.step > 0:  # a resume: the rules' history and the rollback count go on
+                restore_alerts(setup, alerting)
             if trainer.step == 0:
                 result.eval_before = trainer.evaluate()
                 logger.log(0, result.eval_before)
@@ -95,7 +98,7 @@ def run_loop(setup: LoopSetup) -> None:
                 alerting.wants_initial_checkpoint
                 and latest_checkpoint(result.run_dir / "checkpoints") is None
             ):
-                checkpoint(setup)  # something for a rollback to restore
+                checkpoint(setup, alerting)  # something for a rollback to restore
             while trainer.step < cfg.trainer.total_steps:
                 metrics = trainer.train_step()
                 step = trainer.step
@@ -114,7 +117,7 @@ def run_loop(setup: LoopSetup) -> None:
                     keep_best(setup, best, step, metrics)
                 due = (ck.every and step % ck.every == 0) or (last and ck.save_final)
                 if due and (healthy or last):
-                    checkpoint(setup)
+                    checkpoint(setup, alerting)
                 if setup.on_step is not None:
                     setup.on_step(step)
         finally:
@@ -152,11 +155,31 @@ def keep_best(setup: LoopSetup, best: BestModel | None, step: int, metrics: dict
     setup.result.best = best.summary()
 
 
-def checkpoint(setup: LoopSetup) -> None:
-    """Save the parts and the trainer's state at its step; then the batch source may acknowledge."""
+def restore_alerts(setup: LoopSetup, alerting: AlertController) -> None:
+    """On resume, give ``alerting`` the state saved in the checkpoint the trainer resumed from (the one at
+    its step). A checkpoint without one (written before alert state was saved) starts the alerts fresh."""
+    folder = checkpoint_dir(setup.result.run_dir / "checkpoints", setup.trainer.step)
+    if not folder.is_dir():  # pragma: no cover - the trainer's step comes from this checkpoint
+        log.warning("no checkpoint %s to restore the alert state from: alerts start fresh", folder)
+        return
+    saved = read_checkpoint_state(folder)["extra_state"].get(ALERT_STATE_KEY)
+    if saved is None:
+        if alerting.engine.rules:
+            log.info("checkpoint %s has no alert state (an older version's): alerts start fresh", folder.name)
+        return
+    try:
+        alerting.load_state_dict(saved)
+    except ValueError as err:
+        raise ModelError(f"extra_state.{ALERT_STATE_KEY}: {err}", where=str(folder / "state.json")) from None
+
+
+def checkpoint(setup: LoopSetup, alerting: AlertController) -> None:
+    """Save the parts, the trainer's and the alerts' state at its step; then the batch source may
+    acknowledge."""
     trainer = setup.trainer
     extra = {
         trainer.source.state_key: trainer.state_dict(),
+        ALERT_STATE_KEY: alerting.state_dict(),
         "eval_before": setup.result.eval_before,
         "trainer_state": run_state(setup.parts, trainer.step).to_json(),  # what `tandem eval` passes on
     }
@@ -175,7 +198,7 @@ def checkpoint(setup: LoopSetup) -> None:
 def _stop_by_alert(setup: LoopSetup, alerting: AlertController, step: int) -> NoReturn:
     """Alert action ``stop``: save a checkpoint, write ``summary.json`` and end with AlertStopError (the
     callers' ``finally`` blocks release workers)."""
-    checkpoint(setup)
+    checkpoint(setup, alerting)
     alerting.close()
     result = setup.result
     result.steps = step

@@ -21,6 +21,9 @@ The folder is built under a hidden temp name and renamed into place after every 
 (:func:`tandem.utils.io.atomic_dir`), so a crash leaves either the previous checkpoints or the new
 complete one; the hidden folders such a crash leaves are removed by the next save
 (:func:`clean_leftovers`). ``.pt`` files are read with ``torch.load(weights_only=True)``: no pickled code runs.
+A file damaged later (truncated by a full disk, garbled by a bad copy) is a one-line :class:`ModelError`
+naming it, whose hint names the previous complete checkpoint; a resume never falls back to it by itself
+(that would drop the steps in between without the user deciding).
 """
 
 from __future__ import annotations
@@ -28,10 +31,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import re
 import shutil
 import sys
 import time
+import zipfile
 from collections.abc import Callable, Mapping
 from importlib import metadata
 from pathlib import Path
@@ -40,7 +45,7 @@ from typing import Any
 import safetensors.torch
 import torch
 
-from tandem.errors import ModelError
+from tandem.errors import ModelError, first_line
 from tandem.models.lora import is_lora, load_adapter_weights
 from tandem.train.reference_sync import REFERENCE_WEIGHTS  # algorithm.kl.ref_sync_steps: the moved reference
 from tandem.utils.io import atomic_dir
@@ -226,8 +231,10 @@ def load_checkpoint(
     """Restore ``model`` weights (strict), optimizer, scheduler and RNG from ``path``; return state.json.
     ``model`` None: neither weights nor optimiser (an FSDP2 learner's ranks read those from the shards).
 
-    Raises :class:`ModelError` if the folder is not a complete checkpoint, a file is missing, or the
-    weights do not match the model's parameter names and shapes.
+    Raises :class:`ModelError` if the folder is not a complete checkpoint, a file is missing or damaged
+    (one line naming the file; the hint names the previous complete checkpoint to resume from instead), or
+    the weights do not match the model's parameter names and shapes. ``state.json`` is read first: the
+    cheapest file fails before the weights are touched.
     """
     folder = Path(path)
     if not (folder / COMPLETE_MARKER).is_file():
@@ -236,6 +243,7 @@ def load_checkpoint(
             where=str(folder),
             hint="use latest_checkpoint() to find the newest complete one",
         )
+    state = read_checkpoint_state(folder)
     if model is None:
         optimizer = critic = critic_optimizer = None
     else:
@@ -257,12 +265,30 @@ def load_checkpoint(
     if scheduler is not None:
         scheduler.load_state_dict(_load_pt(folder / "scheduler.pt"))
     if critic is not None and not critic_in_shards:
-        critic.load(folder / CRITIC_WEIGHTS)
+        try:
+            critic.load(folder / CRITIC_WEIGHTS)
+        except safetensors.SafetensorError as err:  # a mismatch is a ModelError of its own
+            raise _damaged(folder / CRITIC_WEIGHTS, err) from err
     if critic_optimizer is not None and not critic_in_shards:
         critic_optimizer.load_state_dict(_load_pt(folder / CRITIC_OPTIMIZER))
     if restore_rng:
         set_rng_state(_load_pt(folder / "rng.pt"))
-    return json.loads((folder / "state.json").read_text(encoding="utf-8"))
+    return state
+
+
+def read_checkpoint_state(folder: str | Path) -> dict[str, Any]:
+    """A checkpoint's ``state.json`` (``step``, ``extra_state``, …); a missing or damaged one is a
+    one-line :class:`ModelError` naming it."""
+    file = Path(folder) / "state.json"
+    if not file.is_file():
+        raise ModelError("checkpoint file is missing", where=str(file), hint=_earlier_checkpoint_hint(file))
+    try:
+        state = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:  # JSONDecodeError is a ValueError
+        raise _damaged(file, err) from err
+    if not isinstance(state, dict) or not isinstance(state.get("extra_state"), dict):
+        raise _damaged(file, ValueError("no extra_state object"))
+    return state
 
 
 def load_live_state(path: str | Path) -> dict[str, torch.Tensor] | None:
@@ -282,7 +308,9 @@ def _optional_weights(file: Path, what: str) -> dict[str, torch.Tensor] | None:
     try:
         return safetensors.torch.load_file(str(file), device="cpu")
     except Exception as err:  # a truncated or foreign file: say which
-        raise ModelError(f"cannot read {what}: {err}", where=str(file)) from err
+        raise ModelError(
+            f"cannot read {what}: {first_line(err)}", where=str(file), hint=_earlier_checkpoint_hint(file)
+        ) from err
 
 
 def load_model_weights(model_dir: str | Path, model: torch.nn.Module) -> None:
@@ -296,7 +324,10 @@ def load_model_weights(model_dir: str | Path, model: torch.nn.Module) -> None:
         raise ModelError("no .safetensors weights found", where=str(model_dir))
     loaded: dict[str, torch.Tensor] = {}
     for file in files:
-        loaded.update(safetensors.torch.load_file(str(file), device="cpu"))
+        try:
+            loaded.update(safetensors.torch.load_file(str(file), device="cpu"))
+        except (safetensors.SafetensorError, OSError) as err:  # truncated, empty or not safetensors
+            raise _damaged(file, err) from err
     if is_lora(model):  # a LoRA checkpoint holds the adapter; the base weights are model.path's
         load_adapter_weights(model, loaded, where=str(model_dir))
         return
@@ -382,14 +413,41 @@ def _write_json(path: Path, obj: Any) -> None:
 
 
 def _load_pt(path: Path) -> Any:
-    """``torch.load`` with ``weights_only=True`` (no arbitrary code); a clear error if missing or unsafe."""
+    """``torch.load`` with ``weights_only=True`` (no arbitrary code); a clear error if missing, damaged
+    (not the zip archive ``torch.save`` writes: truncated or overwritten) or unsafe (pickled objects)."""
     if not path.is_file():
         raise ModelError("checkpoint file is missing", where=str(path))
+    if not zipfile.is_zipfile(path):  # torch.save's format; a truncated archive has lost its directory
+        raise _damaged(path, ValueError("not a complete torch.save archive"))
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # UnpicklingError for unsupported types, or a corrupt file
-        summary = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ModelError(f"cannot load safely: {summary}", where=str(path)) from err
+    except pickle.UnpicklingError as err:  # the archive is whole, but it holds more than tensors and numbers
+        why = str(err).partition("WeightsUnpickler error:")[2].split("Check the documentation")[0]
+        summary = " ".join(why.split()) or first_line(err)
+        raise ModelError(f"cannot load safely (weights_only): {summary}", where=str(path)) from err
+    except Exception as err:  # a damaged member of the archive
+        raise _damaged(path, err) from err
+
+
+def _damaged(file: Path, err: BaseException) -> ModelError:
+    """A checkpoint file that cannot be read (truncated, garbled) as a one-line error naming it."""
+    return ModelError(
+        f"damaged or truncated file: {first_line(err)}", where=str(file), hint=_earlier_checkpoint_hint(file)
+    )
+
+
+def _earlier_checkpoint_hint(file: Path) -> str | None:
+    """For a file inside checkpoint folder ``step-N``: which complete checkpoint before it a resume could
+    use once ``step-N`` is moved away (never done automatically: that would silently drop steps). None
+    for a file outside a checkpoint folder."""
+    steps = [(d, checkpoint_step(d.name)) for d in list(file.parents)[:3]]  # model/x, critic/x, x
+    folder, step = next(((d, n) for d, n in steps if n is not None), (None, None))
+    if folder is None or step is None:
+        return None
+    earlier = [p for p in list_checkpoints(folder.parent) if (checkpoint_step(p.name) or 0) < step]
+    if not earlier:
+        return f"checkpoint {folder.name} is damaged and there is no earlier complete one to resume from"
+    return f"checkpoint {folder.name} is damaged: remove or rename {folder} to resume from {earlier[-1].name}"
 
 
 def _storage_key(tensor: torch.Tensor) -> tuple[Any, int, int, tuple[int, ...]]:
