@@ -34,6 +34,7 @@ import itertools
 import logging
 import os
 import random
+import re
 import sys
 import time
 import uuid
@@ -102,6 +103,15 @@ class VLLMOptions(BaseModel):
     )
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs per engine (CUDA).")
     seed: int = Field(0, description="vLLM's own seed (every Tandem request carries its own seed anyway).")
+
+
+def _reason(err: BaseException) -> str:
+    """The line of a vLLM start-up error that says what is wrong: pydantic's first line only counts the
+    errors ("1 validation error for ModelConfig"), the reason follows it."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    lines = [line for line in lines if not re.match(r"\d+ validation errors? for ", line)]
+    reason = lines[0] if lines else type(err).__name__
+    return reason.removeprefix("Value error, ").split(" [type=")[0]
 
 
 def _vllm_params(p: SamplingParams, seed: int | None, eos_ids: list[int], *, n: int) -> vllm.SamplingParams:
@@ -231,9 +241,12 @@ class VLLMEngine:
                 llm = vllm.LLM(**kwargs)
             self._threads = torch.get_num_threads()
             return llm
-        except (ValueError, RuntimeError, OSError) as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise ModelError(f"vLLM could not load {self.path}: {first}", where="rollout.backend") from None
+        except (ValueError, RuntimeError, OSError, AssertionError) as err:  # AssertionError: e.g. TP on CPU
+            raise ModelError(
+                f"vLLM could not load {self.path}: {_reason(err)}",
+                where="rollout.backend",
+                hint="check the model folder and rollout.engine_options",
+            ) from None
         finally:
             torch._C.set_num_threads(threads)  # vLLM made torch.set_num_threads a no-op on CPU
             random.setstate(rng[0])

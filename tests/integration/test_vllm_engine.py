@@ -216,6 +216,9 @@ def test_bad_requests_and_models_are_one_line_errors(tmp_path, models):
             assert str(err.value).startswith("rollout.engine_options.max_model_len: prompt 0 has")
     finally:
         short.close()
+    with pytest.raises(ModelError, match=r"max_model_len \(100000\) is greater than the derived") as err:
+        build_engine("vllm", EngineSpec(path=str(models[0]), options={"max_model_len": 100_000}))
+    assert "validation error for" not in str(err.value) and "\n" not in str(err.value)
     small_heads = init_tiny_model(tmp_path / "h16", hidden_size=32, num_layers=1, num_heads=2)
     with pytest.raises(ModelError, match="head size 16") as err:
         build_engine("vllm", EngineSpec(path=str(small_heads)))
