@@ -73,6 +73,7 @@ def check_run_dir(cfg: TandemConfig, *, resume: bool) -> Path:
         )
     if resume:
         _check_resume_step(cfg, run_dir)
+        _check_lora_base(cfg, run_dir)
     if holds and not resume:
         check_output_dir(
             run_dir,
@@ -113,6 +114,39 @@ def _check_resume_step(cfg: TandemConfig, run_dir: Path) -> None:
             where="trainer.total_steps",
             hint=f"resume with trainer.total_steps > {step} to train it further; `tandem eval {run_dir}` scores it",
         )
+
+
+def _check_lora_base(cfg: TandemConfig, run_dir: Path) -> None:
+    """A LoRA run's checkpoints hold the adapter only; its base weights are read from ``model.path`` again.
+    Resumed on another base, the adapter trained on as if nothing changed (held-out accuracy fell to 0
+    without a word). Refused when the run's recorded base and this one are both here and differ (their
+    config.json or weight files); the same model moved to another path passes."""
+    import yaml
+
+    recorded = run_dir / "config.yaml"
+    if not cfg.model.lora.enabled or not recorded.is_file():
+        return
+    before = ((yaml.safe_load(recorded.read_text(encoding="utf-8")) or {}).get("model") or {}).get("path")
+    now = cfg.model.path
+    if not before or before == now or "://" in f"{before}{now}":
+        return
+    old, new = _model_fingerprint(Path(before)), _model_fingerprint(Path(now))
+    if old is not None and new is not None and old != new:
+        raise ConfigError(
+            f"{now}, but the run's LoRA adapter was trained on {before}, another model",
+            where="model.path",
+            hint=f"resume with model.path={before}: a LoRA checkpoint holds the adapter, not the base",
+        )
+
+
+def _model_fingerprint(folder: Path) -> tuple[str, tuple[tuple[str, int], ...]] | None:
+    """What tells two model folders apart cheaply: config.json's text and the weight files' names and
+    sizes; None for a folder that is not there."""
+    config = folder / "config.json"
+    if not config.is_file():
+        return None
+    weights = tuple(sorted((f.name, f.stat().st_size) for f in folder.glob("*.safetensors")))
+    return config.read_text(encoding="utf-8"), weights
 
 
 def _check_something_to_resume(cfg: TandemConfig, run_dir: Path) -> None:

@@ -106,6 +106,23 @@ def test_lora_resume_is_exact(tiny_model_dir, tmp_path, crash_at_step, ema_decay
         assert not live.exists()
 
 
+def test_a_lora_run_resumed_on_another_base_is_refused(tiny_model_dir, tmp_path, crash_at_step):
+    """The checkpoint holds the adapter; the base comes from model.path again. Another base trained on
+    silently (held-out accuracy 0.60 -> 0); the same model copied elsewhere resumes."""
+    import shutil
+
+    from tandem.errors import ConfigError
+    from tandem.models import init_tiny_model
+
+    common = {"trainer": {"total_steps": 4, "lr": 1e-2}, "checkpoint": {"every": 2, "keep_last": 5}}
+    crash_at_step(_cfg(tiny_model_dir, tmp_path / "part", **common), 2)
+    other = init_tiny_model(tmp_path / "other", seed=99)
+    with pytest.raises(ConfigError, match="model.path: .*the run's LoRA adapter was trained on"):
+        train(_cfg(other, tmp_path / "part", **common), resume=True, progress=False)
+    moved = Path(shutil.copytree(tiny_model_dir, tmp_path / "moved"))
+    assert train(_cfg(moved, tmp_path / "part", **common), resume=True, progress=False).steps == 4
+
+
 def test_decoupled_lora_workers_sample_the_merged_weights(tiny_model_dir, tmp_path):
     """Rollout workers hold plain models and receive merged weights; with staleness 0 their behaviour
     log-probs are the learner's (a worker left on the base, or given PEFT names, would fail or drift)."""
