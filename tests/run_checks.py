@@ -1,5 +1,5 @@
-"""Assertions shared by the end-to-end and integration tests of training runs (imported by test modules;
-``tests/`` is on ``sys.path`` through its ``conftest.py``)."""
+"""Assertions and small configs shared by the end-to-end and integration tests of training runs (imported
+by test modules; ``tests/`` is on ``sys.path`` through its ``conftest.py``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,33 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tandem.config import build_config
+from tandem.config.schema import TandemConfig
 from tandem.monitor import read_metrics
+
+DIGITS_REWARD = {
+    "task_reward": False,
+    "functions": [{"path": f"{Path(__file__).parent / 'e2e' / 'digits_reward.py'}:digit_share"}],
+}
+
+
+def resume_config(model_dir: Path, out: Path, **sections: dict[str, Any]) -> TandemConfig:
+    """A four-step GRPO run on the tiny model with a checkpoint every two steps (what the resume tests stop
+    and continue); ``sections`` update the config's sections."""
+    data: dict[str, Any] = {
+        "run": {"output_dir": str(out), "seed": 3},
+        "model": {"path": str(model_dir)},
+        "data": {"task": "arith", "prompts_per_step": 2, "eval_size": 4, "train_size": 64},
+        "rollout": {"n": 4, "max_new_tokens": 4},
+        "algorithm": {"name": "grpo"},
+        "trainer": {"total_steps": 4, "lr": 1e-3},
+        "reward": DIGITS_REWARD,
+        "checkpoint": {"every": 2, "keep_last": 5},
+        "monitor": {"eval_every": 0, "sample_every": 0, "tensorboard": False, "progress": False},
+    }
+    for key, value in sections.items():
+        data.setdefault(key, {}).update(value)
+    return build_config(data)
 
 
 def step_rows(run_dir: Path) -> list[dict[str, Any]]:

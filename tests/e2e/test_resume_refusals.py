@@ -11,48 +11,25 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+from run_checks import resume_config
 
-from tandem.config import build_config, config_to_yaml
+from tandem.config import config_to_yaml
 from tandem.errors import TandemError
+from tandem.monitor import read_metrics
 from tandem.orchestration.runner import train
-
-HERE = Path(__file__).parent
-REWARD = {"task_reward": False, "functions": [{"path": f"{HERE / 'digits_reward.py'}:digit_share"}]}
-
-
-def _cfg(tiny_model_dir, out, **sections):
-    data = {
-        "run": {"output_dir": str(out), "seed": 3},
-        "model": {"path": str(tiny_model_dir)},
-        "data": {"task": "arith", "prompts_per_step": 2, "eval_size": 4, "train_size": 64},
-        "rollout": {"n": 4, "max_new_tokens": 4},
-        "algorithm": {"name": "grpo"},
-        "trainer": {"total_steps": 4, "lr": 1e-3},
-        "reward": REWARD,
-        "checkpoint": {"every": 2, "keep_last": 5},
-        "monitor": {"eval_every": 0, "sample_every": 0, "tensorboard": False, "progress": False},
-    }
-    for key, value in sections.items():
-        data.setdefault(key, {}).update(value)
-    return build_config(data)
-
-
-def _rows(run_dir):
-    return [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if x.strip()]
 
 
 def test_resume_of_finished_run_keeps_its_summary(tiny_model_dir, tmp_path, caplog):
-    cfg = _cfg(tiny_model_dir, tmp_path / "run", trainer={"total_steps": 2, "lr": 1e-3})
+    cfg = resume_config(tiny_model_dir, tmp_path / "run", trainer={"total_steps": 2, "lr": 1e-3})
     train(cfg, progress=False)
     before = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert before["eval_after"]
     with pytest.raises(TandemError, match="already finished at step 2"):
         train(cfg, resume=True, progress=False)
     assert json.loads((tmp_path / "run" / "summary.json").read_text()) == before
-    longer = _cfg(tiny_model_dir, tmp_path / "run", trainer={"total_steps": 3, "lr": 1e-3})
+    longer = resume_config(tiny_model_dir, tmp_path / "run", trainer={"total_steps": 3, "lr": 1e-3})
     assert train(longer, resume=True, progress=False).steps == 3  # extending it still works
     said = " ".join(
         caplog.text.split()
@@ -61,21 +38,23 @@ def test_resume_of_finished_run_keeps_its_summary(tiny_model_dir, tmp_path, capl
 
 
 def test_resume_without_complete_checkpoint_does_not_start_over(tiny_model_dir, tmp_path):
-    cfg = _cfg(tiny_model_dir, tmp_path / "run")
+    cfg = resume_config(tiny_model_dir, tmp_path / "run")
     train(cfg, progress=False)
     (tmp_path / "run" / "summary.json").unlink()  # as if killed after its last step
     for marker in (tmp_path / "run" / "checkpoints").glob("step-*/COMPLETE"):
         marker.unlink()  # e.g. every checkpoint folder damaged / copied without its marker
-    rows_before = _rows(tmp_path / "run")
+    rows_before = read_metrics(tmp_path / "run")
     with pytest.raises(TandemError, match="holds no complete checkpoint"):
         train(cfg, resume=True, progress=False)
-    assert _rows(tmp_path / "run") == rows_before
+    assert read_metrics(tmp_path / "run") == rows_before
 
 
 def test_switching_architecture_on_resume_is_a_clear_error(tiny_model_dir, tmp_path, crash_at_step):
-    cfg = _cfg(tiny_model_dir, tmp_path / "run")
+    cfg = resume_config(tiny_model_dir, tmp_path / "run")
     crash_at_step(cfg, 2)
-    decoupled = _cfg(tiny_model_dir, tmp_path / "run", architecture={"mode": "decoupled", "staleness": 0})
+    decoupled = resume_config(
+        tiny_model_dir, tmp_path / "run", architecture={"mode": "decoupled", "staleness": 0}
+    )
     config_before = (tmp_path / "run" / "config.yaml").read_text()
     with pytest.raises(
         TandemError,
@@ -89,7 +68,7 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_and_says_how_to_go_on(tiny_model_dir
     """A scheduler's SIGTERM used to kill the CLI where it stood, silently. Now: exit 143, "terminated",
     and, for a run with no checkpoint yet (``checkpoint.every=0``: only at the end), the command that starts
     it over — ``--resume`` would be refused."""
-    cfg = _cfg(
+    cfg = resume_config(
         tiny_model_dir, tmp_path / "run", trainer={"total_steps": 10_000, "lr": 1e-3}, checkpoint={"every": 0}
     )
     cfg_file = tmp_path / "cfg.yaml"

@@ -14,37 +14,14 @@ import json
 from pathlib import Path
 
 import pytest
+from run_checks import resume_config
 
-from tandem.config import build_config
 from tandem.errors import ModelError, TandemError
+from tandem.monitor import read_metrics
 from tandem.monitor.alerts import read_alerts
 from tandem.orchestration.alerting import AlertStopError
 from tandem.orchestration.runner import train
 from tandem.train.checkpoint import latest_checkpoint
-
-HERE = Path(__file__).parent
-REWARD = {"task_reward": False, "functions": [{"path": f"{HERE / 'digits_reward.py'}:digit_share"}]}
-
-
-def _cfg(tiny_model_dir, out, **sections):
-    data = {
-        "run": {"output_dir": str(out), "seed": 3},
-        "model": {"path": str(tiny_model_dir)},
-        "data": {"task": "arith", "prompts_per_step": 2, "eval_size": 4, "train_size": 64},
-        "rollout": {"n": 4, "max_new_tokens": 4},
-        "algorithm": {"name": "grpo"},
-        "trainer": {"total_steps": 4, "lr": 1e-3},
-        "reward": REWARD,
-        "checkpoint": {"every": 2, "keep_last": 5},
-        "monitor": {"eval_every": 0, "sample_every": 0, "tensorboard": False, "progress": False},
-    }
-    for key, value in sections.items():
-        data.setdefault(key, {}).update(value)
-    return build_config(data)
-
-
-def _rows(run_dir):
-    return [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if x.strip()]
 
 
 def test_alert_history_survives_resume(tiny_model_dir, tmp_path, crash_at_step):
@@ -59,12 +36,14 @@ def test_alert_history_survives_resume(tiny_model_dir, tmp_path, crash_at_step):
             "alerts": [rule],
         }
     }
-    full = train(_cfg(tiny_model_dir, tmp_path / "full", **extra), progress=False)
-    crash_at_step(_cfg(tiny_model_dir, tmp_path / "part", **extra), 2)
-    resumed = train(_cfg(tiny_model_dir, tmp_path / "part", **extra), resume=True, progress=False)
+    full = train(resume_config(tiny_model_dir, tmp_path / "full", **extra), progress=False)
+    crash_at_step(resume_config(tiny_model_dir, tmp_path / "part", **extra), 2)
+    resumed = train(resume_config(tiny_model_dir, tmp_path / "part", **extra), resume=True, progress=False)
 
     def skipped(run):
-        return [(r["step"], r.get("actor/skipped_by_alert")) for r in _rows(run.run_dir) if r["step"] >= 1]
+        return [
+            (r["step"], r.get("actor/skipped_by_alert")) for r in read_metrics(run.run_dir) if r["step"] >= 1
+        ]
 
     assert skipped(resumed) == skipped(full)
 
@@ -76,7 +55,9 @@ def test_rollback_count_survives_resume(tiny_model_dir, tmp_path):
     (to step 0) and stop at step 1."""
     rule = {"metric": "actor/lr", "kind": "above", "threshold": 0.0, "action": "rollback", "lr_scale": 1.0}
     monitor = {"alerts": [rule], "max_rollbacks": 1}
-    cfg = _cfg(tiny_model_dir, tmp_path / "run", monitor=monitor, trainer={"lr_schedule": "constant"})
+    cfg = resume_config(
+        tiny_model_dir, tmp_path / "run", monitor=monitor, trainer={"lr_schedule": "constant"}
+    )
     with pytest.raises(AlertStopError, match="at step 1"):
         train(cfg, progress=False)
     first = read_alerts(tmp_path / "run")
@@ -95,7 +76,7 @@ def test_checkpoint_without_alert_state_resumes_with_fresh_alerts(tiny_model_dir
     """A checkpoint written before alert state was saved (no ``extra_state.alerts``) resumes; its growth
     rule re-learns its baseline from the resumed steps (min_history 3: cannot fire in steps 3-4)."""
     rule = {"metric": "reward/mean", "kind": "growth", "threshold": 1e-6, "min_history": 3, "action": "skip"}
-    cfg = _cfg(tiny_model_dir, tmp_path / "run", monitor={"alerts": [rule]})
+    cfg = resume_config(tiny_model_dir, tmp_path / "run", monitor={"alerts": [rule]})
     crash_at_step(cfg, 2)
     state_file = latest_checkpoint(tmp_path / "run" / "checkpoints") / "state.json"
     state = json.loads(state_file.read_text())
@@ -103,7 +84,7 @@ def test_checkpoint_without_alert_state_resumes_with_fresh_alerts(tiny_model_dir
     state_file.write_text(json.dumps(state))
     resumed = train(cfg, resume=True, progress=False)
     assert resumed.steps == 4
-    assert [r.get("actor/skipped_by_alert", 0.0) for r in _rows(resumed.run_dir) if r["step"] > 2] == [
+    assert [r.get("actor/skipped_by_alert", 0.0) for r in read_metrics(resumed.run_dir) if r["step"] > 2] == [
         0.0,
         0.0,
     ]
@@ -126,7 +107,7 @@ def test_damaged_latest_checkpoint_is_one_line_naming_file_and_previous(
 ):
     """Checkpoints at steps 1 and 2; step 2's ``name`` is damaged. The resume stops with one line that names
     the file and says which folder to move away to resume from step 1, without falling back by itself."""
-    cfg = _cfg(tiny_model_dir, tmp_path / "run", checkpoint={"every": 1})
+    cfg = resume_config(tiny_model_dir, tmp_path / "run", checkpoint={"every": 1})
     crash_at_step(cfg, 2)
     latest = latest_checkpoint(tmp_path / "run" / "checkpoints")
     assert latest is not None and latest.name == "step-00000002"
@@ -143,7 +124,7 @@ def test_damaged_latest_checkpoint_is_one_line_naming_file_and_previous(
 def test_truncated_checkpoint_weights_give_a_tandem_error(tiny_model_dir, tmp_path, crash_at_step):
     """The only checkpoint's weights are truncated: a TandemError naming the file (not a SafetensorError
     traceback), which says there is no earlier checkpoint to go back to."""
-    cfg = _cfg(tiny_model_dir, tmp_path / "run")
+    cfg = resume_config(tiny_model_dir, tmp_path / "run")
     crash_at_step(cfg, 2)
     weights = latest_checkpoint(tmp_path / "run" / "checkpoints") / "model" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
