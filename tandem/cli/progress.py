@@ -40,14 +40,16 @@ class _PlainLines:
     once at the end: progress that reads in a log file."""
 
     def __init__(self, console: Console, label: str) -> None:
-        self.console, self.label, self.t0, self.last = console, label, time.monotonic(), 0.0
+        # the first update always prints: a monotonic clock starts near 0 at boot, so "last = 0" held back the
+        # first line on a machine up for less than PLAIN_INTERVAL_S (a fresh CI machine, with the test's 1 h)
+        self.console, self.label, self.t0, self.last = console, label, time.monotonic(), None
         self.done, self.total, self.info = 0, None, ""
 
     def update(self, done: int, total: int | None, info: str | None = None, *, final: bool = False) -> None:
         self.done, self.total = done, total if total is not None else self.total
         self.info = info if info is not None else self.info
         now = time.monotonic()
-        if not final and now - self.last < PLAIN_INTERVAL_S:
+        if not final and self.last is not None and now - self.last < PLAIN_INTERVAL_S:
             return
         self.last, elapsed = now, now - self.t0
         eta = ""

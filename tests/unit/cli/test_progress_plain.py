@@ -17,6 +17,8 @@ def test_steps_in_a_pipe_are_plain_lines_with_the_metric(capsys, monkeypatch):
 
 def test_counts_in_a_pipe_are_plain_lines(capsys, monkeypatch):
     monkeypatch.setattr(progress, "PLAIN_INTERVAL_S", 3600.0)  # only the first and the final line
+    now = iter(range(10, 1000))  # a machine booted 10 s ago: its monotonic clock is near 0
+    monkeypatch.setattr(progress.time, "monotonic", lambda: float(next(now)))
     with progress.count_progress("eval") as on_progress:
         for done in range(1, 11):
             on_progress(done, 10)
