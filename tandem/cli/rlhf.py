@@ -135,45 +135,65 @@ def rm(config: ConfigPath, overrides: CommandOverrides = None) -> None:
 
 
 @user_errors
-def dpo(config: ConfigPath, overrides: CommandOverrides = None) -> None:
+def dpo(
+    config: ConfigPath,
+    overrides: CommandOverrides = None,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            help="Continue an interrupted offline run from its latest checkpoint (<out_dir>.checkpoints, "
+            "written every save_every steps)."
+        ),
+    ] = False,
+) -> None:
     """Offline DPO with reference log-probs computed once and cached (no reference model in memory).
 
-    Example: tandem dpo configs/dpo.yaml beta=0.1 out_dir=runs/dpo
+    Example: tandem dpo configs/dpo.yaml beta=0.1 out_dir=runs/dpo save_every=50
     """
-    from tandem.cli.progress import step_progress
     from tandem.config.rlhf import DPOConfig, load_command_config
     from tandem.data.storage import local_input
     from tandem.models import load_causal_lm, load_tokenizer, save_pretrained_atomic
     from tandem.models.lora import merged_model
     from tandem.train import dpo as dpolib
+    from tandem.train import dpo_checkpoint as dpockpt
 
     cfg = load_command_config(DPOConfig, config, overrides)
     _check_models(cfg, "model", "ref_model")
     if cfg.online_rounds or cfg.eval_task:
         check_engine(cfg.engine, "engine")
     _check_out(cfg.out_dir, "model", cfg.model, cfg.ref_model)
-    with local_input(cfg.model) as model_dir:
-        tok = load_tokenizer(model_dir)
-        train, val = _pairs(cfg.data, tok, cfg.seed)
-        out.print(f"DPO: {len(train)} train / {len(val)} held-out pairs")
-        if not cfg.online_rounds:  # online rounds use each round's policy as reference
-            ref_train, ref_val = _reference(cfg, str(model_dir), tok, train, val)
-        policy = load_causal_lm(model_dir)
-    if cfg.lora.enabled:
-        from tandem.models.lora import apply_lora
-
-        lo = cfg.lora
-        policy = apply_lora(
-            policy, r=lo.r, alpha=lo.alpha, dropout=lo.dropout, target_modules=lo.target_modules
-        )
-    before = _verifier_score(cfg, policy, tok) if cfg.eval_task else None
-    saved_as = {"created_by": "tandem dpo", "source": cfg.model}
+    resume_from = _dpo_resume_point(cfg, resume)  # refusals before any data or model is loaded
     settings = dpolib.DPOSettings(
         beta=cfg.beta, loss_type=cfg.loss_type, label_smoothing=cfg.label_smoothing,
         length_normalize=cfg.length_normalize, lr=cfg.lr,
         batch_size=cfg.batch_size, epochs=cfg.epochs, max_steps=cfg.max_steps,
         warmup_steps=cfg.warmup_steps, sft_coef=cfg.sft_coef, seed=cfg.seed, shared_prefix=cfg.shared_prefix,
     )  # fmt: skip
+    with local_input(cfg.model) as model_dir:
+        tok = load_tokenizer(model_dir)
+        train, val = _pairs(cfg.data, tok, cfg.seed)
+        out.print(f"DPO: {len(train)} train / {len(val)} held-out pairs")
+        if resume_from is not None:  # the same pairs, and no more steps done than the run has
+            folder, state = resume_from
+            total = dpolib.total_steps(len(train), settings)
+            step = dpockpt.check_resume_state(folder, state, dpockpt.pairs_key(train), total)
+            out.print(
+                f"resuming from [bold]{escape(str(folder))}[/] (step {step} of {total})", soft_wrap=True
+            )
+        if not cfg.online_rounds:  # online rounds use each round's policy as reference
+            ref_train, ref_val = _reference(cfg, str(model_dir), tok, train, val)  # a resume: the cache
+        policy = load_causal_lm(model_dir)
+    if cfg.lora.enabled:
+        from tandem.models.lora import apply_lora
+        from tandem.utils.seed import seed_everything
+
+        lo = cfg.lora
+        seed_everything(cfg.seed)  # the adapters' random init: the same in every run of this config
+        policy = apply_lora(
+            policy, r=lo.r, alpha=lo.alpha, dropout=lo.dropout, target_modules=lo.target_modules
+        )
+    before = _verifier_score(cfg, policy, tok) if cfg.eval_task else None
+    saved_as = {"created_by": dpockpt.CREATED_BY, "source": cfg.model}
     if cfg.online_rounds:
         _online(cfg, policy, tok, train, settings)
         after = _verifier_score(cfg, policy, tok) if cfg.eval_task else None
@@ -185,13 +205,103 @@ def dpo(config: ConfigPath, overrides: CommandOverrides = None) -> None:
         out.print(f"policy saved to [bold]{escape(cfg.out_dir)}[/]")
         return
     start = dpolib.implicit_reward_metrics(policy, tok, val, ref_val, cfg.beta)
-    with step_progress("dpo", dpolib.total_steps(len(train), settings), key="loss") as on_step:
-        dpolib.train_dpo(policy, tok, train, ref_train, settings, on_step=on_step)
+    again = ["tandem", "dpo", str(config), *(overrides or [])]
+    _train_offline(cfg, policy, tok, train, ref_train, settings, resume_from, again)
     end = dpolib.implicit_reward_metrics(policy, tok, val, ref_val, cfg.beta)
     after = _verifier_score(cfg, policy, tok) if cfg.eval_task else None
     _print_dpo(start, end, before, after)
     _save_to(cfg.out_dir, "model", lambda d: save_pretrained_atomic(merged_model(policy), tok, d, **saved_as))
+    if cfg.save_every or resume_from is not None:  # the final model is safe: its checkpoints are not needed
+        dpockpt.remove_checkpoints(dpockpt.checkpoints_root(cfg.out_dir))
     out.print(f"policy saved to [bold]{escape(cfg.out_dir)}[/]")
+
+
+def _dpo_resume_point(cfg: Any, resume: bool) -> tuple[Path, dict] | None:
+    """``--resume``: the checkpoint to continue from and its state (refusals in one line when there is
+    none, the run finished, or a key that changes the run differs); without it, a refusal when an
+    interrupted run's checkpoints would be buried by a fresh start. Checkpoints are offline-only and local."""
+    from tandem.data.storage import is_remote
+    from tandem.errors import ConfigError
+    from tandem.train import dpo_checkpoint as dpockpt
+
+    if cfg.online_rounds and (resume or cfg.save_every):
+        raise ConfigError(
+            "online DPO keeps no checkpoints: --resume and save_every are for offline DPO (online_rounds=0)",
+            where="online_rounds" if resume else "save_every",
+        )
+    if is_remote(cfg.out_dir) and (resume or cfg.save_every):
+        raise ConfigError(
+            "DPO checkpoints are written beside out_dir and need a local one",
+            where="save_every" if cfg.save_every else "out_dir",
+            hint="use a local out_dir, or save_every=0 without --resume",
+        )
+    if cfg.online_rounds or is_remote(cfg.out_dir):
+        return None
+    root = dpockpt.checkpoints_root(cfg.out_dir)
+    if not resume:
+        dpockpt.check_fresh_start(root)
+        return None
+    return dpockpt.find_resume(root, cfg.model_dump(mode="json"), cfg.out_dir)
+
+
+def _train_offline(
+    cfg: Any,
+    policy: Any,
+    tok: Any,
+    train: list,
+    ref_train: Any,
+    settings: Any,
+    resume_from: tuple[Path, dict] | None,
+    again: list[str],
+) -> None:
+    """``train_dpo`` with a progress bar, checkpoints every ``save_every`` steps and, with ``--resume``, the
+    state of ``resume_from`` (already checked); Ctrl-C prints the command that continues the run
+    (``again``: this one)."""
+    from tandem.cli.progress import step_progress
+    from tandem.train import dpo as dpolib
+    from tandem.train import dpo_checkpoint as dpockpt
+
+    total = dpolib.total_steps(len(train), settings)
+    root = dpockpt.checkpoints_root(cfg.out_dir)
+    restore = None if resume_from is None else dpockpt.checkpoint_restorer(resume_from[0], policy)
+    saver = None
+    if cfg.save_every:
+        config = cfg.model_dump(mode="json")
+        saver = dpockpt.checkpoint_saver(root, policy, tok, config, dpockpt.pairs_key(train))
+    try:
+        with step_progress("dpo", total, key="loss") as on_step:
+            dpolib.train_dpo(
+                policy, tok, train, ref_train, settings, on_step=on_step,
+                save_every=cfg.save_every, on_checkpoint=saver, restore=restore,
+            )  # fmt: skip
+    except KeyboardInterrupt:
+        if cfg.save_every:
+            _say_how_to_resume_dpo(root, again, cfg.save_every)
+        raise
+
+
+def _say_how_to_resume_dpo(root: Path, again: list[str], save_every: int) -> None:
+    """After Ctrl-C: the command that continues from the latest checkpoint, or, before the first one, the
+    command that starts over."""
+    import shlex
+
+    from tandem.cli.app import err
+    from tandem.train import dpo_checkpoint as dpockpt
+
+    step = dpockpt.latest_step(root)
+    if step is None:
+        err.print(
+            f"no checkpoint yet (save_every={save_every}): nothing to resume; start over with: "
+            f"{escape(shlex.join(again))}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return
+    err.print(
+        f"{escape(str(root))} keeps step {step}; continue with: {escape(shlex.join([*again, '--resume']))}",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def _reference(cfg: Any, model_dir: str, tok: Any, train: list, val: list) -> tuple[Any, Any]:

@@ -98,6 +98,13 @@ class DPOConfig(_Flat):
         0.0, ge=0, description="RPO: weight of the chosen completions' per-token NLL added to the loss."
     )
     seed: int = Field(0, ge=0, description="Seed.")
+    save_every: int = Field(
+        0,
+        ge=0,
+        description="Offline DPO: write a checkpoint every this many steps to <out_dir>.checkpoints (the "
+        "last 2 kept, removed once the final model is saved), so `tandem dpo CONFIG --resume` continues an "
+        "interrupted run exactly (0: no intermediate checkpoints).",
+    )
     shared_prefix: bool = Field(
         True,
         description="Run each pair's prompt once and share its KV cache between chosen and rejected "

@@ -203,6 +203,39 @@ def _reward_metrics(rc: torch.Tensor, rr: torch.Tensor) -> dict[str, float]:
     }
 
 
+@dataclass
+class DPOProgress:
+    """Where a :func:`train_dpo` run stands between steps: everything besides the policy's weights that a
+    resumed run needs to continue exactly (optimiser, scheduler, the data order and its generator, the
+    metrics so far). Handed to ``restore`` before the first step and to ``on_checkpoint`` after every
+    ``save_every``-th one; :meth:`data_state` / :meth:`load_data_state` are its JSON-able part."""
+
+    step: int  # optimiser steps done
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    data_rng: random.Random  # shuffles each epoch's order
+    order: list[int]  # the current epoch's pair indices not yet trained on
+    history: list[dict[str, float]]  # per-step metrics of steps 1..step
+
+    def data_state(self) -> dict[str, Any]:
+        """``step``, ``order``, ``data_rng`` and ``history`` as JSON-able data."""
+        version, internal, gauss = self.data_rng.getstate()
+        return {
+            "step": self.step,
+            "order": list(self.order),
+            "data_rng": [version, list(internal), gauss],
+            "history": [dict(h) for h in self.history],
+        }
+
+    def load_data_state(self, state: Mapping[str, Any]) -> None:
+        """Put back what :meth:`data_state` returned (optimiser and scheduler are the caller's)."""
+        version, internal, gauss = state["data_rng"]
+        self.data_rng.setstate((int(version), tuple(int(x) for x in internal), gauss))
+        self.step = int(state["step"])
+        self.order = [int(i) for i in state["order"]]
+        self.history = [dict(h) for h in state["history"]]
+
+
 def train_dpo(
     policy: torch.nn.Module,
     tokenizer: Any,
@@ -211,8 +244,18 @@ def train_dpo(
     settings: DPOSettings,
     *,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
+    save_every: int = 0,
+    on_checkpoint: Callable[[DPOProgress], None] | None = None,
+    restore: Callable[[DPOProgress], None] | None = None,
 ) -> list[dict[str, float]]:
-    """Train ``policy`` in place; returns per-step metrics (``loss``, ``rewards/*``, ``grad_norm``)."""
+    """Train ``policy`` in place; returns per-step metrics (``loss``, ``rewards/*``, ``grad_norm``).
+
+    Checkpointing without file I/O here: ``on_checkpoint(progress)`` runs after every ``save_every``-th
+    step (0: never) to save the policy and ``progress``; ``restore(progress)``, before the first step, puts
+    a saved run back — the policy's weights, ``progress``'s optimiser and scheduler state,
+    :meth:`DPOProgress.load_data_state` and the global RNGs — and training continues from
+    ``progress.step + 1``, exactly as the uninterrupted run would (the returned history then includes
+    the restored steps)."""
     if not pairs:
         raise DataError("DPO training set is empty")
     if ref_logps.shape != (len(pairs), 2):
@@ -220,49 +263,63 @@ def train_dpo(
             f"reference log-probs have shape {tuple(ref_logps.shape)}, expected ({len(pairs)}, 2)"
         )
     seed_everything(settings.seed)
-    rng = random.Random(settings.seed)
     # trainable parameters only: with LoRA the frozen base gets no optimiser state
     opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=settings.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / max(1, settings.warmup_steps))
     )
+    progress = DPOProgress(0, opt, sched, random.Random(settings.seed), [], [])
+    if restore is not None:
+        restore(progress)
     total = total_steps(len(pairs), settings)
     policy.train()
-    history: list[dict[str, float]] = []
-    order: list[int] = []
-    for step in range(1, total + 1):
-        if not order:
-            order = list(range(len(pairs)))
-            rng.shuffle(order)
-        idx, order = order[: settings.batch_size], order[settings.batch_size :]
-        batch = [pairs[i] for i in idx]
-        ref = ref_logps[idx]  # [b, 2]
-        summed, lengths = _summed_logps(policy, tokenizer, batch, settings.shared_prefix)  # [2b], [2b]
-        pc, pr = summed[: len(batch)], summed[len(batch) :]  # [b], [b]
-        b = len(batch)
-        norm = (lengths[:b], lengths[b:]) if settings.length_normalize else None
-        losses, rc, rr = dpo_loss(
-            pc, pr, ref[:, 0], ref[:, 1], settings.beta, settings.loss_type, settings.label_smoothing,
-            lengths=norm,
-        )  # fmt: skip
-        loss = losses.mean()
-        nll = -(pc / lengths[: len(batch)].clamp_min(1)).mean()  # chosen per-token NLL
-        if settings.sft_coef:
-            loss = loss + settings.sft_coef * nll
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), settings.max_grad_norm)
-        opt.step()
+    for step in range(progress.step + 1, total + 1):
+        if not progress.order:
+            progress.order = list(range(len(pairs)))
+            progress.data_rng.shuffle(progress.order)
+        idx, progress.order = progress.order[: settings.batch_size], progress.order[settings.batch_size :]
+        metrics = _dpo_step(policy, tokenizer, [pairs[i] for i in idx], ref_logps[idx], settings, opt)
         sched.step()
-        metrics = {"loss": float(loss.detach()), "grad_norm": float(grad_norm), **_reward_metrics(rc, rr)}
-        metrics["logps/chosen"] = float(pc.detach().mean())
-        metrics["logps/rejected"] = float(pr.detach().mean())
-        metrics["nll/chosen"] = float(nll.detach())
-        history.append(metrics)
+        progress.step = step
+        progress.history.append(metrics)
         if on_step is not None:
             on_step(step, metrics)
+        if on_checkpoint is not None and save_every > 0 and step % save_every == 0:
+            on_checkpoint(progress)
     policy.eval()
-    return history
+    return progress.history
+
+
+def _dpo_step(
+    policy: torch.nn.Module,
+    tokenizer: Any,
+    batch: Sequence[PreferencePair],
+    ref: torch.Tensor,  # [b, 2]
+    settings: DPOSettings,
+    opt: torch.optim.Optimizer,
+) -> dict[str, float]:
+    """One forward/backward/optimiser step on ``batch``; its metrics."""
+    summed, lengths = _summed_logps(policy, tokenizer, batch, settings.shared_prefix)  # [2b], [2b]
+    pc, pr = summed[: len(batch)], summed[len(batch) :]  # [b], [b]
+    b = len(batch)
+    norm = (lengths[:b], lengths[b:]) if settings.length_normalize else None
+    losses, rc, rr = dpo_loss(
+        pc, pr, ref[:, 0], ref[:, 1], settings.beta, settings.loss_type, settings.label_smoothing,
+        lengths=norm,
+    )  # fmt: skip
+    loss = losses.mean()
+    nll = -(pc / lengths[: len(batch)].clamp_min(1)).mean()  # chosen per-token NLL
+    if settings.sft_coef:
+        loss = loss + settings.sft_coef * nll
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), settings.max_grad_norm)
+    opt.step()
+    metrics = {"loss": float(loss.detach()), "grad_norm": float(grad_norm), **_reward_metrics(rc, rr)}
+    metrics["logps/chosen"] = float(pc.detach().mean())
+    metrics["logps/rejected"] = float(pr.detach().mean())
+    metrics["nll/chosen"] = float(nll.detach())
+    return metrics
 
 
 def total_steps(n_pairs: int, settings: DPOSettings) -> int:
