@@ -30,7 +30,6 @@ samples with the trainer's current weights.
 from __future__ import annotations
 
 import gc
-import itertools
 import logging
 import os
 import random
@@ -44,7 +43,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from tandem.errors import ConfigError, DataError, ModelError
 from tandem.models import load_tokenizer
@@ -55,6 +53,7 @@ from tandem.rollout.prompts import encode_prompts, left_pad
 from tandem.rollout.registry import parse_engine_options
 from tandem.rollout.rows import per_prompt
 from tandem.rollout.stops import StopStrings
+from tandem.rollout.vllm_requests import VLLMOptions, seeds_for, vllm_params
 from tandem.types import RolloutBatch
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine (see the docstring)
@@ -62,8 +61,6 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM's INFO lines drow
 
 try:
     import vllm
-    from vllm.exceptions import VLLMValidationError
-    from vllm.sampling_params import RequestOutputKind
 except ModuleNotFoundError:
     raise  # the registry turns a missing ``vllm`` into a line naming the extra
 except (ImportError, OSError, RuntimeError) as err:  # e.g. torchvision built for another torch
@@ -75,34 +72,9 @@ except (ImportError, OSError, RuntimeError) as err:  # e.g. torchvision built fo
         "pip uninstall -y torchvision torchaudio torchcodec (make vllm does this)",
     ) from None
 
-_SEED_MOD = 2**31 - 1
 # Every in-place reload warns "RotaryEmbedding: Failed to load weights": the rotary cos/sin cache is not
 # in any checkpoint (it is computed from the config), so vLLM keeps the one it has, which is right.
 logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
-
-
-class VLLMOptions(BaseModel):
-    """``rollout.engine_options`` of the ``vllm`` engine."""
-
-    model_config = ConfigDict(extra="forbid")
-    max_model_len: int | None = Field(
-        None, ge=8, description="Longest prompt + response; None: the model's max_position_embeddings."
-    )
-    kv_cache_gb: float | None = Field(
-        None, gt=0, description="KV cache size in GiB; None: 1 GiB on CPU, gpu_memory_utilization on CUDA."
-    )
-    gpu_memory_utilization: float = Field(
-        0.4, gt=0, le=1, description="CUDA: share of GPU memory vLLM may take (the trainer needs the rest)."
-    )
-    enforce_eager: bool = Field(
-        True, description="No CUDA graphs / torch.compile: fast start, slower decode."
-    )
-    enable_prefix_caching: bool = Field(True, description="Share the KV cache of a prompt's n samples.")
-    sleep_during_update: bool = Field(
-        True, description="CUDA: free the KV cache while weights load (vLLM sleep mode); ignored on CPU."
-    )
-    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per engine (CUDA).")
-    seed: int = Field(0, description="vLLM's own seed (every Tandem request carries its own seed anyway).")
 
 
 def _reason(err: BaseException) -> str:
@@ -112,35 +84,6 @@ def _reason(err: BaseException) -> str:
     lines = [line for line in lines if not re.match(r"\d+ validation errors? for ", line)]
     reason = lines[0] if lines else type(err).__name__
     return reason.removeprefix("Value error, ").split(" [type=")[0]
-
-
-def _vllm_params(p: SamplingParams, seed: int | None, eos_ids: list[int], *, n: int) -> vllm.SamplingParams:
-    """vLLM's sampling parameters for Tandem's ``p`` (one request of ``n`` samples); a value vLLM refuses
-    (e.g. temperature above 2) is a ConfigError naming the parameter."""
-    try:
-        return _build_params(p, seed, eos_ids, n)
-    except (ValueError, VLLMValidationError) as err:
-        key = getattr(err, "parameter", None) or "sampling"
-        first = str(err).strip().splitlines()[0]
-        raise ConfigError(f"vLLM refuses this value: {first}", where=f"rollout.{key}") from None
-
-
-def _build_params(p: SamplingParams, seed: int | None, eos_ids: list[int], n: int) -> vllm.SamplingParams:
-    return vllm.SamplingParams(
-        n=n,
-        max_tokens=p.max_new_tokens,
-        temperature=p.temperature,
-        top_p=p.top_p,
-        top_k=p.top_k,
-        min_p=p.min_p,
-        repetition_penalty=p.repetition_penalty,
-        seed=None if p.greedy else seed,
-        stop=list(p.stop) or None,
-        stop_token_ids=eos_ids,
-        logprobs=0,  # the sampled token's log-prob only
-        detokenize=bool(p.stop),  # stop strings need text; completions are decoded by Tandem
-        output_kind=RequestOutputKind.FINAL_ONLY,  # one output per request, with all n samples
-    )
 
 
 class VLLMEngine:
@@ -369,11 +312,11 @@ class VLLMEngine:
         """The body of :meth:`generate` after the prompts are encoded."""
         each = per_prompt(params, len(prompts))
         self._check_context(encoded, each)
-        seeds = _seeds(params, each)
+        seeds = seeds_for(params, each)
         start_version = self._version
         # vLLM refuses n > 1 when greedy: such a prompt becomes n identical one-sample requests.
         requests = [
-            (i, _vllm_params(p, seed, self._eos_ids, n=1 if p.greedy else p.n))
+            (i, vllm_params(p, seed, self._eos_ids, n=1 if p.greedy else p.n))
             for i, (p, seed) in enumerate(zip(each, seeds, strict=True))
             for _ in range(p.n if p.greedy else 1)
         ]
@@ -520,25 +463,6 @@ class VLLMEngine:
             extras=extras,
             version=version,
         )
-
-
-def _seeds(params: SamplingParams | Sequence[SamplingParams], each: list[SamplingParams]) -> list[int | None]:
-    """One seed per prompt: a batch-wide seed spread over the prompts, a prompt's own seed kept (its output
-    then does not depend on the other prompts), and unseeded prompts drawn from the global torch RNG.
-
-    vLLM seeds sample ``j`` of a request with ``seed + j``: the batch-wide seeds are ``n`` apart (each
-    prompt's sample count), so no two prompts share a random stream (1 apart, prompt ``i + 1``'s sample
-    ``j`` drew prompt ``i``'s sample ``j + 1``: correlated groups)."""
-    if isinstance(params, SamplingParams):
-        if params.greedy:
-            return [None] * len(each)
-        base = params.seed if params.seed is not None else int(torch.randint(0, _SEED_MOD, (1,)))
-        starts = [0, *itertools.accumulate(p.n for p in each)][:-1]
-        return [(base * 1_000_003 + start) % _SEED_MOD for start in starts]
-    return [
-        None if p.greedy else (p.seed if p.seed is not None else int(torch.randint(0, _SEED_MOD, (1,))))
-        for p in each
-    ]
 
 
 class _Parked:

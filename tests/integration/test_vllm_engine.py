@@ -164,7 +164,7 @@ def test_prompts_of_one_batch_never_share_a_random_stream(models):
 
 
 def test_batch_seeds_are_as_far_apart_as_each_prompt_has_samples():
-    from tandem.rollout.vllm_engine import _seeds
+    from tandem.rollout.vllm_requests import seeds_for as _seeds
 
     each = [SamplingParams(max_new_tokens=4, n=n, seed=5) for n in (4, 2, 8)]
     seeds = _seeds(SamplingParams(max_new_tokens=4, n=4, seed=5), each)
