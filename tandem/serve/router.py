@@ -57,6 +57,11 @@ def build_arm(state, name: str, path: str | Path) -> Arm:
         pool=pool,
     )
     generic = isinstance(pool.replicas[0].runner, EngineRows)
+    if generic:  # an engine holding less than the model's context (vLLM's max_model_len): requests past it
+        # are the 400 context_length_exceeded, not a generation failure inside the engine
+        held = getattr(pool.replicas[0].runner.engine, "max_model_len", None)
+        if isinstance(held, int) and 0 < held < model.context_length:
+            model.context_length = held
     return Arm(name, model, batcher, LRUCache(s.cache_size), s.engine if generic else None)
 
 

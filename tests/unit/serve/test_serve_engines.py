@@ -89,6 +89,24 @@ def test_served_through_an_engine_with_its_own_copy(chain_dir, copy_engine, engi
         assert engine in error["message"]
 
 
+def test_an_engine_holding_less_context_than_the_model_bounds_requests(chain_dir, copy_engine, monkeypatch):
+    """vLLM's max_model_len below the model's context: a request past it is the API's 400
+    context_length_exceeded, not a generation failure inside the engine."""
+    from fastapi.testclient import TestClient
+
+    from tandem.rollout.registry import engine_class
+    from tandem.serve.server import make_app
+
+    monkeypatch.setattr(engine_class(copy_engine), "max_model_len", 8, raising=False)
+    state = build_state({"main": str(chain_dir)}, ServeSettings(engine=copy_engine), name="chain")
+    assert state.router.arms["main"].model.context_length == 8
+    with TestClient(make_app(state)) as client:
+        fits = client.post("/v1/completions", json={"prompt": "a", "max_tokens": 4, "temperature": 0})
+        past = client.post("/v1/completions", json={"prompt": "a", "max_tokens": 20, "temperature": 0})
+    assert fits.status_code == 200, fits.text
+    assert past.status_code == 400 and past.json()["error"]["code"] == "context_length_exceeded", past.text
+
+
 def test_an_export_needs_the_in_process_engine(chain_dir, tmp_path, copy_engine):
     folder = tmp_path / "export"
     shutil.copytree(chain_dir, folder)
