@@ -206,11 +206,18 @@ def dpo(
         return
     start = dpolib.implicit_reward_metrics(policy, tok, val, ref_val, cfg.beta)
     again = ["tandem", "dpo", str(config), *(overrides or [])]
-    _train_offline(cfg, policy, tok, train, ref_train, settings, resume_from, again)
-    end = dpolib.implicit_reward_metrics(policy, tok, val, ref_val, cfg.beta)
-    after = _verifier_score(cfg, policy, tok) if cfg.eval_task else None
-    _print_dpo(start, end, before, after)
-    _save_to(cfg.out_dir, "model", lambda d: save_pretrained_atomic(merged_model(policy), tok, d, **saved_as))
+    try:  # Ctrl-C in training, or in the evaluation and save after its last checkpoint: how to go on
+        _train_offline(cfg, policy, tok, train, ref_train, settings, resume_from)
+        end = dpolib.implicit_reward_metrics(policy, tok, val, ref_val, cfg.beta)
+        after = _verifier_score(cfg, policy, tok) if cfg.eval_task else None
+        _print_dpo(start, end, before, after)
+        _save_to(
+            cfg.out_dir, "model", lambda d: save_pretrained_atomic(merged_model(policy), tok, d, **saved_as)
+        )
+    except KeyboardInterrupt:
+        if cfg.save_every:
+            _say_how_to_resume_dpo(dpockpt.checkpoints_root(cfg.out_dir), again, cfg.save_every)
+        raise
     if cfg.save_every or resume_from is not None:  # the final model is safe: its checkpoints are not needed
         dpockpt.remove_checkpoints(dpockpt.checkpoints_root(cfg.out_dir))
     out.print(f"policy saved to [bold]{escape(cfg.out_dir)}[/]")
@@ -252,11 +259,9 @@ def _train_offline(
     ref_train: Any,
     settings: Any,
     resume_from: tuple[Path, dict] | None,
-    again: list[str],
 ) -> None:
-    """``train_dpo`` with a progress bar, checkpoints every ``save_every`` steps and, with ``--resume``, the
-    state of ``resume_from`` (already checked); Ctrl-C prints the command that continues the run
-    (``again``: this one)."""
+    """``train_dpo`` with a progress bar, checkpoints every ``save_every`` steps (and at the last) and, with
+    ``--resume``, the state of ``resume_from`` (already checked)."""
     from tandem.cli.progress import step_progress
     from tandem.train import dpo as dpolib
     from tandem.train import dpo_checkpoint as dpockpt
@@ -268,16 +273,11 @@ def _train_offline(
     if cfg.save_every:
         config = cfg.model_dump(mode="json")
         saver = dpockpt.checkpoint_saver(root, policy, tok, config, dpockpt.pairs_key(train))
-    try:
-        with step_progress("dpo", total, key="loss") as on_step:
-            dpolib.train_dpo(
-                policy, tok, train, ref_train, settings, on_step=on_step,
-                save_every=cfg.save_every, on_checkpoint=saver, restore=restore,
-            )  # fmt: skip
-    except KeyboardInterrupt:
-        if cfg.save_every:
-            _say_how_to_resume_dpo(root, again, cfg.save_every)
-        raise
+    with step_progress("dpo", total, key="loss") as on_step:
+        dpolib.train_dpo(
+            policy, tok, train, ref_train, settings, on_step=on_step,
+            save_every=cfg.save_every, on_checkpoint=saver, restore=restore,
+        )  # fmt: skip
 
 
 def _say_how_to_resume_dpo(root: Path, again: list[str], save_every: int) -> None:

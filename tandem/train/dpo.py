@@ -251,7 +251,7 @@ def train_dpo(
     """Train ``policy`` in place; returns per-step metrics (``loss``, ``rewards/*``, ``grad_norm``).
 
     Checkpointing without file I/O here: ``on_checkpoint(progress)`` runs after every ``save_every``-th
-    step (0: never) to save the policy and ``progress``; ``restore(progress)``, before the first step, puts
+    step and the last (``save_every`` 0: never) to save the policy and ``progress``; ``restore(progress)``, before the first step, puts
     a saved run back — the policy's weights, ``progress``'s optimiser and scheduler state,
     :meth:`DPOProgress.load_data_state` and the global RNGs — and training continues from
     ``progress.step + 1``, exactly as the uninterrupted run would (the returned history then includes
@@ -284,8 +284,8 @@ def train_dpo(
         progress.history.append(metrics)
         if on_step is not None:
             on_step(step, metrics)
-        if on_checkpoint is not None and save_every > 0 and step % save_every == 0:
-            on_checkpoint(progress)
+        if on_checkpoint is not None and save_every > 0 and (step % save_every == 0 or step == total):
+            on_checkpoint(progress)  # the last step too: a stop in the evaluation or save after it keeps it
     policy.eval()
     return progress.history
 

@@ -183,3 +183,25 @@ def test_interrupt_before_the_first_checkpoint_says_start_over(prefs, tiny_model
     result, _ = _run(monkeypatch, cfg, kill_at=2)
     assert result.exit_code == 130
     assert f"nothing to resume; start over with: tandem dpo {cfg}" in result.output
+
+
+def test_interrupt_after_the_last_step_keeps_the_trained_model(prefs, tiny_model_dir, tmp_path, monkeypatch):
+    """The last step is checkpointed too (10 is not a multiple of save_every=3): a Ctrl-C in the evaluation
+    after it prints the resume command, and the resume trains nothing and saves the model."""
+    out = tmp_path / "out"
+    cfg = _config(tmp_path / "c.yaml", tiny_model_dir, prefs, out, save_every=3)
+    original, calls = dpolib.implicit_reward_metrics, []
+
+    def interrupted(*a, **kw):
+        calls.append(1)
+        if len(calls) == 2:  # the held-out evaluation after training
+            raise KeyboardInterrupt
+        return original(*a, **kw)
+
+    monkeypatch.setattr(dpolib, "implicit_reward_metrics", interrupted)
+    result, _ = _run(monkeypatch, cfg)
+    assert result.exit_code == 130 and f"keeps step {STEPS}; continue with" in result.output, result.output
+    monkeypatch.setattr(dpolib, "implicit_reward_metrics", original)
+    result, steps = _run(monkeypatch, cfg, "--resume")
+    assert result.exit_code == 0 and steps == {}, result.output
+    assert (out / "model.safetensors").is_file() and not _ckpts(out).exists()
