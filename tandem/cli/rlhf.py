@@ -286,9 +286,9 @@ def _say_how_to_resume_dpo(root: Path, again: list[str], save_every: int) -> Non
     import shlex
 
     from tandem.cli.app import err
-    from tandem.train import dpo_checkpoint as dpockpt
+    from tandem.train.checkpoint import latest_step
 
-    step = dpockpt.latest_step(root)
+    step = latest_step(root)
     if step is None:
         err.print(
             f"no checkpoint yet (save_every={save_every}): nothing to resume; start over with: "

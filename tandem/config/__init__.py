@@ -1,6 +1,13 @@
 """One config source: pydantic sections, YAML files, dotted overrides."""
 
-from tandem.config.loader import apply_overrides, build_config, config_to_yaml, load_config, parse_override
+from tandem.config.loader import (
+    apply_overrides,
+    build_config,
+    config_changes,
+    config_to_yaml,
+    load_config,
+    parse_override,
+)
 from tandem.config.presets import ALGORITHM_PRESETS
 from tandem.config.schema import TandemConfig
 
@@ -9,6 +16,7 @@ __all__ = [
     "TandemConfig",
     "apply_overrides",
     "build_config",
+    "config_changes",
     "config_to_yaml",
     "load_config",
     "parse_override",

@@ -227,6 +227,23 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> TandemC
     return build_config(data, source=str(path), lines=lines, overrides=list(overrides or []))
 
 
+def config_changes(was: Any, now: Any) -> list[tuple[str, Any, Any]]:
+    """``(dotted key, was, now)`` of every leaf that differs between two configs as JSON data (nested
+    sections key by key, lists as leaves), sorted by key: what a resume compares."""
+    old, new = _leaves(was), _leaves(now)
+    return [(k, old.get(k), new.get(k)) for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)]
+
+
+def _leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """The leaves of a nested mapping by dotted key (lists are leaves)."""
+    if not isinstance(tree, dict):
+        return {prefix: tree} if prefix else {}
+    flat: dict[str, Any] = {}
+    for k, v in tree.items():
+        flat.update(_leaves(v, f"{prefix}.{k}" if prefix else str(k)))
+    return flat
+
+
 def config_to_yaml(cfg: TandemConfig) -> str:
     """The resolved config as YAML (presets expanded), for run folders and `tandem config show`."""
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

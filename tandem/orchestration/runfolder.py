@@ -10,7 +10,6 @@ continues it). Both architectures use these functions; the step loop itself is
 from __future__ import annotations
 
 import logging
-import os
 import platform
 import shutil
 from dataclasses import dataclass, field
@@ -20,14 +19,14 @@ from typing import Any
 
 import torch
 
-from tandem.config import config_to_yaml
+from tandem.config import config_changes, config_to_yaml
 from tandem.config.schema import TandemConfig
 from tandem.data.outputs import check_output_dir
 from tandem.errors import ConfigError
 from tandem.monitor.metrics import METRICS_FILE
 from tandem.orchestration.remote import check_remote, fetch_newer_checkpoint
-from tandem.train.checkpoint import checkpoint_step, latest_checkpoint
-from tandem.utils.io import atomic_write_json, atomic_write_text
+from tandem.train.checkpoint import latest_checkpoint, latest_step
+from tandem.utils.io import atomic_write_json, atomic_write_text, discard_dir
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +86,7 @@ def check_run_dir(cfg: TandemConfig, *, resume: bool) -> Path:
 
 def _latest_step(run_dir: Path) -> int | None:
     """The step of the run's latest complete checkpoint, None without one."""
-    latest = latest_checkpoint(run_dir / "checkpoints")
-    return checkpoint_step(latest.name) if latest is not None else None
+    return latest_step(run_dir / "checkpoints")
 
 
 def _check_resume_step(cfg: TandemConfig, run_dir: Path) -> None:
@@ -174,8 +172,12 @@ def _record_changed_config(cfg: TandemConfig, run_dir: Path) -> Path | None:
     if not old_path.is_file():
         return None
     text = old_path.read_text(encoding="utf-8")
-    old, new = _flat(yaml.safe_load(text) or {}), _flat(cfg.model_dump(mode="json"))
-    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k != "run.overwrite")
+    changes = [
+        c
+        for c in config_changes(yaml.safe_load(text) or {}, cfg.model_dump(mode="json"))
+        if c[0] != "run.overwrite"
+    ]
+    changed = [key for key, _, _ in changes]
     if not changed:
         return None
     step = _latest_step(run_dir) or 0
@@ -185,7 +187,7 @@ def _record_changed_config(cfg: TandemConfig, run_dir: Path) -> Path | None:
         n += 1
         kept = run_dir / f"config.before-step-{step}.{n}.yaml"
     atomic_write_text(kept, text)
-    shown = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed[:8])
+    shown = ", ".join(f"{k}: {was!r} -> {now!r}" for k, was, now in changes[:8])
     more = f" (+{len(changed) - 8} more)" if len(changed) > 8 else ""
     horizon = _SCHEDULE_HORIZON.intersection(changed)
     if horizon and cfg.trainer.lr_schedule != "constant":
@@ -213,16 +215,6 @@ _SCHEDULE_HORIZON = frozenset(
         "rollout.n",
     }
 )
-
-
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """The leaves of a nested mapping by dotted key (lists are leaves)."""
-    if not isinstance(tree, dict):
-        return {prefix: tree} if prefix else {}
-    flat: dict[str, Any] = {}
-    for k, v in tree.items():
-        flat.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
-    return flat
 
 
 @dataclass
@@ -262,9 +254,7 @@ def prepare_run_dir(cfg: TandemConfig, *, resume: bool) -> PreparedRunDir:
     check_remote(cfg)  # checkpoint.remote_dir must be writable before any training
     if run_dir.is_dir() and any(run_dir.iterdir()) and not resume:
         # A fresh run must not inherit the old run's checkpoints (a later --resume would pick them up).
-        aside = run_dir.with_name(f".{run_dir.name}.replaced-{os.getpid()}")
-        os.replace(run_dir, aside)
-        shutil.rmtree(aside)
+        discard_dir(run_dir, "replaced")
     prepared = PreparedRunDir(run_dir, resumed=resume and run_dir.is_dir())
     if prepared.resumed:
         prepared.config_before = _text_or_none(run_dir / "config.yaml")

@@ -48,7 +48,7 @@ import torch
 from tandem.errors import ModelError, first_line
 from tandem.models.lora import is_lora, load_adapter_weights
 from tandem.train.reference_sync import REFERENCE_WEIGHTS  # algorithm.kl.ref_sync_steps: the moved reference
-from tandem.utils.io import atomic_dir
+from tandem.utils.io import atomic_dir, discard_dir
 from tandem.utils.jsonable import to_jsonable
 from tandem.utils.seed import rng_state, set_rng_state
 
@@ -161,6 +161,12 @@ def latest_checkpoint(ckpt_root: str | Path) -> Path | None:
     return checkpoints[-1] if checkpoints else None
 
 
+def latest_step(ckpt_root: str | Path) -> int | None:
+    """The step of :func:`latest_checkpoint`, or ``None`` if there is none."""
+    latest = latest_checkpoint(ckpt_root)
+    return checkpoint_step(latest.name) if latest is not None else None
+
+
 def prune_checkpoints(ckpt_root: str | Path, keep_last: int) -> list[Path]:
     """Delete all but the newest ``keep_last`` complete checkpoints; return the deleted paths.
 
@@ -169,9 +175,7 @@ def prune_checkpoints(ckpt_root: str | Path, keep_last: int) -> list[Path]:
     """
     doomed = list_checkpoints(ckpt_root)[:-keep_last]
     for path in doomed:
-        trash = path.with_name(f".{path.name}.deleting-{os.getpid()}")
-        os.replace(path, trash)
-        shutil.rmtree(trash)
+        discard_dir(path, "deleting")  # the .deleting-PID name clean_leftovers knows
     return doomed
 
 

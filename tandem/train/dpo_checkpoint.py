@@ -18,26 +18,25 @@ each epoch's order is drawn when the epoch starts, so a run lengthened on resume
 from __future__ import annotations
 
 import json
-import os
-import shutil
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from tandem.config import config_changes
 from tandem.data.outputs import MODEL_MARKER
 from tandem.data.preference import PreferencePair
 from tandem.errors import ConfigError, DataError, ModelError
 from tandem.train.checkpoint import (
     checkpoint_step,
     latest_checkpoint,
-    list_checkpoints,
     load_checkpoint,
     read_checkpoint_state,
     save_checkpoint,
 )
 from tandem.train.dpo import DPOProgress, pairs_fingerprint
+from tandem.utils.io import discard_dir
 
 KEEP_LAST = 2
 CREATED_BY = "tandem dpo"  # the final model folder's created_by (tandem_model.json)
@@ -125,7 +124,7 @@ def find_resume(root: Path, config: Mapping[str, Any], out_dir: str) -> tuple[Pa
         saved = json.loads(saved_file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as err:
         raise ModelError(f"cannot read the checkpointed config: {err}", where=str(saved_file)) from err
-    for key, was, now in _differences(saved, config):
+    for key, was, now in config_changes(saved, config):
         if key.split(".")[0] not in FREE_KEYS:
             raise ConfigError(
                 f"{key} is {json.dumps(now)} but the checkpointed run has {json.dumps(was)} ({saved_file}); "
@@ -161,17 +160,8 @@ def check_resume_state(folder: Path, state: Mapping[str, Any], key: str, total: 
 def remove_checkpoints(root: Path) -> None:
     """Delete ``root`` once the final model is saved: renamed to a hidden name first, so an interrupted
     deletion never leaves a folder that still looks like it holds complete checkpoints."""
-    if not root.exists():
-        return
-    trash = root.with_name(f".{root.name}.deleting-{os.getpid()}")
-    os.replace(root, trash)
-    shutil.rmtree(trash)
-
-
-def latest_step(root: Path) -> int | None:
-    """Step of the newest complete checkpoint in ``root`` (None: none)."""
-    checkpoints = list_checkpoints(root)
-    return checkpoint_step(checkpoints[-1].name) if checkpoints else None
+    if root.exists():
+        discard_dir(root, "deleting")
 
 
 def _finished(out_dir: str) -> bool:
@@ -181,12 +171,3 @@ def _finished(out_dir: str) -> bool:
         return json.loads(marker.read_text(encoding="utf-8")).get("created_by") == CREATED_BY
     except (OSError, ValueError, AttributeError):
         return False
-
-
-def _differences(was: Any, now: Any, prefix: str = "") -> Iterator[tuple[str, Any, Any]]:
-    """Dotted keys whose values differ between two JSON configs (nested sections key by key)."""
-    if isinstance(was, dict) and isinstance(now, dict):
-        for key in sorted(set(was) | set(now)):
-            yield from _differences(was.get(key), now.get(key), f"{prefix}{key}.")
-    elif was != now:
-        yield prefix.rstrip("."), was, now

@@ -80,6 +80,15 @@ def atomic_write_json(path: str | os.PathLike[str], obj: Any, *, indent: int | N
     atomic_write_text(path, text + "\n")
 
 
+def discard_dir(path: str | os.PathLike[str], tag: str) -> None:
+    """Delete the folder ``path``: first renamed to the hidden ``.NAME.TAG-PID`` beside it, so an
+    interrupted deletion never leaves a half-deleted folder under the name that gave it meaning."""
+    path = Path(path)
+    trash = path.with_name(f".{path.name}.{tag}-{os.getpid()}")
+    os.replace(path, trash)
+    shutil.rmtree(trash)
+
+
 @contextlib.contextmanager
 def atomic_dir(final_path: str | os.PathLike[str]) -> Iterator[Path]:
     """Build a folder in a temporary sibling and publish it at ``final_path`` only if the block succeeds.
