@@ -154,17 +154,19 @@ def train_colocated(cfg: TandemConfig, *, resume: bool = False, progress: bool |
     first = checkpoint_step(latest.name) if latest is not None else 0
     trainer: ColocatedTrainer | None = None
     ranks = None
+    resumed = None
     try:
         trainer = ColocatedTrainer(parts)
         if latest is not None:
             extra = load_run_checkpoint(latest, parts)["extra_state"]
             trainer.restore(extra)
             result.eval_before = extra.get("eval_before", {})
+            resumed = (latest, extra)
             log.info("resumed from %s at step %d", latest, trainer.step)
         else:
             trainer.publish()
         ranks = DataParallelLearner.start(cfg, trainer.learn) if cfg.trainer.world_size > 1 else None
-        run_loop(LoopSetup(cfg, parts, trainer, result, KEY_METRICS, progress=progress))
+        run_loop(LoopSetup(cfg, parts, trainer, result, KEY_METRICS, progress=progress, resumed=resumed))
     except BaseException:
         if trainer is None or trainer.step <= first:  # nothing trained: the folder goes back as it was
             prepared.undo()

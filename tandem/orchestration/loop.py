@@ -26,6 +26,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, NoReturn
 
 from tandem.config.schema import TandemConfig
@@ -38,7 +39,7 @@ from tandem.orchestration.best import BestModel
 from tandem.orchestration.parts import RunParts, evaluated_weights, run_state, save_run_checkpoint
 from tandem.orchestration.runfolder import RunResult, finish_run
 from tandem.orchestration.trainer import Trainer
-from tandem.train.checkpoint import checkpoint_dir, latest_checkpoint, read_checkpoint_state
+from tandem.train.checkpoint import latest_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ class LoopSetup:
     listener: MetricsListener | None = None
     extra_metrics: Callable[[dict[str, float]], dict[str, float]] | None = None
     on_step: Callable[[int], None] | None = None
+    resumed: tuple[Path, dict[str, Any]] | None = None  # a resume: its checkpoint folder and extra_state
 
 
 def run_loop(setup: LoopSetup) -> None:
@@ -88,8 +90,8 @@ def run_loop(setup: LoopSetup) -> None:
         alerting = AlertController(cfg, result.run_dir, trainer, logger.alert)
         best = BestModel(result.run_dir, ck.best_metric, ck.best_mode) if ck.best_metric else None
         try:
-            if trainer.step > 0:  # a resume: the rules' history and the rollback count go on
-                restore_alerts(setup, alerting)
+            if setup.resumed is not None:  # the rules' history and the rollback count go on
+                restore_alerts(alerting, *setup.resumed)
             if trainer.step == 0:
                 result.eval_before = trainer.evaluate()
                 logger.log(0, result.eval_before)
@@ -155,14 +157,11 @@ def keep_best(setup: LoopSetup, best: BestModel | None, step: int, metrics: dict
     setup.result.best = best.summary()
 
 
-def restore_alerts(setup: LoopSetup, alerting: AlertController) -> None:
-    """On resume, give ``alerting`` the state saved in the checkpoint the trainer resumed from (the one at
-    its step). A checkpoint without one (written before alert state was saved) starts the alerts fresh."""
-    folder = checkpoint_dir(setup.result.run_dir / "checkpoints", setup.trainer.step)
-    if not folder.is_dir():  # pragma: no cover - the trainer's step comes from this checkpoint
-        log.warning("no checkpoint %s to restore the alert state from: alerts start fresh", folder)
-        return
-    saved = read_checkpoint_state(folder)["extra_state"].get(ALERT_STATE_KEY)
+def restore_alerts(alerting: AlertController, folder: Path, extra_state: dict[str, Any]) -> None:
+    """On resume, give ``alerting`` the state saved in checkpoint ``folder`` (its ``extra_state``, as the
+    trainer was restored from). A checkpoint without one (written before alert state was saved) starts
+    the alerts fresh."""
+    saved = extra_state.get(ALERT_STATE_KEY)
     if saved is None:
         if alerting.engine.rules:
             log.info("checkpoint %s has no alert state (an older version's): alerts start fresh", folder.name)

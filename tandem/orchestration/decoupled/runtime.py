@@ -185,7 +185,8 @@ def _run(
         run = DecoupledRun(
             cfg, parts, backend.channel, backend.weights, backend.coord, supervisor, trainer, dp
         )
-        run_loop(_loop_setup(run, result, progress, hooks))
+        resumed = (latest, extra) if latest is not None and extra is not None else None
+        run_loop(_loop_setup(run, result, progress, hooks, resumed))
     finally:  # each step runs even if an earlier one fails (e.g. a second Ctrl-C)
         try:
             supervisor.shutdown()
@@ -198,7 +199,13 @@ def _run(
     return trainer
 
 
-def _loop_setup(run: DecoupledRun, result: RunResult, progress: bool | None, hooks: RunHooks) -> LoopSetup:
+def _loop_setup(
+    run: DecoupledRun,
+    result: RunResult,
+    progress: bool | None,
+    hooks: RunHooks,
+    resumed: tuple[Path, dict[str, Any]] | None,
+) -> LoopSetup:
     """The shared loop with the decoupled additions: worker and elastic-scaling metrics, the hooks."""
     arch = run.cfg.architecture
     autoscaler = (
@@ -227,6 +234,7 @@ def _loop_setup(run: DecoupledRun, result: RunResult, progress: bool | None, hoo
         listener=hooks.listener,
         extra_metrics=extra_metrics,
         on_step=on_step,
+        resumed=resumed,
     )
 
 
